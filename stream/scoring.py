@@ -1,0 +1,200 @@
+"""Scoring recommendation events over a grid of k (synonyms) and r (top-r cut-offs).
+
+This is the one code path behind ``reval score``, ``reval evaluate`` and the
+streaming scoring worker, so live, replayed and offline numbers agree exactly.
+Each hashtag's neighbours are asked of the thesaurus once, at the largest k, and
+smaller k take prefixes of that list (cached per thesaurus version).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from stream.metrics import ExactScores, Mean, Synonyms, exact_scores, matches
+from stream.records import Recommendation
+from stream.thesaurus import Thesaurus
+
+DEFAULT_KS: tuple[int, ...] = (0, 5, 10, 20, 30, 40, 50, 60, 70)
+DEFAULT_RS: tuple[int | None, ...] = (1, 5, 10)
+ALL = None  # an r of None means "the whole recommended list"
+
+
+def r_label(r: int | None) -> str:
+    return "all" if r is None else str(r)
+
+
+def parse_ints(text: str, *, allow_all: bool = False) -> tuple[int | None, ...]:
+    """Parse ``"0,5,10"`` (and ``"all"`` when allowed) into sorted, distinct values.
+
+    >>> parse_ints("10, 0,5,5"), parse_ints("1,all", allow_all=True)
+    ((0, 5, 10), (1, None))
+    """
+    values: set[int | None] = set()
+    for part in text.split(","):
+        part = part.strip().lower()
+        if not part:
+            continue
+        if allow_all and part == "all":
+            values.add(None)
+            continue
+        try:
+            number = int(part)
+        except ValueError:
+            raise ValueError(f"{part!r} is not a whole number in {text!r}") from None
+        if number < (1 if allow_all else 0):
+            raise ValueError(f"{number} is out of range in {text!r}")
+        values.add(number)
+    if not values:
+        raise ValueError(f"no values in {text!r}")
+    return tuple(sorted(values, key=lambda v: (v is None, v or 0)))
+
+
+class NeighbourCache:
+    """Neighbour lists of one thesaurus version, fetched once at ``max_k`` per hashtag.
+
+    Bounded (least recently used entries go first) so a stream of ever-new
+    hashtags cannot grow it without limit.
+    """
+
+    def __init__(self, thesaurus: Thesaurus, max_k: int, max_entries: int = 200_000) -> None:
+        self.thesaurus = thesaurus
+        self.max_k = max_k
+        self.max_entries = max_entries
+        self._cache: OrderedDict[str, list[str]] = OrderedDict()
+        self.queries = 0
+
+    @property
+    def version(self) -> str:
+        return self.thesaurus.version
+
+    def neighbours(self, hashtag: str) -> list[str]:
+        found = self._cache.get(hashtag)
+        if found is None:
+            self.queries += 1
+            found = self.thesaurus.neighbours(hashtag, self.max_k) if self.max_k else []
+            self._cache[hashtag] = found
+            if len(self._cache) > self.max_entries:
+                self._cache.popitem(last=False)
+        else:
+            self._cache.move_to_end(hashtag)
+        return found
+
+    def synonyms(self, k: int) -> Synonyms:
+        """Syn_k as a function, for :func:`stream.metrics.matches`."""
+        if k > self.max_k:
+            raise ValueError(f"k={k} is above the cache's max_k={self.max_k}")
+        return lambda h: [h, *self.neighbours(h)[:k]]
+
+    def known(self, hashtag: str) -> bool:
+        return hashtag in self.thesaurus
+
+
+@dataclass(frozen=True)
+class EventScore:
+    """The scores of one event.  ``reval[r][k]`` and ``exact[r]`` use r labels
+    (``"1"``, ``"5"``, ``"all"``); both are empty when the event is unscorable."""
+
+    tweet_id: str
+    recommender: str
+    thesaurus_version: str
+    unscorable: str | None = None  # empty_recommended | empty_ground_truth
+    reval: dict[str, dict[int, float]] = field(default_factory=dict)
+    exact: dict[str, ExactScores] = field(default_factory=dict)
+    unknown_recommended: int = 0  # recommended hashtags the thesaurus lacks
+    n_recommended: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "tweet_id": self.tweet_id,
+            "recommender": self.recommender,
+            "thesaurus_version": self.thesaurus_version,
+            "scorable": self.unscorable is None,
+            "unscorable_reason": self.unscorable,
+            "reval_hit_ratio": {
+                r: {str(k): v for k, v in by_k.items()} for r, by_k in self.reval.items()
+            },
+            "exact": {r: scores.as_dict() for r, scores in self.exact.items()},
+            "unknown_recommended": self.unknown_recommended,
+            "n_recommended": self.n_recommended,
+        }
+
+
+def score_event(
+    event: Recommendation,
+    truth: Sequence[str],
+    cache: NeighbourCache,
+    ks: Sequence[int] = DEFAULT_KS,
+    rs: Sequence[int | None] = (ALL,),
+) -> EventScore:
+    """Score one event for every (r, k); ``truth`` is the event's or the joined tweet's."""
+    base = {
+        "tweet_id": event.tweet_id,
+        "recommender": event.recommender,
+        "thesaurus_version": cache.version,
+        "n_recommended": len(event.recommended),
+    }
+    if not event.recommended:
+        return EventScore(**base, unscorable="empty_recommended")  # type: ignore[arg-type]
+    if not truth:
+        return EventScore(**base, unscorable="empty_ground_truth")  # type: ignore[arg-type]
+    reval: dict[str, dict[int, float]] = {}
+    exact: dict[str, ExactScores] = {}
+    for r in rs:
+        top = list(event.recommended[:r]) if r is not None else list(event.recommended)
+        denominator = min(len(top), len(truth))
+        reval[r_label(r)] = {k: matches(top, truth, cache.synonyms(k)) / denominator for k in ks}
+        scores = exact_scores(top, truth)
+        assert scores is not None  # both sides are non-empty here
+        exact[r_label(r)] = scores
+    unknown = sum(1 for h in event.recommended if not cache.known(h))
+    return EventScore(**base, reval=reval, exact=exact, unknown_recommended=unknown)  # type: ignore[arg-type]
+
+
+class Summary:
+    """Averages over events, per (r, k) and per exact metric, river style.
+
+    ``get()`` gives the shape ``reval score --json`` prints for one r.
+    """
+
+    def __init__(self) -> None:
+        self.events = 0
+        self.unscorable = 0
+        self.reval: dict[str, dict[int, Mean]] = {}
+        self.exact: dict[str, dict[str, Mean]] = {}
+
+    def update(self, score: EventScore) -> None:
+        self.events += 1
+        if score.unscorable is not None:
+            self.unscorable += 1
+            return
+        for r, by_k in score.reval.items():
+            means = self.reval.setdefault(r, {})
+            for k, value in by_k.items():
+                means.setdefault(k, Mean()).update(value)
+        for r, scores in score.exact.items():
+            exact = self.exact.setdefault(r, {})
+            for name, value in scores.as_dict().items():
+                exact.setdefault(name, Mean()).update(value)
+
+    def update_many(self, scores: Iterable[EventScore]) -> Summary:
+        for score in scores:
+            self.update(score)
+        return self
+
+    def get(self, r: int | None = ALL) -> dict[str, Any]:
+        label = r_label(r)
+        return {
+            "events": self.events,
+            "unscorable": self.unscorable,
+            "by_k": {
+                str(k): {"reval_hit_ratio": mean.get()}
+                for k, mean in sorted(self.reval.get(label, {}).items())
+            },
+            "exact": {name: mean.get() for name, mean in self.exact.get(label, {}).items()},
+        }
+
+    def labels(self) -> list[str]:
+        return list(self.reval)

@@ -1,0 +1,68 @@
+from __future__ import annotations
+
+import pytest
+
+from stream.records import Recommendation
+from stream.scoring import NeighbourCache, Summary, parse_ints, score_event
+from stream.thesaurus import JsonThesaurus
+
+from .test_metrics import TABLE2_SYN
+
+
+class CountingThesaurus(JsonThesaurus):
+    calls: list[tuple[str, int]]
+
+    def neighbours(self, hashtag: str, k: int) -> list[str]:
+        self.calls.append((hashtag, k))
+        return super().neighbours(hashtag, k)
+
+
+def _thesaurus() -> CountingThesaurus:
+    th = CountingThesaurus({h: s[1:] for h, s in TABLE2_SYN.items()})
+    th.calls = []
+    return th
+
+
+def test_grid_and_single_query_per_hashtag_at_max_k() -> None:
+    th = _thesaurus()
+    cache = NeighbourCache(th, max_k=3)
+    event = Recommendation("1", ("swim", "exercise", "hockey"), ("sport", "yoga"))
+    result = score_event(event, event.ground_truth or (), cache, ks=(0, 1, 3), rs=(1, 2, None))
+    assert result.reval["1"] == {0: 0.0, 1: 0.0, 3: 1.0}  # Syn_3(swim) has sport
+    assert result.reval["2"][3] == 1.0  # swim→sport, exercise→yoga
+    assert result.reval["all"][0] == 0.0
+    assert result.exact["all"].hit_rate == 0.0
+    assert sorted(th.calls) == [("exercise", 3), ("hockey", 3), ("swim", 3)]
+    score_event(event, event.ground_truth or (), cache, ks=(0, 1, 3))
+    assert len(th.calls) == 3  # cached
+
+
+def test_unscorable_events() -> None:
+    cache = NeighbourCache(_thesaurus(), max_k=3)
+    empty_r = score_event(Recommendation("1", (), ("a",)), ("a",), cache)
+    empty_g = score_event(Recommendation("2", ("a",), ()), (), cache)
+    assert (empty_r.unscorable, empty_g.unscorable) == ("empty_recommended", "empty_ground_truth")
+    summary = Summary().update_many([empty_r, empty_g])
+    assert summary.get() == {"events": 2, "unscorable": 2, "by_k": {}, "exact": {}}
+
+
+def test_summary_means_and_unknown_hashtags() -> None:
+    cache = NeighbourCache(_thesaurus(), max_k=3)
+    events = [
+        Recommendation("1", ("hockey", "championship"), ("football", "sport")),
+        Recommendation("2", ("newtag",), ("newtag",)),
+    ]
+    scores = [score_event(e, e.ground_truth or (), cache, ks=(0, 3)) for e in events]
+    assert scores[1].unknown_recommended == 1 and scores[0].unknown_recommended == 0
+    got = Summary().update_many(scores).get()
+    assert got["by_k"] == {"0": {"reval_hit_ratio": 0.5}, "3": {"reval_hit_ratio": 0.75}}
+    assert got["exact"]["hit_rate"] == 0.5
+
+
+def test_parse_ints() -> None:
+    assert parse_ints("0,5,10") == (0, 5, 10)
+    assert parse_ints("all,5", allow_all=True) == (5, None)
+    with pytest.raises(ValueError, match="whole number"):
+        parse_ints("1,x")
+    with pytest.raises(ValueError, match="out of range"):
+        parse_ints("0", allow_all=True)
