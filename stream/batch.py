@@ -129,7 +129,12 @@ def build_thesaurus(
             f"(read {report.read} tweets, kept {report.kept}, dropped {dict(report.dropped)})"
         )
     thesaurus = AnnoyThesaurus.build(
-        names, vectors, counts=counts, min_count=min_count, model_id=encoder.model_id, n_trees=n_trees
+        names,
+        vectors,
+        counts=counts,
+        min_count=min_count,
+        model_id=encoder.model_id,
+        n_trees=n_trees,
     )
     report.hashtags_indexed = len(names)
     report.seconds = time.perf_counter() - started

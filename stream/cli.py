@@ -75,7 +75,9 @@ def thesaurus_build(
         encoder = Encoder(model, batch_size=batch_size)
     except OSError as exc:
         raise fail(f"cannot load model {model!r}: {exc}") from None
-    err.print(f"encoder: {encoder.model_id} on {encoder.device} ({encoder.dtype}), dim {encoder.dim}")
+    err.print(
+        f"encoder: {encoder.model_id} on {encoder.device} ({encoder.dtype}), dim {encoder.dim}"
+    )
     with _progress() as progress:
         task = progress.add_task("embedding", total=None, rate="")
         done = [0]
@@ -155,7 +157,7 @@ def score(
         Path | None, typer.Option("--events", help="Also write one JSON result per event here")
     ] = None,
 ) -> None:
-    """Average #REval-hit-ratio per k, and the exact-match metrics, over events with ground truth."""
+    """Average #REval-hit-ratio per k and exact-match metrics over events with ground truth."""
     try:
         k_values = [int(k) for k in parse_ints(ks) if k is not None]
         r_values = list(parse_ints(rs, allow_all=True))
@@ -205,7 +207,9 @@ def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.4f}"
 
 
-def _print_scores(payload: dict[str, Any], ks: list[int], rs: list[int | None], summary: Summary) -> None:
+def _print_scores(
+    payload: dict[str, Any], ks: list[int], rs: list[int | None], summary: Summary
+) -> None:
     out.print(
         f"events {payload['events']}  unscorable {payload['unscorable']}  "
         f"thesaurus {payload['thesaurus_version']}"

@@ -32,10 +32,12 @@ def sample_feed() -> Path:
 def _open_text(path: Path) -> io.TextIOBase:
     if path.name.endswith(".gz"):
         return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8", errors="surrogateescape")
-    return open(path, encoding="utf-8", errors="surrogateescape", newline="")  # noqa: SIM115
+    return open(path, encoding="utf-8", errors="surrogateescape", newline="")
 
 
-def iter_raw(path: str | Path, *, start_line: int = 1) -> Iterator[tuple[int, str | dict[str, Any]]]:
+def iter_raw(
+    path: str | Path, *, start_line: int = 1
+) -> Iterator[tuple[int, str | dict[str, Any]]]:
     """Yield ``(line_number, record)``: a JSON line as text, or a CSV row as a dict.
 
     Blank lines are skipped.  ``start_line`` resumes a file part-way (1-based;
@@ -52,7 +54,10 @@ def iter_raw(path: str | Path, *, start_line: int = 1) -> Iterator[tuple[int, st
             for row in reader:
                 line = reader.line_num
                 if line >= start_line:
-                    yield line, {k: v for k, v in row.items() if k is not None and v not in ("", None)}
+                    yield (
+                        line,
+                        {k: v for k, v in row.items() if k is not None and v not in ("", None)},
+                    )
             return
         for line, text in enumerate(handle, start=1):
             if line >= start_line and text.strip():
@@ -106,7 +111,9 @@ def merge_by_time(
     Errors and records without a time are passed on at their position in their file.
     """
 
-    def keyed(index: int, items: Iterator[Parsed[T]]) -> Iterator[tuple[float, int, int, Parsed[T]]]:
+    def keyed(
+        index: int, items: Iterator[Parsed[T]]
+    ) -> Iterator[tuple[float, int, int, Parsed[T]]]:
         last = float("-inf")
         for n, item in enumerate(items):
             when = time_of(item.value) if item.value is not None else None

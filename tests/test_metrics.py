@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -92,4 +94,4 @@ def test_properties(recommended, truth, thesaurus, k) -> None:  # type: ignore[n
     assert reval_hit_ratio(recommended, truth, syn_k(0)) == exact.hit_ratio
     # nested synonym lists: never decreases as k grows
     values = [reval_hit_ratio(recommended, truth, syn_k(kk)) for kk in range(12)]
-    assert all(a <= b for a, b in zip(values, values[1:], strict=False))  # type: ignore[operator]
+    assert all(a <= b for a, b in itertools.pairwise(values))  # type: ignore[operator]

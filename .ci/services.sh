@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Start the local services the tests use when they are not already answering.
+set -euo pipefail
+
+redis_up() { timeout 2 bash -c 'exec 3<>/dev/tcp/127.0.0.1/6379 && printf "PING\r\n" >&3 && head -c5 <&3' 2>/dev/null | grep -q PONG; }
+
+if ! redis_up; then
+  if ! command -v redis-server >/dev/null; then
+    echo "services: installing redis-server (Debian)"; apt-get install -y -qq redis-server >/dev/null
+  fi
+  mkdir -p /var/lib/redis /var/log/redis
+  redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no \
+    --dir /var/lib/redis --logfile /var/log/redis/ci.log
+  for _ in $(seq 50); do redis_up && break; sleep 0.1; done
+fi
+redis_up && echo "services: redis ok at 127.0.0.1:6379"

@@ -1,0 +1,29 @@
+# Two entry points for a fresh machine (see README): `make demo` and `make test`.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: setup test lint demo services bench
+
+$(BIN)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	# torch first and pinned: 2.13.0 is served as a local CPU build (see SPEC / README)
+	$(BIN)/python -m pip install -q torch==2.13.0
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $@
+
+setup: $(BIN)/.installed
+
+services:
+	bash .ci/services.sh
+
+lint: setup
+	$(BIN)/ruff check stream workers tests bench
+	$(BIN)/mypy stream workers
+
+test: setup services lint
+	$(BIN)/python -m pytest
+
+demo: setup
+	HF_HUB_OFFLINE=1 $(BIN)/reval demo

