@@ -1,0 +1,99 @@
+"""The CLI contracts: `reval thesaurus build`, `reval synonyms`, `reval score`."""
+
+from __future__ import annotations
+
+import gzip
+import itertools
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from stream.cli import app
+from stream.feeds import sample_feed
+from stream.thesaurus import AnnoyThesaurus, load_thesaurus
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def small_feed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """600 real tweets from the bundled sample plus three broken lines."""
+    path = tmp_path_factory.mktemp("feed") / "feed.jsonl"
+    with gzip.open(sample_feed(), "rt", encoding="utf-8") as src:
+        lines = list(itertools.islice(src, 600))
+    lines.insert(10, "{broken json\n")
+    lines.insert(20, '{"text": "no id #x"}\n')
+    lines.insert(30, '{"id": "9", "text": "bad time #x", "created_at": "never"}\n')
+    path.write_text("".join(lines), encoding="utf-8")
+    return path
+
+
+def test_thesaurus_build_and_synonyms(small_feed: Path, tiny_bertweet: Path, tmp_path: Path) -> None:
+    out = tmp_path / "th"
+    result = runner.invoke(
+        app,
+        ["thesaurus", "build", str(small_feed), "--model", str(tiny_bertweet), "--out", str(out),
+         "--batch-size", "16", "--json"],
+    )
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout[result.stdout.index("{"):])
+    assert summary["tweets_read"] == 600
+    assert summary["bad_lines"] == 3
+    assert summary["bad_lines_by_reason"] == {"not_json": 1, "missing_field": 1, "bad_time": 1}
+    assert any(":11: not_json" in line for line in summary["first_bad_lines"])  # 1-based line numbers
+    assert summary["tweets_kept"] + sum(summary["dropped"].values()) == 600
+    assert summary["hashtags_indexed"] > 20
+
+    thesaurus = load_thesaurus(out)
+    assert isinstance(thesaurus, AnnoyThesaurus)
+    assert len(thesaurus) == summary["hashtags_indexed"]
+    assert thesaurus.metadata.model_id == str(tiny_bertweet)
+    tag = thesaurus.hashtags[0]
+
+    result = runner.invoke(app, ["synonyms", f"#{tag.upper()}", "nosuchtag", "-t", str(out), "-k", "3", "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout) == {tag: thesaurus.neighbours(tag, 3), "nosuchtag": []}
+
+
+def test_build_reports_missing_feed(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["thesaurus", "build", str(tmp_path / "nope.jsonl"), "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2
+    assert "not found" in result.output
+
+
+def test_score_json_contract(tmp_path: Path) -> None:
+    thesaurus = tmp_path / "th.json"
+    thesaurus.write_text(json.dumps({"hockey": ["bowling", "golf", "sport"], "swim": ["dive", "paddle", "sport"]}))
+    recs = tmp_path / "recs.jsonl"
+    recs.write_text(
+        "\n".join(
+            [
+                json.dumps({"tweet_id": "1", "recommended": ["hockey"], "ground_truth": ["sport"]}),
+                json.dumps({"tweet_id": "2", "recommended": ["swim", "x"], "ground_truth": ["swim"]}),
+                json.dumps({"tweet_id": "3", "recommended": [], "ground_truth": ["a"]}),
+                "not json",
+            ]
+        )
+        + "\n"
+    )
+    events = tmp_path / "events.jsonl"
+    result = runner.invoke(app, ["score", str(recs), "--thesaurus", str(thesaurus), "-k", "0,3", "--json", "--events", str(events)])
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.stdout)
+    assert payload["events"] == 3 and payload["unscorable"] == 1
+    assert payload["by_k"] == {"0": {"reval_hit_ratio": 0.5}, "3": {"reval_hit_ratio": 1.0}}
+    assert payload["exact"] == {"hit_rate": 0.5, "precision": 0.25, "recall": 0.5, "f1": pytest.approx(1 / 3), "hit_ratio": 0.5}
+    assert payload["skipped_lines"] == 1
+    per_event = [json.loads(line) for line in events.read_text().splitlines()]
+    assert [e["scorable"] for e in per_event] == [True, True, False]
+    assert per_event[0]["reval_hit_ratio"]["all"] == {"0": 0.0, "3": 1.0}
+
+    table = runner.invoke(app, ["score", str(recs), "--thesaurus", str(thesaurus), "-k", "0,3", "-r", "1,all"])
+    assert table.exit_code == 0 and "k=3" in table.output and "hit_ratio" in table.output
+
+
+def test_score_rejects_bad_k(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["score", str(tmp_path / "r.jsonl"), "-t", "x.json", "-k", "a,b"])
+    assert result.exit_code == 2 and "whole number" in result.output
