@@ -1,0 +1,122 @@
+"""One settings object for the workers: environment variables prefixed ``REVAL_``
+(e.g. ``REVAL_BROKER``, ``REVAL_REDIS_URL``), overridable by CLI flags."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from stream.scoring import DEFAULT_KS, DEFAULT_RS, parse_ints
+
+
+def _durations(text: str) -> tuple[int, ...]:
+    """``"5m,1h,24h"`` → seconds."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    out = []
+    for part in text.split(","):
+        part = part.strip().lower()
+        if not part:
+            continue
+        try:
+            out.append(int(float(part[:-1]) * units[part[-1]]) if part[-1] in units else int(part))
+        except (ValueError, KeyError):
+            raise ValueError(f"{part!r} is not a duration like 30s, 5m, 1h, 1d") from None
+    if not out:
+        raise ValueError(f"no durations in {text!r}")
+    return tuple(out)
+
+
+def window_label(seconds: int) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds % size == 0:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+class Settings(BaseSettings):
+    """Everything a worker needs; every field is ``REVAL_<NAME>`` in the environment."""
+
+    model_config = SettingsConfigDict(env_prefix="REVAL_", env_file=".env", extra="ignore")
+
+    # Kafka
+    broker: str = Field("127.0.0.1:9092", description="Kafka bootstrap servers, host:port[,...]")
+    app_id: str = Field("reval", description="Prefix of the consumer groups (one per role)")
+    topic_tweets: str = "tweets"
+    topic_recommendations: str = "recommendations"
+    topic_scores: str = "scores"
+    topic_dead_letter: str = "dead-letter"
+    partitions: int = Field(4, ge=1, description="Partitions of tweets/recommendations/scores")
+    replication: int = Field(1, ge=1)
+
+    # Redis
+    redis_url: str = Field("redis://127.0.0.1:6379/0", description="redis:// or rediss:// (TLS)")
+    redis_prefix: str = "reval"
+    redis_cluster: bool = False
+    dedup_ttl_s: int = Field(7 * 86400, ge=60, description="Memory of retweet duplicates")
+
+    # Embedding
+    model: str = Field("vinai/bertweet-base", description="Hub id, local path or 'minilm'")
+    device: str = "auto"
+    dtype: str = "auto"
+    pooling: str = "mean"
+    embed_batch_size: int = Field(32, ge=1)
+    embed_max_wait_s: float = Field(1.0, gt=0)
+    language_filter: bool = True
+
+    # Index job
+    index_dir: Path = Path("var/thesaurus")
+    index_interval_s: float = Field(60.0, gt=0)
+    index_min_changes: int = Field(1, ge=1, description="Rebuild only after this many updates")
+    index_keep: int = Field(3, ge=1)
+    index_min_count: int = Field(1, ge=1)
+    index_n_trees: int = Field(50, ge=1)
+
+    # Scoring
+    ks: str = ",".join(map(str, DEFAULT_KS))
+    rs: str = ",".join(map(str, DEFAULT_RS))
+    join_window_s: float = Field(300.0, gt=0, description="How long an event waits for its tweet")
+    reload_interval_s: float = Field(5.0, gt=0, description="How often to look for a new index")
+    windows: str = Field("5m,1h,24h", description="Event-time rolling windows of the gauges")
+    recommenders: str = Field("", description="Allowed recommender label values (comma list)")
+    max_recommenders: int = Field(20, ge=1, description="Cap on distinct labels before 'other'")
+
+    # Metrics
+    metrics_port: int | None = Field(None, description="Prometheus port (default per role)")
+    metrics_host: str = "0.0.0.0"
+
+    @field_validator("ks", "rs", "windows")
+    @classmethod
+    def _check_lists(cls, value: str, info: object) -> str:
+        name = getattr(info, "field_name", "")
+        if name == "windows":
+            _durations(value)
+        else:
+            parse_ints(value, allow_all=name == "rs")
+        return value
+
+    @property
+    def k_values(self) -> tuple[int, ...]:
+        return tuple(int(k) for k in parse_ints(self.ks) if k is not None)
+
+    @property
+    def r_values(self) -> tuple[int | None, ...]:
+        return parse_ints(self.rs, allow_all=True)
+
+    @property
+    def window_seconds(self) -> tuple[int, ...]:
+        return _durations(self.windows)
+
+    @property
+    def recommender_allowlist(self) -> tuple[str, ...]:
+        return tuple(r.strip() for r in self.recommenders.split(",") if r.strip())
+
+    def topics(self) -> dict[str, int]:
+        """Topic → partition count; declared explicitly (Tansu/Faust need matching counts)."""
+        return {
+            self.topic_tweets: self.partitions,
+            self.topic_recommendations: self.partitions,
+            self.topic_scores: self.partitions,
+            self.topic_dead_letter: 1,
+        }
