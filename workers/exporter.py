@@ -1,0 +1,254 @@
+"""Prometheus metrics of the workers (prometheus-client).
+
+Quality metrics are exported two ways:
+
+* ``reval_hit_ratio_sum`` / ``reval_hit_ratio_count`` (and ``reval_exact_match_*``)
+  per (recommender, k, r): monotonic, so ``rate(sum[5m]) / rate(count[5m])`` is a
+  rolling mean across any number of workers and survives restarts;
+* ``reval_hit_ratio_rolling`` per (recommender, k, r, window): means over the
+  last window of *event* time, so a replay at 100x shows what a live run would.
+
+Label values are bounded: recommender names outside the allow-list (or beyond
+the cap when there is no list) become ``other``, so a hostile stream cannot grow
+/metrics without limit.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    Summary,
+    start_http_server,
+)
+from prometheus_client.core import GaugeMetricFamily, Metric
+
+from stream.metrics import ExactScores, RollingMean
+from stream.scoring import EventScore, r_label
+
+OTHER = "other"
+
+
+class LabelGuard:
+    """Maps free-form label values onto a bounded set.
+
+    >>> guard = LabelGuard(allow=(), cap=2)
+    >>> [guard("a"), guard("b"), guard("c"), guard("a")]
+    ['a', 'b', 'other', 'a']
+    >>> LabelGuard(allow=("mowe",), cap=5)("popular")
+    'other'
+    """
+
+    def __init__(self, allow: Sequence[str] = (), cap: int = 20) -> None:
+        self.allow = frozenset(allow)
+        self.cap = cap
+        self._seen: set[str] = set()
+
+    def __call__(self, value: str) -> str:
+        if self.allow:
+            return value if value in self.allow else OTHER
+        if value in self._seen:
+            return value
+        if len(self._seen) < self.cap:
+            self._seen.add(value)
+            return value
+        return OTHER
+
+
+class Exporter:
+    """All metric families of a worker, on one registry (one per worker process)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        # Quality
+        self.hit_ratio = Summary(
+            "reval_hit_ratio",
+            "#REval-hit-ratio of scored events",
+            ["recommender", "k", "r"],
+            registry=r,
+        )
+        self.exact = Summary(
+            "reval_exact_match",
+            "Exact-match metric of scored events",
+            ["recommender", "metric", "r"],
+            registry=r,
+        )
+        self.events = Counter(
+            "reval_events",
+            "Recommendation events by outcome",
+            ["recommender", "outcome"],
+            registry=r,
+        )
+        self.recommended = Counter(
+            "reval_recommended_hashtags", "Recommended hashtags scored", ["recommender"], registry=r
+        )
+        self.unknown = Counter(
+            "reval_recommended_unknown_hashtags",
+            "Recommended hashtags the thesaurus lacks",
+            ["recommender"],
+            registry=r,
+        )
+        # Operations
+        self.consumed = Counter("reval_records_consumed", "Records consumed", ["topic"], registry=r)
+        self.rejected = Counter(
+            "reval_records_rejected",
+            "Records sent to the dead-letter topic",
+            ["topic", "reason"],
+            registry=r,
+        )
+        self.dropped = Counter(
+            "reval_tweets_dropped", "Valid tweets not embedded, by reason", ["reason"], registry=r
+        )
+        self.embedded = Counter("reval_tweets_embedded", "Tweets embedded", registry=r)
+        self.batch_size = Histogram(
+            "reval_embed_batch_size",
+            "Tweets per embed batch",
+            registry=r,
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+        )
+        self.embed_seconds = Histogram("reval_embed_seconds", "Encoder time per batch", registry=r)
+        self.redis_seconds = Histogram(
+            "reval_redis_seconds",
+            "Redis round trips",
+            ["op"],
+            registry=r,
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
+        )
+        self.updates = Counter(
+            "reval_hashtag_updates", "Per-hashtag running-mean updates", ["outcome"], registry=r
+        )
+        self.join_pending = Gauge(
+            "reval_join_pending", "Events waiting for their tweet", registry=r
+        )
+        self.join = Counter("reval_join", "Join outcomes", ["outcome"], registry=r)
+        self.index_version = Gauge(
+            "reval_index_version", "Current thesaurus version number", registry=r
+        )
+        self.index_built = Gauge(
+            "reval_index_built_timestamp_seconds",
+            "When the current thesaurus was built",
+            registry=r,
+        )
+        self.index_age = Gauge(
+            "reval_index_age_seconds", "Age of the current thesaurus", registry=r
+        )
+        self.index_age.set_function(self._index_age)
+        self.index_hashtags = Gauge("reval_index_hashtags", "Hashtags in the thesaurus", registry=r)
+        self.index_build_seconds = Gauge(
+            "reval_index_build_seconds", "Duration of the last index build", registry=r
+        )
+        self.thesaurus_loaded = Gauge(
+            "reval_scoring_thesaurus_version",
+            "Thesaurus version number the scorer uses",
+            registry=r,
+        )
+        self.lag = Gauge(
+            "reval_consumer_lag",
+            "Records behind the end of the partition",
+            ["topic", "partition"],
+            registry=r,
+        )
+
+    def _index_age(self) -> float:
+        built = self.index_built._value.get()
+        return time.time() - built if built else float("nan")
+
+    def serve(self, port: int, host: str = "0.0.0.0") -> None:
+        start_http_server(port, addr=host, registry=self.registry)
+
+
+class QualityMetrics:
+    """Feeds scored events into the counters and the event-time rolling means.
+
+    The rolling gauges are computed when Prometheus scrapes (a custom collector),
+    not on every event, and the labelled children of the summaries are cached:
+    both keep the per-event cost small at thousands of events per second.
+    """
+
+    def __init__(
+        self,
+        exporter: Exporter,
+        ks: Sequence[int],
+        rs: Sequence[int | None],
+        windows: Sequence[int],
+        guard: LabelGuard,
+        window_label: Callable[[int], str],
+    ) -> None:
+        self.x = exporter
+        self.ks = [str(k) for k in ks]
+        self.rs = [r_label(r) for r in rs]
+        self.windows = list(windows)
+        self.guard = guard
+        self.window_label = window_label
+        self._rolling: dict[str, list[RollingMean]] = {}
+        self._children: dict[str, list[Any]] = {}
+        exporter.registry.register(self)
+
+    def _observers(self, name: str) -> list[Any]:
+        children = self._children.get(name)
+        if children is None:
+            children = []
+            for r in self.rs:
+                children += [self.x.hit_ratio.labels(name, k, r) for k in self.ks]
+                children += [self.x.exact.labels(name, m, r) for m in ExactScores.NAMES]
+            self._children[name] = children
+        return children
+
+    def observe(self, score: EventScore, event_time: float) -> None:
+        name = self.guard(score.recommender)
+        if score.unscorable is not None:
+            self.x.events.labels(name, "unscorable").inc()
+            return
+        self.x.events.labels(name, "scored").inc()
+        self.x.recommended.labels(name).inc(score.n_recommended)
+        self.x.unknown.labels(name).inc(score.unknown_recommended)
+        # value layout: for each r, the k values then the exact metrics
+        values: list[float] = []
+        for r in self.rs:
+            values += score.reval[r].values()
+            values += score.exact[r].as_dict().values()
+        for child, value in zip(self._observers(name), values, strict=True):
+            child.observe(value)
+        rolling = self._rolling.get(name)
+        if rolling is None:
+            rolling = self._rolling[name] = [RollingMean(w, size=len(values)) for w in self.windows]
+        for window in rolling:
+            window.update(event_time, values)
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        reval = GaugeMetricFamily(
+            "reval_hit_ratio_rolling",
+            "#REval-hit-ratio mean over a window of event time",
+            labels=["recommender", "k", "r", "window"],
+        )
+        exact = GaugeMetricFamily(
+            "reval_exact_match_rolling",
+            "Exact-match metric mean over a window of event time",
+            labels=["recommender", "metric", "r", "window"],
+        )
+        for name, rolling in list(self._rolling.items()):
+            for seconds, window in zip(self.windows, rolling, strict=True):
+                means = window.get()
+                if means is None:
+                    continue
+                label = self.window_label(seconds)
+                i = 0
+                for r in self.rs:
+                    for k in self.ks:
+                        reval.add_metric([name, k, r, label], float(means[i]))
+                        i += 1
+                    for metric in ExactScores.NAMES:
+                        exact.add_metric([name, metric, r, label], float(means[i]))
+                        i += 1
+        yield reval
+        yield exact
