@@ -1,0 +1,79 @@
+"""Retweet claims and the recommendation/tweet join, against the real Redis."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from stream.cleaning import Cleaner, Dropped, Prepared
+from stream.records import parse_tweet
+from workers.redis_state import RedisJoin, RedisSeen
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def client(redis_url: str, redis_prefix: str) -> Iterator[redis.Redis]:
+    c = redis.Redis.from_url(redis_url)
+    yield c
+    for key in c.scan_iter(f"{redis_prefix}:*"):
+        c.delete(key)
+
+
+def test_claims_are_first_come_and_idempotent(client: redis.Redis, redis_prefix: str) -> None:
+    seen = RedisSeen(client, redis_prefix, ttl=60)
+    assert seen.claim(["a", "b"], "t:0:1") == [True, True]
+    assert seen.claim(["a", "c"], "t:0:2") == [False, True]
+    assert seen.claim(["a", "b"], "t:0:1") == [True, True]  # redelivery of the first record
+    client.script_flush()  # NOSCRIPT is handled by reloading
+    assert seen.claim_many([(["a"], "t:0:3"), (["d"], "t:0:3")]) == [[False], [True]]
+
+
+def test_cleaner_with_redis_claims_matches_memory(client: redis.Redis, redis_prefix: str) -> None:
+    tweets = [
+        parse_tweet({"id": str(i), "text": text, "lang": "en"})
+        for i, text in enumerate(
+            [
+                "Water rising fast in the valley #flood",
+                "RT @a: Water rising fast in the valley #flood",
+                "RT @b: Water rising fast in the valley #flood",
+                "RT @c: Roads closed #flood #roads",
+            ]
+        )
+    ]
+    memory, shared = Cleaner(), Cleaner(seen=RedisSeen(client, redis_prefix))
+    for tweet in tweets:
+        a, b = memory(tweet), shared(tweet)
+        assert type(a) is type(b)
+        if isinstance(a, Prepared) and isinstance(b, Prepared):
+            assert a.hashtags == b.hashtags
+        elif isinstance(a, Dropped) and isinstance(b, Dropped):
+            assert a.reason == b.reason
+
+
+def test_join_in_either_order_and_redelivery(client: redis.Redis, redis_prefix: str) -> None:
+    join = RedisJoin(client, redis_prefix, window=30)
+    # event first, then its tweet
+    assert join.put_events([("1", "0:10", '{"e": 1}')], now=100.0) == [("wait", None)]
+    assert join.pending() == 1
+    answered = join.put_tweets([("1", ["flood", "help"])])
+    assert [(a.tweet_id, a.event_id, a.payload, a.truth) for a in answered] == [("1", "0:10", '{"e": 1}', ["flood", "help"])]
+    assert join.pending() == 0
+    # tweet first, then the event; a redelivered event is a duplicate
+    assert join.put_tweets([("2", [])]) == []
+    assert join.put_events([("2", "0:11", "{}")], now=100.0) == [("match", [])]
+    assert join.put_events([("2", "0:11", "{}"), ("1", "0:10", "{}")], now=100.0) == [("dup", None), ("dup", None)]
+
+
+def test_expiry_pops_each_event_once(client: redis.Redis, redis_prefix: str) -> None:
+    join = RedisJoin(client, redis_prefix, window=10)
+    join.put_events([("9", "1:1", "late"), ("8", "1:2", "later")], now=0.0)
+    assert join.expire(now=5.0) == []
+    expired = join.expire(now=11.0)
+    assert sorted(a.payload for a in expired) == ["late", "later"]
+    assert all(a.truth is None for a in expired)
+    assert join.expire(now=20.0) == [] and join.pending() == 0
+    # the tweet arriving after expiry does not answer the expired events again
+    assert join.put_tweets([("9", ["x"])]) == []
