@@ -1,0 +1,248 @@
+"""Tests for stream.encoder: offline, on a tiny BERTweet-like model and the packaged MiniLM."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from transformers import (
+    AutoConfig,
+    AutoModel,
+    AutoTokenizer,
+    BertweetTokenizer,
+    RobertaForMaskedLM,
+    RobertaModel,
+)
+
+from stream.encoder import (
+    DEFAULT_MODEL,
+    MINILM,
+    Encoder,
+    cpu_supports_bf16,
+    resolve_dtype,
+    resolve_model,
+)
+from tests.tiny_models import build_tiny_bertweet
+
+TWEETS = [
+    "Please help the flood victims in Queensland https://t.co/abc123 @redcross #qldflood",
+    "earthquake",
+    "",
+    "Praying for everyone in the Philippines tonight 🙏 #typhoon #prayforthephilippines",
+    "RT @user: BREAKING explosion reported near the train station, people injured",
+    "rain rain rain",
+    "heeeeello world!!! covid19 cases today ... what a terrible week",
+    "Donate to the Red Cross to support the earthquake relief in Guatemala http://x.co/y",
+]
+
+
+def cos(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return np.asarray((a * b).sum(axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)))
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    # A neutral directory name: BERTweet must be recognised without "bertweet" in it.
+    return build_tiny_bertweet(tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture(scope="module")
+def tiny32(tiny_dir: Path) -> Encoder:
+    return Encoder(str(tiny_dir), dtype="float32", batch_size=3)
+
+
+@pytest.fixture(scope="module")
+def minilm32() -> Encoder:
+    return Encoder(MINILM, dtype="float32")
+
+
+# -- loading ------------------------------------------------------------
+
+
+def test_tiny_model_loads_through_auto_classes(tiny_dir: Path, tiny32: Encoder) -> None:
+    tok = AutoTokenizer.from_pretrained(str(tiny_dir), local_files_only=True)
+    model = AutoModel.from_pretrained(str(tiny_dir), local_files_only=True)
+    assert isinstance(tok, BertweetTokenizer)
+    assert isinstance(model, RobertaModel)
+    assert model.config.max_position_embeddings == 130  # 128 + RoBERTa padding offset
+    assert isinstance(tiny32.tokenizer, BertweetTokenizer)
+    assert isinstance(tiny32.model, RobertaModel)
+    assert tiny32.dim == 32
+    assert tiny32.model_id == str(tiny_dir)
+    assert tiny32.device == torch.device("cpu")
+    assert tiny32.dtype == torch.float32
+    assert tiny32.max_length == 128
+
+
+def test_bertweet_normalization_is_switched_on(tiny_dir: Path, tiny32: Encoder) -> None:
+    # Saved with normalization off (as on the hub): the Encoder must turn it on.
+    assert AutoTokenizer.from_pretrained(str(tiny_dir)).normalization is False
+    assert tiny32.uses_tweet_normalization
+    tokens = tiny32.tokenizer.tokenize("Look at this https://t.co/abc123 @someone 😢")
+    assert "HTTPURL" in tokens
+    assert "@USER" in tokens
+    assert not any(t.startswith("http") or t.startswith("@some") for t in tokens)
+    # The emoji is demojized to ":crying_face:" (then split into BPE pieces).
+    assert ":crying_face:" in tiny32.tokenizer.convert_tokens_to_string(tokens)
+    unk = tiny32.tokenizer.unk_token_id
+    ids = tiny32.tokenizer.convert_tokens_to_ids(["HTTPURL", "@USER", "earthquake", "covid19"])
+    assert unk not in ids
+
+
+def test_bertweet_recognised_from_tokenizer_alone(tmp_path: Path) -> None:
+    # No hint in the name or config.json: the loaded tokenizer class still gives it away.
+    d = build_tiny_bertweet(tmp_path / "m")
+    cfg = json.loads((d / "config.json").read_text())
+    cfg.pop("tokenizer_class")
+    (d / "config.json").write_text(json.dumps(cfg))
+    enc = Encoder(str(d), dtype="float32")
+    assert enc.uses_tweet_normalization
+    assert "HTTPURL" in enc.tokenizer.tokenize("see www.example.com")
+
+
+def test_masked_lm_checkpoint_loads_without_pooler(tmp_path: Path) -> None:
+    # The hub's BERTweet checkpoints are RobertaForMaskedLM: no pooler weights to load.
+    d = build_tiny_bertweet(tmp_path / "mlm")
+    RobertaForMaskedLM(AutoConfig.from_pretrained(str(d))).save_pretrained(str(d))
+    enc = Encoder(str(d), dtype="float32")
+    assert isinstance(enc.model, RobertaModel)
+    assert enc.model.pooler is None
+    assert enc.encode(["flood help"]).shape == (1, 32)
+
+
+def test_max_length_capped_by_position_table(tiny_dir: Path) -> None:
+    assert Encoder(str(tiny_dir), max_length=512).max_length == 128
+    assert Encoder(str(tiny_dir), max_length=40).max_length == 40
+
+
+def test_resolve_model_and_constants() -> None:
+    assert DEFAULT_MODEL == "vinai/bertweet-base"
+    assert resolve_model(DEFAULT_MODEL) == DEFAULT_MODEL
+    assert resolve_model("vinai/bertweet-covid19-base-uncased") == (
+        "vinai/bertweet-covid19-base-uncased"
+    )
+    path = Path(resolve_model(MINILM))
+    assert (path / "config.json").is_file()
+    assert resolve_model("MiniLM") == str(path)
+
+
+def test_resolve_dtype() -> None:
+    cpu = torch.device("cpu")
+    assert resolve_dtype("float32", cpu) == torch.float32
+    assert resolve_dtype("bfloat16", cpu) == torch.bfloat16
+    expected = torch.bfloat16 if cpu_supports_bf16() else torch.float32
+    assert resolve_dtype("auto", cpu) == expected
+    with pytest.raises(ValueError):
+        resolve_dtype("int8", cpu)
+
+
+def test_bad_arguments(tiny_dir: Path, tiny32: Encoder) -> None:
+    with pytest.raises(ValueError):
+        Encoder(str(tiny_dir), pooling="max")  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        tiny32.encode("a single string is not a batch")
+
+
+# -- encoding -----------------------------------------------------------
+
+
+def test_shape_dtype_unit_norm(tiny32: Encoder) -> None:
+    v = tiny32.encode(TWEETS)
+    assert v.shape == (len(TWEETS), 32)
+    assert v.dtype == np.float32
+    assert np.all(np.isfinite(v))
+    np.testing.assert_allclose(np.linalg.norm(v, axis=1), 1.0, atol=1e-5)
+    empty = tiny32.encode([])
+    assert empty.shape == (0, 32)
+    assert empty.dtype == np.float32
+
+
+def test_order_preserved_despite_length_sorting(tiny32: Encoder) -> None:
+    lengths = [len(ids) for ids in tiny32.tokenize(TWEETS)]
+    assert lengths != sorted(lengths, reverse=True)  # the sort really permutes
+    batched = tiny32.encode(TWEETS)  # batch_size 3: several padded batches
+    single = np.stack([tiny32.encode([t])[0] for t in TWEETS])
+    np.testing.assert_allclose(batched, single, atol=1e-5)
+    # Distinct texts give distinct rows, so a permutation could not pass unnoticed.
+    sims = batched @ batched.T
+    assert np.all(sims[~np.eye(len(TWEETS), dtype=bool)] < 0.999)
+
+
+def test_progress_callback(tiny32: Encoder) -> None:
+    calls: list[tuple[int, int]] = []
+    tiny32.encode(TWEETS, batch_size=4, progress=lambda done, n: calls.append((done, n)))
+    assert calls == [(4, len(TWEETS)), (8, len(TWEETS))]
+
+
+def test_mean_and_cls_pooling_differ(tiny_dir: Path, tiny32: Encoder) -> None:
+    cls = Encoder(str(tiny_dir), dtype="float32", pooling="cls")
+    mean_v, cls_v = tiny32.encode(TWEETS), cls.encode(TWEETS)
+    np.testing.assert_allclose(np.linalg.norm(cls_v, axis=1), 1.0, atol=1e-5)
+    assert np.all(cos(mean_v, cls_v) < 0.99)
+
+
+def test_truncation_at_128_tokens(tiny32: Encoder) -> None:
+    long_a = "flood help " * 400
+    long_b = "flood help " * 100 + "earthquake " * 300  # same first 126 tokens
+    ids = tiny32.tokenize([long_a, long_b])
+    assert [len(x) for x in ids] == [128, 128]
+    assert ids[0][0] == tiny32.tokenizer.cls_token_id
+    assert ids[0][-1] == tiny32.tokenizer.sep_token_id
+    v = tiny32.encode([long_a, long_b, "flood"])
+    assert np.all(np.isfinite(v))
+    np.testing.assert_allclose(v[0], v[1], atol=1e-6)
+
+
+def test_zero_vector_stays_zero(tiny_dir: Path) -> None:
+    enc = Encoder(str(tiny_dir), dtype="float32")
+
+    class Zeros(torch.nn.Module):
+        def forward(self, input_ids: torch.Tensor, **_: Any) -> SimpleNamespace:
+            return SimpleNamespace(last_hidden_state=torch.zeros(*input_ids.shape, 32))
+
+    enc.model = Zeros()
+    v = enc.encode(["flood", "help"])
+    assert np.all(v == 0.0)
+
+
+def test_bf16_agrees_with_fp32_on_tiny_model(tiny_dir: Path, tiny32: Encoder) -> None:
+    bf16 = Encoder(str(tiny_dir), dtype="bfloat16")
+    assert bf16.dtype == torch.bfloat16
+    v16 = bf16.encode(TWEETS)
+    assert v16.dtype == np.float32
+    assert cos(v16, tiny32.encode(TWEETS)).min() >= 0.99
+
+
+# -- MiniLM: real semantics ---------------------------------------------
+
+
+def test_minilm_loads_without_tweet_normalization(minilm32: Encoder) -> None:
+    assert minilm32.dim == 384
+    assert minilm32.model_id == MINILM
+    assert not minilm32.uses_tweet_normalization
+    assert not isinstance(minilm32.tokenizer, BertweetTokenizer)
+
+
+def test_minilm_bf16_agrees_with_fp32(minilm32: Encoder) -> None:
+    bf16 = Encoder(MINILM, dtype="bfloat16")
+    assert cos(bf16.encode(TWEETS), minilm32.encode(TWEETS)).min() >= 0.99
+
+
+def test_minilm_related_tweets_are_closer(minilm32: Encoder) -> None:
+    v = minilm32.encode(
+        [
+            "A strong earthquake destroyed buildings in the city",
+            "Powerful quake shakes the town, houses collapsed",
+            "Floodwaters rise as heavy rain hits Queensland",
+            "I baked a chocolate cake for my birthday party",
+        ]
+    )
+    sim = v @ v.T
+    assert sim[0, 1] > sim[0, 3] + 0.2
+    assert sim[0, 1] > sim[0, 2] > sim[0, 3]
+    assert sim[2, 0] > sim[2, 3]
