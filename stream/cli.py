@@ -233,6 +233,56 @@ def _print_scores(
     out.print(exact)
 
 
+@app.command()
+def worker(
+    roles: Annotated[list[str], typer.Argument(help="embed, index, score (several = one process)")],
+    broker: Annotated[str | None, typer.Option(help="Kafka bootstrap host:port [REVAL_BROKER]")] = None,
+    redis_url: Annotated[str | None, typer.Option(help="[REVAL_REDIS_URL]")] = None,
+    model: Annotated[str | None, typer.Option(help="Encoder model [REVAL_MODEL]")] = None,
+    index_dir: Annotated[Path | None, typer.Option(help="Thesaurus store [REVAL_INDEX_DIR]")] = None,
+    metrics_port: Annotated[
+        int | None, typer.Option(help="Prometheus port (embed 9101, index 9102, score 9103)")
+    ] = None,
+    loglevel: Annotated[str, typer.Option(help="Log level")] = "info",
+) -> None:
+    """Run worker roles against a Kafka broker and Redis (settings: REVAL_* env, see README)."""
+    from workers.run import run_worker
+
+    overrides = {
+        "broker": broker,
+        "redis_url": redis_url,
+        "model": model,
+        "index_dir": index_dir,
+        "metrics_port": metrics_port,
+    }
+    try:
+        run_worker(roles, {k: v for k, v in overrides.items() if v is not None}, loglevel)
+    except ValueError as exc:
+        raise fail(str(exc)) from None
+
+
+@app.command("broker")
+def local_broker(
+    port: Annotated[int, typer.Option(help="Port to listen on (127.0.0.1)")] = 9092,
+) -> None:
+    """Run a local Kafka-protocol broker (Tansu, in memory) for development, until Ctrl-C."""
+    import time
+
+    from workers.broker import LocalBroker
+    from workers.settings import Settings
+
+    with LocalBroker(port) as running:
+        from workers.broker import create_topics
+
+        create_topics(running.bootstrap, Settings().topics())
+        err.print(f"broker at {running.bootstrap} (Ctrl-C stops it); topics created")
+        try:
+            while running.running:
+                time.sleep(1)
+        except KeyboardInterrupt:
+            pass
+
+
 def main() -> None:  # pragma: no cover - entry point
     app()
 

@@ -1,0 +1,190 @@
+"""The Faust app: topics, agents and timers of the three worker roles, in one place.
+
+    tweets ──► embed agent ──► Redis running means ──► index timer ──► thesaurus store
+    recommendations ──► score agent ──► scores (+ /metrics)
+    tweets ──► join agent ──┘ (ground truth for events that carry none)
+
+Every role consumes in its own consumer group (``<app_id>-<role>``), so each
+sees the whole stream and can be scaled on its own.  The agents only move
+records; the work is done by :mod:`workers.roles` in a worker thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import faust
+import redis
+
+from workers.exporter import Exporter
+from workers.roles import Embedder, Indexer, Record, Scorer
+from workers.settings import Settings
+
+ROLES = ("embed", "index", "score")
+DEFAULT_PORTS = {"embed": 9101, "index": 9102, "score": 9103}
+log = logging.getLogger("reval.workers")
+
+
+def redis_client(settings: Settings) -> Any:
+    """A Redis or Redis Cluster client from the URL (``rediss://`` for TLS, password in URL)."""
+    if settings.redis_cluster:
+        from redis.cluster import RedisCluster
+
+        return RedisCluster.from_url(settings.redis_url)
+    return redis.Redis.from_url(settings.redis_url, health_check_interval=30)
+
+
+def _record(event: Any) -> Record:
+    message = event.message
+    value = message.value if isinstance(message.value, bytes) else bytes(message.value or b"")
+    return Record(
+        message.topic,
+        message.partition,
+        message.offset,
+        int(message.timestamp * 1000) if message.timestamp else None,
+        message.key,
+        value,
+    )
+
+
+def _patch_faust_recovery() -> None:
+    """faust-streaming 0.15 resumes stream partitions before it seeks them to the
+    committed offsets while the fetcher runs, so records fetched in that window
+    are delivered twice.  Pausing the flow around recovery completion closes it."""
+    from faust.tables.recovery import Recovery
+
+    original = Recovery.on_recovery_completed
+    if getattr(original, "_reval_patched", False):
+        return
+
+    async def on_recovery_completed(self: Any, generation_id: int = 0) -> None:
+        self.app.consumer.stop_flow()
+        await original(self, generation_id)
+
+    on_recovery_completed._reval_patched = True  # type: ignore[attr-defined]
+    Recovery.on_recovery_completed = on_recovery_completed  # type: ignore[method-assign]
+
+
+def create_app(
+    settings: Settings,
+    roles: Iterable[str],
+    *,
+    exporter: Exporter | None = None,
+    encoder: Any = None,
+) -> faust.App:
+    """Build the app for ``roles`` (any of embed, index, score).
+
+    ``encoder`` lets tests and the demo pass a loaded encoder; by default the
+    embed role loads ``settings.model``.
+    """
+    roles = sorted(set(roles))
+    unknown = set(roles) - set(ROLES)
+    if unknown or not roles:
+        raise ValueError(f"roles must be among {', '.join(ROLES)}; got {', '.join(roles) or 'none'}")
+    _patch_faust_recovery()
+    exporter = exporter or Exporter()
+    app = faust.App(
+        f"{settings.app_id}-{'-'.join(roles)}",
+        broker=[f"kafka://{host}" for host in settings.broker.split(",")],
+        store="memory://",
+        web_enabled=False,
+        topic_partitions=settings.partitions,
+        topic_replication_factor=settings.replication,
+        consumer_auto_offset_reset="earliest",
+        broker_commit_every=1000,
+        broker_commit_interval=1.0,
+        producer_acks=-1,
+        stream_wait_empty=False,
+    )
+    app.exporter = exporter  # type: ignore[attr-defined]
+
+    def raw_topic(name: str, partitions: int) -> Any:
+        # Bytes in, bytes out: the core parses, so a malformed record reaches us to dead-letter.
+        return app.topic(name, partitions=partitions, key_serializer="raw", value_serializer="raw")
+
+    tweets = raw_topic(settings.topic_tweets, settings.partitions)
+    recommendations = raw_topic(settings.topic_recommendations, settings.partitions)
+    scores = raw_topic(settings.topic_scores, settings.partitions)
+    dead_letters = raw_topic(settings.topic_dead_letter, 1)
+    client = redis_client(settings)
+    # The encoder and Redis calls block: run them off the event loop (heartbeats keep
+    # flowing), one thread per role so a role's state is never touched concurrently.
+    threads = {role: ThreadPoolExecutor(1, thread_name_prefix=f"reval-{role}") for role in roles}
+
+    async def in_thread(role: str, fn: Any, *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(threads[role], fn, *args)
+
+    async def send_all(topic: Any, items: Sequence[dict[str, Any]], key_field: str) -> None:
+        # Wait for the broker's ack before the batch is acknowledged (committed).
+        futures = [
+            await topic.send(
+                key=str(item.get(key_field) or "").encode() or None,
+                value=json.dumps(item).encode(),
+            )
+            for item in items
+        ]
+        for future in futures:
+            await future
+
+    if "embed" in roles:
+        if encoder is None:
+            from stream.encoder import Encoder
+
+            encoder = Encoder(
+                settings.model,
+                device=settings.device,
+                dtype=settings.dtype,
+                pooling=settings.pooling,  # type: ignore[arg-type]
+                batch_size=settings.embed_batch_size,
+            )
+        embedder = Embedder(settings, exporter, client, encoder)
+
+        @app.agent(tweets, name="embed")
+        async def embed(stream: Any) -> None:
+            async for events in stream.take_events(
+                settings.embed_batch_size, within=settings.embed_max_wait_s
+            ):
+                rejected = await in_thread("embed", embedder.process, [_record(e) for e in events])
+                await send_all(dead_letters, rejected, "reason")
+
+    if "index" in roles:
+        indexer = Indexer(settings, exporter, client)
+
+        @app.timer(interval=settings.index_interval_s, on_leader=True)
+        async def rebuild_index() -> None:
+            try:
+                await in_thread("index", indexer.run_once)
+            except Exception:  # a failed build must not stop the timer
+                log.exception("index build failed")
+
+    if "score" in roles:
+        scorer = Scorer(settings, exporter, client)
+        batch = max(settings.embed_batch_size, 256)
+
+        @app.agent(recommendations, name="score")
+        async def score(stream: Any) -> None:
+            async for events in stream.take_events(batch, within=0.2):
+                done, rejected = await in_thread(
+                    "score", scorer.process_recommendations, [_record(e) for e in events]
+                )
+                await send_all(scores, done, "tweet_id")
+                await send_all(dead_letters, rejected, "reason")
+
+        @app.agent(tweets, name="join")
+        async def join(stream: Any) -> None:
+            async for events in stream.take_events(batch, within=0.2):
+                done = await in_thread("score", scorer.process_tweets, [_record(e) for e in events])
+                await send_all(scores, done, "tweet_id")
+
+        @app.timer(interval=min(settings.reload_interval_s, settings.join_window_s / 4))
+        async def expire_joins_and_reload() -> None:
+            await in_thread("score", scorer.reload)
+            rejected = await in_thread("score", scorer.expire)
+            await send_all(dead_letters, rejected, "reason")
+
+    return app

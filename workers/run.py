@@ -1,0 +1,30 @@
+"""Starting a worker process: settings, topics, /metrics, then the Faust worker."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from workers.app import DEFAULT_PORTS, ROLES, create_app
+from workers.broker import create_topics
+from workers.exporter import Exporter
+from workers.settings import Settings
+
+
+def run_worker(roles: Sequence[str], overrides: Mapping[str, Any], loglevel: str = "info") -> None:
+    """Blocks until the worker is stopped (SIGTERM / Ctrl-C)."""
+    import faust
+
+    unknown = sorted(set(roles) - set(ROLES))
+    if unknown or not roles:
+        raise ValueError(f"unknown role(s) {', '.join(unknown) or '(none)'}; use {', '.join(ROLES)}")
+    settings = Settings(**overrides)
+    logging.basicConfig(level=loglevel.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    create_topics(settings.broker.split(",")[0], settings.topics(), replication=settings.replication)
+    exporter = Exporter()
+    port = settings.metrics_port or DEFAULT_PORTS[sorted(roles)[0]]
+    exporter.serve(port, settings.metrics_host)
+    logging.getLogger("reval.workers").info("metrics on :%d/metrics", port)
+    app = create_app(settings, roles, exporter=exporter)
+    faust.Worker(app, loglevel=loglevel.upper()).execute_from_commandline()
