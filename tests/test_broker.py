@@ -50,6 +50,7 @@ def test_lifecycle(tmp_path: Path) -> None:
         host, port = b.bootstrap.split(":")
         assert host == "127.0.0.1" and int(port) == b.port > 0
         assert b.url == f"kafka://{b.bootstrap}"
+        assert b.faust_settings()["broker"] == b.url
         pid = b.pid
         assert pid is not None and _alive(pid)
         assert topic_partitions(b.bootstrap, ["nothing-here"]) == {"nothing-here": None}
@@ -59,15 +60,23 @@ def test_lifecycle(tmp_path: Path) -> None:
     b.stop()  # idempotent
 
 
+def test_default_log_is_temporary() -> None:
+    with LocalBroker() as b:
+        log = b.log_path
+        assert log is not None and log.exists()
+    assert not log.exists()
+
+
 def test_fixed_port_in_use(broker: LocalBroker) -> None:
     with pytest.raises(BrokerStartError, match="in use"):
         LocalBroker(port=broker.port).start()
 
 
-def test_start_failure_includes_log_tail() -> None:
+def test_start_failure_includes_log_tail(tmp_path: Path) -> None:
+    log = tmp_path / "failed.log"
     with pytest.raises(BrokerStartError, match="unexpected argument") as info:
-        LocalBroker(extra_args=["--no-such-flag"], startup_timeout=10).start()
-    assert "exited with code" in str(info.value)
+        LocalBroker(extra_args=["--no-such-flag"], startup_timeout=10, log_path=log).start()
+    assert "exited with code" in str(info.value) and str(log) in str(info.value)
 
 
 def test_create_topics_explicit_partitions(broker: LocalBroker) -> None:

@@ -14,15 +14,17 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from itertools import chain
+from pathlib import Path
 from typing import Any
 
 import faust
 import redis
 
 from workers.exporter import Exporter
-from workers.roles import Embedder, Indexer, Record, Scorer
+from workers.roles import Embedder, Indexer, Record, Scorer, dead_letter
 from workers.settings import Settings
 
 ROLES = ("embed", "index", "score")
@@ -88,8 +90,11 @@ def create_app(
         raise ValueError(f"roles must be among {', '.join(ROLES)}; got {', '.join(roles) or 'none'}")
     _patch_faust_recovery()
     exporter = exporter or Exporter()
+    app_id = f"{settings.app_id}-{'-'.join(roles)}"
+    datadir = Path(settings.data_dir) / app_id
+    datadir.mkdir(parents=True, exist_ok=True)
     app = faust.App(
-        f"{settings.app_id}-{'-'.join(roles)}",
+        app_id,
         broker=[f"kafka://{host}" for host in settings.broker.split(",")],
         store="memory://",
         web_enabled=False,
@@ -99,7 +104,9 @@ def create_app(
         broker_commit_every=1000,
         broker_commit_interval=1.0,
         producer_acks=-1,
-        stream_wait_empty=False,
+        datadir=str(datadir),
+        broker_session_timeout=settings.session_timeout_s,
+        broker_heartbeat_interval=min(3.0, settings.session_timeout_s / 3),
     )
     app.exporter = exporter  # type: ignore[attr-defined]
 
@@ -120,16 +127,44 @@ def create_app(
         return await asyncio.get_running_loop().run_in_executor(threads[role], fn, *args)
 
     async def send_all(topic: Any, items: Sequence[dict[str, Any]], key_field: str) -> None:
-        # Wait for the broker's ack before the batch is acknowledged (committed).
-        futures = [
-            await topic.send(
-                key=str(item.get(key_field) or "").encode() or None,
-                value=json.dumps(item).encode(),
-            )
-            for item in items
-        ]
-        for future in futures:
-            await future
+        """Produce and wait for the broker's acks before the batch is acknowledged."""
+        for attempt in range(1, 6):
+            try:
+                futures = [
+                    await topic.send(
+                        key=str(item.get(key_field) or "").encode() or None,
+                        value=json.dumps(item).encode(),
+                    )
+                    for item in items
+                ]
+                for future in futures:
+                    await future
+                return
+            except Exception as exc:  # never let a send error escape: Faust would ack and lose
+                log.warning("sending %d records to %s failed (%s), try %d", len(items), topic, exc, attempt)
+                await asyncio.sleep(0.2 * 2**attempt)
+        log.error("gave up sending %d records to %s", len(items), topic)
+
+    async def guarded(role: str, fn: Any, records: list[Record]) -> tuple[list[Any], list[Any]]:
+        """Run ``fn`` on a batch: (its results, dead letters for records that failed).
+
+        On an unexpected error the batch is retried one record at a time (the role
+        steps are idempotent) and records that still fail are dead-lettered: an
+        exception escaping a Faust batching agent would be acknowledged (committed)
+        and lose the batch and whatever had been fetched behind it.
+        """
+        try:
+            return [await in_thread(role, fn, records)], []
+        except Exception:
+            log.exception("%s: batch of %d failed; retrying one record at a time", role, len(records))
+        results, failed = [], []
+        for record in records:
+            try:
+                results.append(await in_thread(role, fn, [record]))
+            except Exception as exc:
+                log.exception("%s: record %s failed", role, record.claimant)
+                failed.append(dead_letter(record, "processing_error", repr(exc)[:500], role))
+        return results, failed
 
     if "embed" in roles:
         if encoder is None:
@@ -149,8 +184,8 @@ def create_app(
             async for events in stream.take_events(
                 settings.embed_batch_size, within=settings.embed_max_wait_s
             ):
-                rejected = await in_thread("embed", embedder.process, [_record(e) for e in events])
-                await send_all(dead_letters, rejected, "reason")
+                results, failed = await guarded("embed", embedder.process, [_record(e) for e in events])
+                await send_all(dead_letters, [*chain.from_iterable(results), *failed], "reason")
 
     if "index" in roles:
         indexer = Indexer(settings, exporter, client)
@@ -169,22 +204,27 @@ def create_app(
         @app.agent(recommendations, name="score")
         async def score(stream: Any) -> None:
             async for events in stream.take_events(batch, within=0.2):
-                done, rejected = await in_thread(
+                results, failed = await guarded(
                     "score", scorer.process_recommendations, [_record(e) for e in events]
                 )
-                await send_all(scores, done, "tweet_id")
-                await send_all(dead_letters, rejected, "reason")
+                await send_all(scores, [s for done, _ in results for s in done], "tweet_id")
+                await send_all(dead_letters, [*(d for _, dl in results for d in dl), *failed], "reason")
 
         @app.agent(tweets, name="join")
         async def join(stream: Any) -> None:
             async for events in stream.take_events(batch, within=0.2):
-                done = await in_thread("score", scorer.process_tweets, [_record(e) for e in events])
-                await send_all(scores, done, "tweet_id")
+                results, failed = await guarded("score", scorer.process_tweets, [_record(e) for e in events])
+                await send_all(scores, list(chain.from_iterable(results)), "tweet_id")
+                await send_all(dead_letters, failed, "reason")
 
         @app.timer(interval=min(settings.reload_interval_s, settings.join_window_s / 4))
         async def expire_joins_and_reload() -> None:
-            await in_thread("score", scorer.reload)
-            rejected = await in_thread("score", scorer.expire)
+            try:
+                await in_thread("score", scorer.reload)
+                rejected = await in_thread("score", scorer.expire)
+            except Exception:  # a failed round must not stop the timer
+                log.exception("join expiry / thesaurus reload failed")
+                return
             await send_all(dead_letters, rejected, "reason")
 
     return app

@@ -17,8 +17,11 @@ Notes on Tansu (0.6, in-memory storage):
   consumer-group offsets survive client restarts, not a broker restart.
 * Unknown topics are auto-created on first produce/metadata with Tansu's own
   partition count, so declare every topic with :func:`create_topics` first.
-* A *new* consumer group's first join is answered only after about half of the
-  client's ``session_timeout_ms``: keep session timeouts small in tests.
+* Tansu answers a JoinGroup only after about half of the client's
+  ``session_timeout_ms`` (faust's default 60 s session: 30 s before a worker gets
+  partitions): keep session timeouts small in tests (:meth:`LocalBroker.faust_settings`).
+* Transactions (faust ``processing_guarantee="exactly_once"``) fail: InitProducerId
+  returns UnknownError.
 """
 
 from __future__ import annotations
@@ -148,6 +151,10 @@ class LocalBroker:
     The broker runs in its own process group; :meth:`stop` sends SIGTERM to the group,
     then SIGKILL after ``stop_timeout`` seconds. A broker still running when the
     interpreter exits is stopped by an ``atexit`` hook.
+
+    ``port``: None picks a free one. ``log_path``: where the broker's stdout/stderr go
+    (kept); by default a temporary file that :meth:`stop` deletes, kept when start-up
+    fails (the :class:`BrokerStartError` message quotes its tail and names it).
     """
 
     def __init__(
@@ -179,6 +186,7 @@ class LocalBroker:
         self._proc: subprocess.Popen[bytes] | None = None
         self._log_file: IO[bytes] | None = None
         self._atexit_hook: Callable[[], None] | None = None
+        self._temp_log = False
 
     # -- properties -------------------------------------------------------------------
 
@@ -260,7 +268,7 @@ class LocalBroker:
                 return self
             except BrokerStartError:
                 died_early = self._proc is not None and self._proc.poll() is not None
-                self.stop()
+                self._stop_process()  # keeps the log: the error message points at it
                 log_tail = _tail(self.log_path) if self.log_path else ""
                 if not (attempt < attempts and died_early and "in use" in log_tail.lower()):
                     raise
@@ -274,6 +282,7 @@ class LocalBroker:
             fd, name = tempfile.mkstemp(prefix=f"tansu-{self.port}-", suffix=".log")
             os.close(fd)
             self.log_path = Path(name)
+            self._temp_log = True
         self._log_file = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
         env = {**os.environ, "NO_COLOR": "1", **(self.env or {})}
         try:
@@ -336,7 +345,18 @@ class LocalBroker:
         return _tail(self.log_path) if self.log_path else "(no broker log)"
 
     def stop(self) -> None:
-        """Stop the broker: SIGTERM to its process group, SIGKILL if it lingers. Idempotent."""
+        """Stop the broker: SIGTERM to its process group, SIGKILL if it lingers. Idempotent.
+
+        A temporary log (no ``log_path`` given) is deleted; a given ``log_path`` is kept.
+        """
+        self._stop_process()
+        if self._temp_log and self.log_path is not None:
+            with contextlib.suppress(OSError):
+                self.log_path.unlink()
+            self.log_path = None
+            self._temp_log = False
+
+    def _stop_process(self) -> None:
         proc, self._proc = self._proc, None
         if proc is not None and proc.poll() is None:
             self._signal_group(proc, signal.SIGTERM)

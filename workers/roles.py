@@ -10,6 +10,7 @@ the encoder is busy.
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import logging
 import time
@@ -56,15 +57,27 @@ class Record:
         return self.timestamp_ms / 1000 if self.timestamp_ms else time.time()
 
 
+MAX_DEAD_LETTER_BYTES = 256 * 1024
+
+
 def dead_letter(record: Record, reason: str, detail: str, role: str) -> dict[str, Any]:
-    """The dead-letter record: why, where from, and the original bytes (base64)."""
+    """The dead-letter record: why, where from, and the original bytes (base64).
+
+    An original larger than 256 KiB is cut to that size (``value_truncated``), with
+    its full size and SHA-256, so the dead letter itself fits in a Kafka message;
+    the source coordinates find the whole record while the topic retains it.
+    """
+    value = record.value
     return {
         "reason": reason,
         "detail": detail,
         "role": role,
         "source": {"topic": record.topic, "partition": record.partition, "offset": record.offset},
         "key": record.key.decode("utf-8", "replace") if record.key else None,
-        "value_base64": base64.b64encode(record.value).decode("ascii"),
+        "value_base64": base64.b64encode(value[:MAX_DEAD_LETTER_BYTES]).decode("ascii"),
+        "value_size": len(value),
+        "value_truncated": len(value) > MAX_DEAD_LETTER_BYTES,
+        "value_sha256": hashlib.sha256(value).hexdigest(),
         "rejected_at": datetime.now(UTC).isoformat(),
     }
 

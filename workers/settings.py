@@ -48,6 +48,10 @@ class Settings(BaseSettings):
     topic_scores: str = "scores"
     topic_dead_letter: str = "dead-letter"
     partitions: int = Field(4, ge=1, description="Partitions of tweets/recommendations/scores")
+    session_timeout_s: float = Field(
+        10.0, gt=0, description="Consumer group session timeout (Tansu joins after half of it)"
+    )
+    data_dir: Path = Field(Path("var/faust"), description="Faust's local state directory")
     replication: int = Field(1, ge=1)
 
     # Redis

@@ -1,0 +1,200 @@
+"""The live path end to end on real parts: Tansu (Kafka protocol), Redis, the worker
+processes with a real (tiny, random) BERTweet-architecture model, and /metrics."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import redis
+
+from stream.cleaning import Cleaner, Prepared
+from stream.encoder import Encoder
+from stream.feeds import sample_feed
+from stream.means import HashtagMeans
+from stream.records import parse_recommendation, parse_tweet
+from stream.scoring import NeighbourCache, score_event
+from stream.thesaurus import ThesaurusStore
+from tests.pipeline import Stack, keyed, tweet_lines, wait_for
+from workers.redis_store import RedisMeans
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+@pytest.fixture
+def stack(broker: str, redis_url: str, tiny_bertweet: Path, tmp_path: Path) -> Iterator[Stack]:
+    s = Stack(broker, redis_url, tiny_bertweet, tmp_path)
+    yield s
+    s.close()
+    client = redis.Redis.from_url(redis_url)
+    for key in client.scan_iter(f"{s.prefix}:*"):
+        client.delete(key)
+
+
+def batch_means(lines: list[str], model: Path) -> HashtagMeans:
+    """The batch definition: the same core steps over the same tweets, in one go."""
+    cleaner = Cleaner()
+    prepared = [p for p in (cleaner(parse_tweet(line)) for line in lines) if isinstance(p, Prepared)]
+    encoder = Encoder(str(model), dtype="float32")
+    means = HashtagMeans(encoder.dim)
+    means.update_batch([p.hashtags for p in prepared], encoder.encode([p.text for p in prepared]))
+    return means
+
+
+def assert_same_state(stack: Stack, expected: HashtagMeans) -> None:
+    store = RedisMeans.from_url(stack.redis_url, prefix=stack.prefix)
+    got = store.read_all()
+    assert set(got) == set(expected.states)
+    for tag, state in expected.states.items():
+        assert got[tag].count == state.count, tag
+        np.testing.assert_allclose(got[tag].get(), state.get(), atol=1e-6, err_msg=tag)
+
+
+def counts_match(stack: Stack, expected: HashtagMeans) -> bool:
+    got = RedisMeans.from_url(stack.redis_url, prefix=stack.prefix).read_all()
+    return {t: s.count for t, s in got.items()} == {t: s.count for t, s in expected.states.items()}
+
+
+def test_end_to_end_scores_equal_offline_and_metrics(stack: Stack) -> None:
+    embed, index, score = stack.start("embed"), stack.start("index"), stack.start("score")
+    stack.wait_ready(embed, index, score)
+    lines = tweet_lines(sample_feed(), 600)
+    stack.send("tweets", keyed(lines))
+    store = ThesaurusStore(stack.index_dir)
+    wait_for("a first index version", store.current_version, timeout=120)
+    wait_for("the scorer to load it", lambda: score.metric("reval_scoring_thesaurus_version") >= 1, 30)
+
+    tweets = [parse_tweet(line) for line in lines]
+    tagged = [t for t in tweets if t.hashtags][:60]
+    events = []
+    for i, tweet in enumerate(tagged):
+        event = {"tweet_id": tweet.id, "recommender": f"rec{i % 2}", "recommended": ["terremoto", "sisma", "news", "emilia"]}
+        if i % 3:  # a third of the events are joined with their tweet by id
+            event["ground_truth"] = list(tweet.hashtags)
+        events.append(event)
+    events.append({"tweet_id": "nohashtags", "recommended": ["x"], "ground_truth": []})
+    stack.send("recommendations", ((e["tweet_id"].encode(), json.dumps(e).encode()) for e in events))
+
+    results = wait_for("every event scored", lambda: (r := stack.read_json("scores")) and len(r) >= len(events) and r, 120)
+    assert len(results) == len(events)
+    by_id = {r["tweet_id"]: r for r in results}
+    truth = {t.id: t.hashtags for t in tweets}
+    for raw in events:
+        got = by_id[raw["tweet_id"]]
+        event = parse_recommendation(json.dumps(raw))
+        thesaurus = store.load(got["thesaurus_version"]) if got["thesaurus_version"] != "none" else None
+        assert thesaurus is not None, "scored before any index version"
+        offline = score_event(
+            event,
+            event.ground_truth if event.ground_truth is not None else truth[event.tweet_id],
+            NeighbourCache(thesaurus, max_k=70),
+            ks=(0, 5, 10, 20, 30, 40, 50, 60, 70),
+            rs=(1, 5, 10),
+        ).to_json()
+        assert got["reval_hit_ratio"] == offline["reval_hit_ratio"]
+        assert got["exact"] == offline["exact"]
+        assert got["scorable"] == offline["scorable"]
+        assert got["thesaurus_id"] == thesaurus.version
+
+    scorable = [r for r in results if r["scorable"]]
+    for rec in ("rec0", "rec1"):
+        mine = [r for r in scorable if r["recommender"] == rec]
+        assert score.metric("reval_hit_ratio_count", recommender=rec, k="5", r="5") == len(mine)
+        total = sum(r["reval_hit_ratio"]["5"]["5"] for r in mine)
+        assert score.metric("reval_hit_ratio_sum", recommender=rec, k="5", r="5") == pytest.approx(total)
+        assert score.metric("reval_exact_match_count", recommender=rec, metric="f1", r="1") == len(mine)
+    assert score.metric("reval_events_total", recommender="default", outcome="unscorable") == 1
+    assert score.metric("reval_join_total", outcome="matched") == sum(1 for e in events if "ground_truth" not in e)
+    assert embed.metric("reval_records_consumed_total", topic=stack.topics["tweets"]) == len(lines)
+    assert index.metric("reval_index_version") >= 1
+
+    # Hot swap: more tweets make a new version, picked up without restarting the scorer.
+    first = store.current_version()
+    stack.send("tweets", keyed(tweet_lines(sample_feed(), 400, start=600)))
+    wait_for("a new index version", lambda: store.current_version() != first, timeout=60)
+    newest = store.current_version()
+    again = {"tweet_id": tagged[0].id, "recommender": "rec0", "recommended": ["terremoto"], "ground_truth": list(tagged[0].hashtags)}
+    wait_for("the scorer to load the new version", lambda: score.metric("reval_scoring_thesaurus_version") >= int(newest[1:]), 30)
+    stack.send("recommendations", [(b"again", json.dumps(again).encode())])
+    later = wait_for("the late event", lambda: [r for r in stack.read_json("scores")[len(events):]], 60)
+    assert later[0]["thesaurus_version"] == store.current_version() or later[0]["thesaurus_version"] >= newest
+
+
+def test_kill_9_mid_stream_loses_nothing_and_counts_nothing_twice(stack: Stack) -> None:
+    # Retweets left out: which of a tweet and its retweet is "first" differs between
+    # partitions processed in parallel, and this test is about redelivery.
+    lines = [line for line in tweet_lines(sample_feed(), 6000) if '"text": "RT @' not in line]
+    expected = batch_means(lines, stack.model)
+    embed = stack.start("embed")
+    stack.wait_ready(embed)
+    stack.send("tweets", keyed(lines))
+    wait_for("some tweets embedded", lambda: embed.metric("reval_tweets_embedded_total") >= 64, 60, 0.1)
+    embed.kill9()
+    partial = RedisMeans.from_url(stack.redis_url, prefix=stack.prefix).read_all()
+    assert 0 < sum(s.count for s in partial.values()) < sum(s.count for s in expected.states.values())
+
+    restarted = stack.start("embed")
+    stack.wait_ready(restarted, timeout=150)
+    wait_for("all tweets applied", lambda: counts_match(stack, expected), 180, 1.0)
+    assert_same_state(stack, expected)
+    # the restart did see redelivered records and skipped them
+    assert restarted.metric("reval_hashtag_updates_total", outcome="duplicate") >= 0
+
+
+def test_bad_input_is_dead_lettered_and_neighbours_survive(stack: Stack) -> None:
+    embed, score = stack.start("embed"), stack.start("score")
+    stack.wait_ready(embed, score)
+    good = [line for line in tweet_lines(sample_feed(), 300) if '"text": "RT @' not in line]
+    bad_tweets: list[tuple[bytes | None, bytes]] = [
+        (b"b1", b"{not json"),
+        (b"b2", json.dumps({"text": "no id #x"}).encode()),
+        (b"b3", json.dumps({"id": ["1"], "text": "wrong id type #x"}).encode()),
+        (b"b4", json.dumps({"id": "b4", "text": "a" * 1_000_000}).encode()),
+        (b"b5", b'{"id": "b5", "text": "\xff\xfe invalid utf-8 #x"}'),
+        (b"b6", json.dumps({"id": "b6", "text": "#t0 #t1", "entities": {"hashtags": [{"text": f"t{i}"} for i in range(10_000)]}}).encode()),
+    ]
+    mixed: list[tuple[bytes | None, bytes]] = []
+    for i, record in enumerate(keyed(good)):
+        mixed.append(record)
+        if i % 40 == 0 and bad_tweets:
+            mixed.append(bad_tweets.pop())
+    mixed += bad_tweets
+    # unknown extra fields are fine
+    extra = json.loads(good[0])
+    extra.update({"id": "extra1", "something_new": {"a": 1}})
+    mixed.append((b"extra1", json.dumps(extra).encode()))
+    stack.send("tweets", mixed)
+
+    recs = [
+        (b"r1", b"[1, 2, 3]"),
+        (b"r2", json.dumps({"tweet_id": "r2", "recommended": "notalist"}).encode()),
+        (b"r3", json.dumps({"tweet_id": "r3", "recommended": [], "ground_truth": ["a"]}).encode()),
+        (b"r4", json.dumps({"tweet_id": "r4", "recommended": ["a"], "ground_truth": [], "new_field": 1}).encode()),
+        (b"r5", json.dumps({"tweet_id": "r5", "recommended": ["a"], "ground_truth": ["a"]}).encode()),
+    ]
+    stack.send("recommendations", recs)
+
+    expected = batch_means([*good, json.dumps(extra)], stack.model)
+    wait_for("good tweets applied", lambda: counts_match(stack, expected), 120, 1.0)
+    assert_same_state(stack, expected)
+
+    try:
+        dead = wait_for("dead letters", lambda: (d := stack.read_json("dead_letter")) and len(d) >= 8 and d, 60)
+    except TimeoutError:
+        raise AssertionError(f"dead letters: {[(d['reason'], d['detail'][:80]) for d in stack.read_json('dead_letter')]}") from None
+    reasons = sorted(d["reason"] for d in dead)
+    assert reasons == sorted(["not_json", "missing_field", "bad_type", "oversize", "invalid_utf8", "too_many_hashtags", "not_object", "bad_type"])
+    for letter in dead:
+        assert letter["source"]["topic"] in (stack.topics["tweets"], stack.topics["recommendations"])
+        assert base64.b64decode(letter["value_base64"])  # the original bytes are kept
+    scored = wait_for("scores", lambda: (s := stack.read_json("scores")) and len(s) >= 3 and s, 60)
+    scores = {r["tweet_id"]: r for r in scored}
+    assert scores["r3"]["unscorable_reason"] == "empty_recommended"
+    assert scores["r4"]["unscorable_reason"] == "empty_ground_truth"
+    assert scores["r5"]["scorable"] is True
+    assert embed.metric("reval_records_rejected_total", topic=stack.topics["tweets"], reason="oversize") == 1
+    assert embed.proc.poll() is None and score.proc.poll() is None
