@@ -111,6 +111,12 @@ def test_end_to_end_scores_equal_offline_and_metrics(stack: Stack) -> None:
     assert score.metric("reval_join_total", outcome="matched") == sum(1 for e in events if "ground_truth" not in e)
     assert embed.metric("reval_records_consumed_total", topic=stack.topics["tweets"]) == len(lines)
     assert index.metric("reval_index_version") >= 1
+    lag = wait_for(
+        "consumer lag reported",
+        lambda: [v for (name, labels), v in score.metrics().items() if name == "reval_consumer_lag"],
+        30,
+    )
+    assert all(v >= 0 for v in lag)
 
     # Hot swap: more tweets make a new version, picked up without restarting the scorer.
     first = store.current_version()

@@ -227,4 +227,24 @@ def create_app(
                 return
             await send_all(dead_letters, rejected, "reason")
 
+    sources = {t for t in (tweets.get_topic_name(), recommendations.get_topic_name())}
+
+    @app.timer(interval=5.0)
+    async def report_lag() -> None:
+        """Consumer lag per source partition: end offset minus the committed position."""
+        consumer = app.consumer
+        assigned = [tp for tp in consumer.assignment() if tp.topic in sources]
+        if not assigned:
+            return
+        try:
+            ends = await consumer.highwaters(*assigned)
+        except Exception as exc:  # lag is best-effort telemetry; never stop the worker
+            log.debug("lag: %s", exc)
+            return
+        for tp in assigned:
+            committed = getattr(consumer, "_committed_offset", {}).get(tp)  # no public getter in faust
+            end = ends.get(tp)
+            if end is not None:
+                exporter.lag.labels(tp.topic, str(tp.partition)).set(max(0, end - (committed or 0)))
+
     return app

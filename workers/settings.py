@@ -43,43 +43,43 @@ class Settings(BaseSettings):
     # Kafka
     broker: str = Field("127.0.0.1:9092", description="Kafka bootstrap servers, host:port[,...]")
     app_id: str = Field("reval", description="Prefix of the consumer groups (one per role)")
-    topic_tweets: str = "tweets"
-    topic_recommendations: str = "recommendations"
-    topic_scores: str = "scores"
-    topic_dead_letter: str = "dead-letter"
+    topic_tweets: str = Field("tweets", description="Input: tweets")
+    topic_recommendations: str = Field("recommendations", description="Input: events")
+    topic_scores: str = Field("scores", description="Output: one result per event")
+    topic_dead_letter: str = Field("dead-letter", description="Rejected records")
     partitions: int = Field(4, ge=1, description="Partitions of tweets/recommendations/scores")
     session_timeout_s: float = Field(
         10.0, gt=0, description="Consumer group session timeout (Tansu joins after half of it)"
     )
     data_dir: Path = Field(Path("var/faust"), description="Faust's local state directory")
-    replication: int = Field(1, ge=1)
+    replication: int = Field(1, ge=1, description="Replication factor of created topics")
 
     # Redis
     redis_url: str = Field("redis://127.0.0.1:6379/0", description="redis:// or rediss:// (TLS)")
-    redis_prefix: str = "reval"
-    redis_cluster: bool = False
+    redis_prefix: str = Field("reval", description="Prefix of every Redis key")
+    redis_cluster: bool = Field(False, description="Use a Redis Cluster client")
     dedup_ttl_s: int = Field(7 * 86400, ge=60, description="Memory of retweet duplicates")
 
     # Embedding
     model: str = Field("vinai/bertweet-base", description="Hub id, local path or 'minilm'")
-    device: str = "auto"
-    dtype: str = "auto"
-    pooling: str = "mean"
-    embed_batch_size: int = Field(32, ge=1)
-    embed_max_wait_s: float = Field(1.0, gt=0)
-    language_filter: bool = True
+    device: str = Field("auto", description="auto (CUDA if present), cpu, cuda")
+    dtype: str = Field("auto", description="auto, float32, bfloat16, float16")
+    pooling: str = Field("mean", description="mean (over tokens) or cls")
+    embed_batch_size: int = Field(32, ge=1, description="Tweets per encoder batch")
+    embed_max_wait_s: float = Field(1.0, gt=0, description="Max wait to fill a batch")
+    language_filter: bool = Field(True, description="Drop non-English tweets")
 
     # Index job
-    index_dir: Path = Path("var/thesaurus")
-    index_interval_s: float = Field(60.0, gt=0)
-    index_min_changes: int = Field(1, ge=1, description="Rebuild only after this many updates")
-    index_keep: int = Field(3, ge=1)
-    index_min_count: int = Field(1, ge=1)
-    index_n_trees: int = Field(50, ge=1)
+    index_dir: Path = Field(Path("var/thesaurus"), description="Versioned thesaurus store (shared)")
+    index_interval_s: float = Field(60.0, gt=0, description="Index job period")
+    index_min_changes: int = Field(1, ge=1, description="Rebuild only when this many hashtags changed")
+    index_keep: int = Field(3, ge=1, description="Versions kept")
+    index_min_count: int = Field(1, ge=1, description="Min tweets per indexed hashtag")
+    index_n_trees: int = Field(50, ge=1, description="Annoy trees")
 
     # Scoring
-    ks: str = ",".join(map(str, DEFAULT_KS))
-    rs: str = ",".join(map(str, DEFAULT_RS))
+    ks: str = Field(",".join(map(str, DEFAULT_KS)), description="Synonym counts k")
+    rs: str = Field(",".join(map(str, DEFAULT_RS)), description="Top-r cut-offs")
     join_window_s: float = Field(300.0, gt=0, description="How long an event waits for its tweet")
     reload_interval_s: float = Field(5.0, gt=0, description="How often to look for a new index")
     windows: str = Field("5m,1h,24h", description="Event-time rolling windows of the gauges")
@@ -88,7 +88,7 @@ class Settings(BaseSettings):
 
     # Metrics
     metrics_port: int | None = Field(None, description="Prometheus port (default per role)")
-    metrics_host: str = "0.0.0.0"
+    metrics_host: str = Field("0.0.0.0", description="Prometheus bind address")
 
     @field_validator("ks", "rs", "windows")
     @classmethod
