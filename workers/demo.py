@@ -215,7 +215,7 @@ class Demo:
                         for proc in self.procs:
                             if proc.poll() is not None:
                                 raise RuntimeError(
-                                    f"a worker exited (pid {proc.pid}, code {proc.returncode}); see {self.workdir}"
+                                    f"a worker exited (code {proc.returncode}); see {self.workdir}"
                                 )
                         time.sleep(2.0)
             except KeyboardInterrupt:
