@@ -283,6 +283,320 @@ def local_broker(
             pass
 
 
+@app.command("replay")
+def replay_feeds(
+    feeds: Annotated[
+        list[Path],
+        typer.Argument(
+            help="Feed files (.jsonl, .jsonl.gz, .json, .csv; tweets in API v1.1/v2 JSON or "
+            "minimal form, or recommendation events); several are merged in event-time order"
+        ),
+    ],
+    topic: Annotated[
+        str | None,
+        typer.Option(help="Topic (default by kind: REVAL_TOPIC_TWEETS / REVAL_TOPIC_RECOMMENDATIONS)"),
+    ] = None,
+    broker: Annotated[str | None, typer.Option(help="Kafka bootstrap host:port [REVAL_BROKER]")] = None,
+    speed: Annotated[
+        str, typer.Option(help="Pace by event time: 1 = real time, 10 = ten times faster, max = no pauses")
+    ] = "max",
+    start: Annotated[str | None, typer.Option(help="Only events at or after this ISO time")] = None,
+    end: Annotated[str | None, typer.Option(help="Only events before this ISO time")] = None,
+    limit: Annotated[int | None, typer.Option(help="Stop after N records produced", min=1)] = None,
+    from_line: Annotated[
+        int,
+        typer.Option(
+            help="Resume at this 1-based line; with several files it applies to the FIRST file only",
+            min=1,
+        ),
+    ] = 1,
+    strict: Annotated[bool, typer.Option(help="Stop at the first bad line (exit code 2)")] = False,
+    kind: Annotated[
+        str | None,
+        typer.Option(
+            help="tweets or recommendations (default: detected from the first good record, "
+            "else from the topic name)"
+        ),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON")] = False,
+) -> None:
+    """Replay archived feeds into Kafka (original line bytes, key = tweet id, timestamp = event time)."""
+    from rich.progress import TimeElapsedColumn as Elapsed
+
+    from stream import replay as rp
+    from workers.settings import Settings
+
+    if kind is not None and kind not in tuple(rp.Kind):
+        raise fail(f"--kind must be one of {', '.join(rp.Kind)}, not {kind!r}")
+    try:
+        pace = rp.parse_speed(speed)
+        lower = rp.parse_bound(start) if start else None
+        upper = rp.parse_bound(end) if end else None
+        chosen = rp.Kind(kind) if kind else None
+        settings = Settings()
+        if chosen is None:
+            hinted = rp.kind_from_topic(
+                topic, tweets_topic=settings.topic_tweets,
+                recommendations_topic=settings.topic_recommendations,
+            ) if topic else None
+            chosen = rp.detect_kind(feeds, from_line=from_line) or hinted or rp.Kind.tweets
+            if hinted is not None and hinted != chosen:
+                err.print(f"[yellow]warning:[/] topic {topic!r} looks like {hinted}, the feed holds {chosen}")
+    except (ValueError, OSError) as exc:
+        raise fail(str(exc)) from None
+    topic = topic or (settings.topic_tweets if chosen is rp.Kind.tweets else settings.topic_recommendations)
+    bootstrap = broker or settings.broker
+    try:
+        if rp.ensure_topic(bootstrap, topic, settings.partitions, timeout=15):
+            err.print(f"created topic {topic!r} with {settings.partitions} partitions")
+        sink = rp.KafkaSink(bootstrap, topic)
+    except Exception as exc:
+        raise fail(f"cannot use broker {bootstrap}: {exc}") from None
+
+    progress = Progress(
+        SpinnerColumn(),
+        TextColumn(
+            "{task.fields[produced]} produced · {task.fields[rate]} rec/s · "
+            "event time {task.fields[position]} · {task.fields[lines]} lines"
+        ),
+        Elapsed(), console=err, transient=False,
+    )
+    task = progress.add_task(
+        "replay", total=None, topic=topic, produced="0", rate="-", position="-", lines="0"
+    )
+    state: list[rp.ReplaySummary] = []
+
+    def report(summary: rp.ReplaySummary) -> None:
+        state[:] = [summary]
+        position = f"{summary.position:%Y-%m-%dT%H:%M:%SZ}" if summary.position else "-"
+        progress.update(
+            task, produced=f"{summary.produced:,}", rate=f"{summary.rate:,.0f}",
+            position=position, lines=f"{summary.lines_read:,}",
+        )
+
+    code, message = 0, None
+    try:
+        with progress:
+            rp.replay(
+                feeds, sink, kind=chosen, speed=pace, start=lower, end=upper, limit=limit,
+                from_line=from_line, strict=strict, flush=sink.flush, on_progress=report,
+            )
+    except rp.ReplayError as exc:
+        code, message = exc.exit_code, str(exc)
+    except ValueError as exc:
+        code, message = 2, str(exc)
+    except KeyboardInterrupt:
+        code, message = 130, "interrupted"
+    finally:
+        sink.close()
+    if state:
+        summary = state[0]
+        if as_json:
+            print(json.dumps({**summary.as_dict(), "topic": topic, "broker": bootstrap}))
+        else:
+            table = Table(title=f"replay → {topic} ({bootstrap})", show_header=False)
+            for label, value in rp.summary_rows(summary):
+                table.add_row(label, value)
+            out.print(table)
+    if message is not None:
+        err.print(f"[bold red]error:[/] {message}")
+        raise typer.Exit(code=code)
+
+
+@app.command("recommend")
+def recommend_cmd(
+    method: Annotated[
+        str, typer.Option("--method", "-m", help="mowe | popular | popular-users | least-popular")
+    ],
+    train: Annotated[list[Path], typer.Option("--train", help="Training feed (repeatable)")],
+    feed: Annotated[list[Path], typer.Option("--feed", help="Feed to recommend for (repeatable)")],
+    r: Annotated[int, typer.Option("-r", min=1, help="Hashtags per tweet (at most)")] = 10,
+    out_path: Annotated[
+        Path | None, typer.Option("--out", help="Write the events here (JSON lines)")
+    ] = None,
+    topic: Annotated[
+        str | None, typer.Option("--topic", help="Produce the events to this Kafka topic")
+    ] = None,
+    broker: Annotated[
+        str | None, typer.Option(help="Kafka bootstrap host:port [REVAL_BROKER]")
+    ] = None,
+    with_truth: Annotated[
+        bool, typer.Option("--with-truth", help="Put each tweet's hashtags in ground_truth")
+    ] = False,
+    recommender_name: Annotated[
+        str | None, typer.Option("--recommender-name", help="The events' recommender field")
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Seed of mowe's Word2Vec")] = 0,
+    language_filter: Annotated[
+        bool, typer.Option(help="Drop non-English training tweets (paper 3.1.1)")
+    ] = True,
+    all_tweets: Annotated[
+        bool, typer.Option("--all-tweets", help="Also recommend for tweets without hashtags")
+    ] = False,
+) -> None:
+    """Recommend hashtags with a baseline recommender; emit `reval score` / scoring-worker events.
+
+    The recommender never sees the hashtags of the tweets it recommends for.
+    """
+    import warnings
+
+    from stream import recommenders as rec
+
+    if method not in rec.METHODS:
+        raise fail(f"unknown method {method!r}; choose from {', '.join(rec.METHODS)}")
+    if out_path is None and topic is None:
+        raise fail("give --out FILE, --topic TOPIC, or both")
+    for path in [*train, *feed]:
+        if not path.exists():
+            raise fail(f"feed file not found: {path}")
+    recommender = rec.make_recommender(method, name=recommender_name, seed=seed)
+    train_errors = ErrorLog()
+    with err.status(f"training {method} on {', '.join(map(str, train))}"):
+        tweets = rec.training_tweets(train, language_filter=language_filter, errors=train_errors)
+        if not tweets:
+            raise fail("no hashtagged training tweets left after pre-processing")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            recommender.fit(tweets)
+    for warning in caught:
+        err.print(f"[yellow]warning:[/] {warning.message}")
+    train_ids = {t.id for t in tweets}
+    if topic is not None and broker is None:
+        from workers.settings import Settings
+
+        broker = Settings().broker
+    from stream.feeds import read_tweets
+
+    errors, skipped, overlap, empty = ErrorLog(), 0, 0, 0
+    try:
+        sink = rec.EventSink(out_path, topic=topic, broker=broker)
+    except Exception as exc:  # kafka-python raises its own NoBrokersAvailable etc.
+        raise fail(f"cannot open the output: {exc}") from None
+    with sink:
+        batch: list[Any] = []
+
+        def flush() -> None:
+            nonlocal empty
+            for tweet, recs in zip(batch, recommender.recommend_many(batch, r), strict=True):
+                empty += not recs
+                sink.write(rec.recommendation_event(
+                    tweet, recs, recommender.name, with_truth=with_truth))
+            batch.clear()
+
+        for item in read_tweets(feed):
+            if item.error is not None:
+                errors.add(item)
+                continue
+            assert item.value is not None
+            if not item.value.hashtags and not all_tweets:
+                skipped += 1
+                continue
+            overlap += item.value.id in train_ids
+            batch.append(item.value)
+            if len(batch) >= 2048:
+                flush()
+        flush()
+    where = " and ".join(x for x in (str(out_path) if out_path else "",
+                                     f"topic {topic} ({broker})" if topic else "") if x)
+    err.print(
+        f"{recommender.name}: {sink.count} events to {where}; {empty} with no recommendation; "
+        f"skipped {skipped} tweets without hashtags, {errors.total + train_errors.total} bad lines"
+    )
+    if overlap:
+        err.print(f"[yellow]warning:[/] {overlap} tweets of --feed are also training tweets")
+
+
+@app.command("evaluate")
+def evaluate_cmd(
+    feeds: Annotated[list[Path], typer.Argument(help="Tweet files: .jsonl, .jsonl.gz or .csv")],
+    out_dir: Annotated[Path, typer.Option("--out", help="Directory for the results")],
+    split: Annotated[str, typer.Option(help="time (earliest 90% train) | random")] = "time",
+    seed: Annotated[int, typer.Option(help="Seed: random split, gensim, Annoy")] = 0,
+    embeddings: Annotated[
+        str, typer.Option(help="Comma-separated: bertag, word2vec, fasttext")
+    ] = "bertag,word2vec,fasttext",
+    model: Annotated[
+        str, typer.Option(help="BERTag encoder: hub id or local path; 'minilm' = packaged MiniLM")
+    ] = "vinai/bertweet-base",
+    rs: Annotated[str, typer.Option("-r", help="Top-r cut-offs, comma-separated")] = "1,5,10",
+    ks: Annotated[
+        str, typer.Option("-k", help="Numbers of synonyms, comma-separated")
+    ] = "0,5,10,20,30,40,50,60,70",
+    limit: Annotated[
+        int | None, typer.Option(help="Use only the first N tweets left after pre-processing")
+    ] = None,
+    language_filter: Annotated[
+        bool, typer.Option(help="Drop non-English tweets (paper 3.1.1)")
+    ] = True,
+    batch_size: Annotated[int, typer.Option(help="Encoder batch size")] = 32,
+    fasttext_bucket: Annotated[
+        int, typer.Option(help="FastText n-gram buckets (gensim's default 2,000,000)")
+    ] = 2_000_000,
+    save_thesauri: Annotated[
+        bool, typer.Option("--save-thesauri", help="Also save each thesaurus under OUT/thesauri/")
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print results.json's rows as JSON")] = False,
+) -> None:
+    """Rerun the paper's experiment (4.2): MOWE recommender, thesauri from BERTag /
+    Word2Vec / FastText, average #REval-hit-ratio per (embedding, r, k)."""
+    from rich.progress import BarColumn, TimeRemainingColumn
+
+    from stream import evaluate as ev
+
+    for feed in feeds:
+        if not feed.exists():
+            raise fail(f"feed file not found: {feed}")
+    try:
+        config = ev.ExperimentConfig(
+            split=split,  # type: ignore[arg-type]
+            seed=seed,
+            embeddings=tuple(e.strip().lower() for e in embeddings.split(",") if e.strip()),
+            model=model,
+            rs=tuple(int(x) for x in parse_ints(rs) if x is not None),
+            ks=tuple(int(x) for x in parse_ints(ks) if x is not None),
+            limit=limit,
+            language_filter=language_filter,
+            batch_size=batch_size,
+            fasttext_bucket=fasttext_bucket,
+        )
+    except ValueError as exc:
+        raise fail(str(exc)) from None
+    progress = Progress(
+        SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+        TimeElapsedColumn(), TimeRemainingColumn(), console=err, transient=False,
+    )
+
+    def track(description: str, total: int | None) -> Any:
+        task = progress.add_task(description, total=total)
+        return lambda n: progress.advance(task, n)
+
+    try:
+        with progress:
+            experiment = ev.run_experiment(feeds, config, progress=track)
+    except (OSError, ValueError) as exc:
+        raise fail(str(exc)) from None
+    ev.write_outputs(experiment, out_dir, save_thesauri=save_thesauri)
+    if as_json:
+        print(json.dumps(experiment.rows))
+        return
+    d = experiment.data
+    out.print(
+        f"{d['train_tweets']:,} training / {d['test_tweets']:,} test tweets ({config.split} split), "
+        f"{d['empty_recommendations']} test tweets with no recommendation (unscorable); "
+        f"{experiment.timings['total']:.0f} s; results in {out_dir}"
+    )
+    table = Table(title="average #REval-hit-ratio")
+    table.add_column("embedding")
+    table.add_column("r", justify="right")
+    for k in config.ks:
+        table.add_column(f"k={k}", justify="right")
+    for variant in experiment.thesauri:
+        for r in config.rs:
+            table.add_row(experiment.labels[variant], str(r),
+                          *(_fmt(experiment.value(variant, r, k)) for k in config.ks))
+    out.print(table)
+
+
 def main() -> None:  # pragma: no cover - entry point
     app()
 
