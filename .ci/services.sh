@@ -14,3 +14,12 @@ if ! redis_up; then
   for _ in $(seq 50); do redis_up && break; sleep 0.1; done
 fi
 redis_up && echo "services: redis ok at 127.0.0.1:6379"
+
+# Prometheus + promtool + Alertmanager (Debian) for the rule tests and the real-Prometheus test.
+command -v promtool >/dev/null && command -v prometheus-alertmanager >/dev/null || {
+  echo "services: installing prometheus + alertmanager (Debian)"
+  apt-get install -y -qq --no-install-recommends prometheus prometheus-alertmanager >/dev/null || {
+    apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus prometheus-alertmanager >/dev/null
+  }
+}
+promtool --version 2>&1 | head -1

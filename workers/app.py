@@ -227,13 +227,17 @@ def create_app(
                 return
             await send_all(dead_letters, rejected, "reason")
 
-    sources = {t for t in (tweets.get_topic_name(), recommendations.get_topic_name())}
+    sources = {tweets.get_topic_name(), recommendations.get_topic_name()}
+    reported: set[tuple[str, str]] = set()
 
     @app.timer(interval=5.0)
     async def report_lag() -> None:
         """Consumer lag per source partition: end offset minus the committed position."""
         consumer = app.consumer
         assigned = [tp for tp in consumer.assignment() if tp.topic in sources]
+        for labels in reported - {(tp.topic, str(tp.partition)) for tp in assigned}:
+            exporter.lag.remove(*labels)  # revoked: another worker reports it now
+            reported.discard(labels)
         if not assigned:
             return
         try:
@@ -244,7 +248,8 @@ def create_app(
         for tp in assigned:
             committed = getattr(consumer, "_committed_offset", {}).get(tp)  # no public getter in faust
             end = ends.get(tp)
-            if end is not None:
-                exporter.lag.labels(tp.topic, str(tp.partition)).set(max(0, end - (committed or 0)))
+            if end is not None and committed is not None:
+                exporter.lag.labels(tp.topic, str(tp.partition)).set(max(0, end - committed))
+                reported.add((tp.topic, str(tp.partition)))
 
     return app
