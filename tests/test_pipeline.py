@@ -109,7 +109,8 @@ def test_end_to_end_scores_equal_offline_and_metrics(stack: Stack) -> None:
         assert score.metric("reval_exact_match_count", recommender=rec, metric="f1", r="1") == len(mine)
     assert score.metric("reval_events_total", recommender="default", outcome="unscorable") == 1
     assert score.metric("reval_join_total", outcome="matched") == sum(1 for e in events if "ground_truth" not in e)
-    assert embed.metric("reval_records_consumed_total", topic=stack.topics["tweets"]) == len(lines)
+    topic = stack.topics["tweets"]
+    wait_for("the embed worker to consume every tweet", lambda: embed.metric("reval_records_consumed_total", topic=topic) == len(lines), 60)
     assert index.metric("reval_index_version") >= 1
     lag = wait_for(
         "consumer lag reported",
