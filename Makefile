@@ -25,8 +25,5 @@ lint: setup
 test: setup services lint
 	$(BIN)/python -m pytest
 
-SAMPLE := stream/data/crisislex-t26.jsonl.gz
-
 demo: setup
-	HF_HUB_OFFLINE=1 $(BIN)/reval thesaurus build $(SAMPLE) --model minilm --out out/thesaurus
-	HF_HUB_OFFLINE=1 $(BIN)/reval synonyms sandy yolanda bostonmarathon earthquake qldflood -t out/thesaurus -k 5
+	HF_HUB_OFFLINE=1 $(BIN)/reval demo

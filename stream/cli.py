@@ -427,6 +427,9 @@ def recommend_cmd(
         str | None, typer.Option("--recommender-name", help="The events' recommender field")
     ] = None,
     seed: Annotated[int, typer.Option(help="Seed of mowe's Word2Vec")] = 0,
+    threshold: Annotated[
+        float, typer.Option(help="mowe: cosine for a similar training tweet (paper: 0.5)")
+    ] = 0.5,
     language_filter: Annotated[
         bool, typer.Option(help="Drop non-English training tweets (paper 3.1.1)")
     ] = True,
@@ -449,7 +452,12 @@ def recommend_cmd(
     for path in [*train, *feed]:
         if not path.exists():
             raise fail(f"feed file not found: {path}")
-    recommender = rec.make_recommender(method, name=recommender_name, seed=seed)
+    try:
+        recommender = rec.make_recommender(
+            method, name=recommender_name, seed=seed, threshold=threshold
+        )
+    except ValueError as exc:
+        raise fail(str(exc)) from None
     train_errors = ErrorLog()
     with err.status(f"training {method} on {', '.join(map(str, train))}"):
         tweets = rec.training_tweets(train, language_filter=language_filter, errors=train_errors)
@@ -529,9 +537,15 @@ def evaluate_cmd(
         bool, typer.Option(help="Drop non-English tweets (paper 3.1.1)")
     ] = True,
     batch_size: Annotated[int, typer.Option(help="Encoder batch size")] = 32,
+    dtype: Annotated[
+        str, typer.Option(help="Encoder dtype: float32 (reference numbers) or auto (core's choice)")
+    ] = "float32",
     fasttext_bucket: Annotated[
         int, typer.Option(help="FastText n-gram buckets (gensim's default 2,000,000)")
     ] = 2_000_000,
+    threshold: Annotated[
+        float, typer.Option(help="MOWE recommender: cosine for a similar tweet (paper: 0.5)")
+    ] = 0.5,
     save_thesauri: Annotated[
         bool, typer.Option("--save-thesauri", help="Also save each thesaurus under OUT/thesauri/")
     ] = False,
@@ -557,7 +571,9 @@ def evaluate_cmd(
             limit=limit,
             language_filter=language_filter,
             batch_size=batch_size,
+            dtype=dtype,
             fasttext_bucket=fasttext_bucket,
+            threshold=threshold,
         )
     except ValueError as exc:
         raise fail(str(exc)) from None
@@ -585,16 +601,46 @@ def evaluate_cmd(
         f"{d['empty_recommendations']} test tweets with no recommendation (unscorable); "
         f"{experiment.timings['total']:.0f} s; results in {out_dir}"
     )
-    table = Table(title="average #REval-hit-ratio")
-    table.add_column("embedding")
-    table.add_column("r", justify="right")
+    short = {"bertag": "BERTag", "word2vec": "W2V", "fasttext": "FT"}
+    table = Table(
+        title="average #REval-hit-ratio",
+        caption=", ".join(f"{short[v]} = {experiment.labels[v]}" for v in experiment.thesauri),
+    )
+    table.add_column("k", justify="right")
+    columns = [(r, v) for r in config.rs for v in experiment.thesauri]
+    for r, variant in columns:
+        table.add_column(f"{short[variant]}\nr={r}", justify="right")
     for k in config.ks:
-        table.add_column(f"k={k}", justify="right")
-    for variant in experiment.thesauri:
-        for r in config.rs:
-            table.add_row(experiment.labels[variant], str(r),
-                          *(_fmt(experiment.value(variant, r, k)) for k in config.ks))
+        values = (experiment.value(variant, r, k) for r, variant in columns)
+        table.add_row(str(k), *("-" if x is None else f"{x:.3f}" for x in values))
     out.print(table)
+
+
+@app.command()
+def demo(
+    duration: Annotated[
+        float | None, typer.Option(help="Stop after this many seconds (default: Ctrl-C)")
+    ] = None,
+    speed: Annotated[str, typer.Option(help="Replay speed: 1 = real time, 10, ..., or max")] = "max",
+    model: Annotated[str, typer.Option(help="Encoder for the demo (BERTweet needs the hub)")] = "minilm",
+    redis_url: Annotated[
+        str | None, typer.Option(help="Redis to use; a private one starts when none answers")
+    ] = None,
+) -> None:
+    """The live path on this machine: local broker, Redis, the three workers, the bundled
+    sample feed with the mowe and popular recommenders, and a live table of the scores."""
+    from stream.replay import parse_speed
+    from workers.demo import Demo, sample_feed_events
+    from workers.settings import Settings
+
+    overrides: dict[str, Any] = {"index_interval_s": 10.0}
+    if redis_url:
+        overrides["redis_url"] = redis_url
+    try:
+        pace = parse_speed(speed)
+    except ValueError as exc:
+        raise fail(str(exc)) from None
+    Demo(Settings(**overrides), duration=duration, model=model).run(sample_feed_events(pace))
 
 
 def main() -> None:  # pragma: no cover - entry point

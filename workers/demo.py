@@ -10,6 +10,7 @@ to the exact hit ratio.  Ctrl-C (or ``--duration``) stops everything.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import subprocess
@@ -87,29 +88,36 @@ class Scrape:
         return sum(v for (n, lab), v in self.samples.items() if n == name and want <= set(lab))
 
 
+def _mean(scrape: Scrape, name: str, **labels: str) -> float | None:
+    count = scrape.get(f"{name}_count", **labels)
+    total = scrape.get(f"{name}_sum", **labels)
+    return total / count if count and total is not None else None
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
 def render(
     embed: Scrape, index: Scrape, score: Scrape, ks: list[int], r: str, window: str, rates: dict[str, float]
 ) -> Group:
+    """Averages so far (from the _sum/_count counters), and the event-time rolling value."""
     recommenders = sorted(
-        {dict(lab)["recommender"] for (n, lab) in score.samples if n == "reval_hit_ratio_rolling"}
+        {dict(lab)["recommender"] for (n, lab) in score.samples if n == "reval_hit_ratio_count"}
     )
-    table = Table(title=f"rolling #REval-hit-ratio (top-{r}, last {window} of event time)")
+    table = Table(title=f"average #REval-hit-ratio of the top-{r} recommendations, by k synonyms")
     table.add_column("recommender")
     table.add_column("exact hit ratio", justify="right")
     for k in ks:
         table.add_column(f"k={k}", justify="right")
+    table.add_column(f"k={ks[-1]}, last {window}", justify="right")
     table.add_column("events", justify="right")
     for rec in recommenders:
-        exact = score.get(
-            "reval_exact_match_rolling", recommender=rec, metric="hit_ratio", r=r, window=window
-        )
-        values = [
-            score.get("reval_hit_ratio_rolling", recommender=rec, k=str(k), r=r, window=window) for k in ks
-        ]
         table.add_row(
             rec,
-            "-" if exact is None else f"{exact:.3f}",
-            *("-" if v is None else f"{v:.3f}" for v in values),
+            _fmt(_mean(score, "reval_exact_match", recommender=rec, metric="hit_ratio", r=r)),
+            *(_fmt(_mean(score, "reval_hit_ratio", recommender=rec, k=str(k), r=r)) for k in ks),
+            _fmt(score.get("reval_hit_ratio_rolling", recommender=rec, k=str(ks[-1]), r=r, window=window)),
             f"{score.total('reval_events_total', recommender=rec):,.0f}",
         )
     version = index.get("reval_index_version") or 0
@@ -129,10 +137,8 @@ def render(
 @dataclass
 class Demo:
     settings: Settings
-    speed: str = "max"
     duration: float | None = None
     model: str = "minilm"
-    limit: int | None = None
     workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="reval-demo-")))
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
@@ -158,8 +164,10 @@ class Demo:
             except subprocess.TimeoutExpired:
                 proc.kill()
 
-    def run(self, feed_events: Callable[[str, Settings, threading.Event], None]) -> None:
-        """``feed_events(bootstrap, settings, stop)`` produces tweets and recommendation events."""
+    def run(self, feed_events: Callable[[str, Settings, threading.Event], None]) -> tuple[Scrape, ...]:
+        """``feed_events(bootstrap, settings, stop)`` produces tweets and recommendation events.
+
+        Returns the last /metrics scrapes of the embed, index and score workers."""
         stop = threading.Event()
         with (
             LocalBroker(log_path=self.workdir / "broker.log") as broker,
@@ -193,14 +201,16 @@ class Demo:
                 target=feed_events, args=(broker.bootstrap, settings, stop), daemon=True
             )
             started = time.monotonic()
-            ks = [0, 5, 10, 20]
+            ks = [0, 5, 10, 20, 50]
+            scrapes: tuple[Scrape, ...] = ()
             last: dict[str, tuple[float, float]] = {}
             try:
                 self._wait_ready()
                 producer.start()
                 with Live(console=console, refresh_per_second=2) as live:
                     while self.duration is None or time.monotonic() - started < self.duration:
-                        embed, index, score = (Scrape.of(ports[r]) for r in ("embed", "index", "score"))
+                        scrapes = tuple(Scrape.of(ports[r]) for r in ("embed", "index", "score"))
+                        embed, index, score = scrapes
                         now = time.monotonic()
                         counts = {
                             "embed": embed.get("reval_tweets_embedded_total") or 0.0,
@@ -211,7 +221,7 @@ class Demo:
                             t0, v0 = last.get(name, (now, value))
                             rates[name] = (value - v0) / (now - t0) if now > t0 else 0.0
                             last[name] = (now, value)
-                        live.update(render(embed, index, score, ks, "5", "1d", rates))
+                        live.update(render(embed, index, score, ks, "5", "1h", rates))
                         for proc in self.procs:
                             if proc.poll() is not None:
                                 raise RuntimeError(
@@ -225,6 +235,7 @@ class Demo:
                 self.stop()
                 if producer.is_alive():
                     producer.join(timeout=5)
+        return scrapes
 
     def _wait_ready(self, timeout: float = 180.0) -> None:
         deadline = time.monotonic() + timeout
@@ -237,6 +248,47 @@ class Demo:
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"workers not ready after {timeout:.0f}s; see {self.workdir}")
                 time.sleep(0.5)
+
+
+def sample_feed_events(
+    speed: float | None, train_share: float = 0.3, r: int = 10, limit: int | None = None
+) -> Callable[[str, Settings, threading.Event], None]:
+    """The demo's producer: the bundled sample feed replayed to ``tweets``, and for the
+    tweets after the first ``train_share`` (by time), the events of two recommenders
+    trained on that first part (``mowe``, the paper's, and ``popular``) to
+    ``recommendations`` -- without ground truth, so the scorer joins them by id."""
+    from stream.feeds import sample_feed
+    from stream.recommenders import MoweRecommender, PopularRecommender, recommendation_event, training_tweets
+    from stream.replay import KafkaSink, Outgoing, replay
+
+    def produce(bootstrap: str, settings: Settings, stop: threading.Event) -> None:
+        with console.status("training the recommenders on the first part of the sample feed..."):
+            tweets = training_tweets([sample_feed()], limit=limit)
+            split = int(len(tweets) * train_share)
+            train, test = tweets[:split], tweets[split:]
+            events: dict[bytes, list[bytes]] = {}
+            for recommender in (MoweRecommender(name="mowe"), PopularRecommender(name="popular")):
+                recommender.fit(train)
+                for tweet, recommended in zip(test, recommender.recommend_many(test, r), strict=True):
+                    event = recommendation_event(tweet, recommended, recommender.name)
+                    events.setdefault(tweet.id.encode(), []).append(json.dumps(event).encode())
+        with (
+            KafkaSink(bootstrap, settings.topic_tweets) as tweets_out,
+            KafkaSink(bootstrap, settings.topic_recommendations) as events_out,
+        ):
+
+            def send(out: Outgoing) -> None:
+                if stop.is_set():
+                    raise KeyboardInterrupt
+                tweets_out(out)
+                for value in events.get(out.key or b"", ()):
+                    events_out(Outgoing(out.key, value, out.timestamp_ms, out.where))
+
+            with contextlib.suppress(KeyboardInterrupt):
+                last = tweets[-1].created_at if limit is not None and tweets else None
+                replay([sample_feed()], send, kind="tweets", speed=speed, end=last)
+
+    return produce
 
 
 def clear_prefix(url: str, prefix: str) -> int:
