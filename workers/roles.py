@@ -82,6 +82,19 @@ def dead_letter(record: Record, reason: str, detail: str, role: str) -> dict[str
     }
 
 
+def parse_or_reject(
+    record: Record, parse: Callable[[bytes], T], x: Exporter, rejected: list[dict[str, Any]], role: str
+) -> T | None:
+    """Parse one consumed record, or count it and queue its dead letter (then ``None``)."""
+    x.consumed.labels(record.topic).inc()
+    try:
+        return parse(record.value)
+    except RecordError as exc:
+        x.rejected.labels(record.topic, exc.reason).inc()
+        rejected.append(dead_letter(record, exc.reason, exc.detail, role))
+        return None
+
+
 def with_retry(what: str, call: Callable[[], T], *, attempts: int | None = None) -> T:
     """Retry a Redis round trip on connection trouble, with back-off.
 
@@ -116,12 +129,8 @@ class Embedder:
         rejected: list[dict[str, Any]] = []
         candidates: list[tuple[Record, Prepared]] = []
         for record in records:
-            self.x.consumed.labels(record.topic).inc()
-            try:
-                tweet = parse_tweet(record.value)
-            except RecordError as exc:
-                self.x.rejected.labels(record.topic, exc.reason).inc()
-                rejected.append(dead_letter(record, exc.reason, exc.detail, "embed"))
+            tweet = parse_or_reject(record, parse_tweet, self.x, rejected, "embed")
+            if tweet is None:
                 continue
             result = prepare(tweet, language_filter=self.settings.language_filter)
             if isinstance(result, Dropped):
@@ -283,12 +292,8 @@ class Scorer:
         rejected: list[dict[str, Any]] = []
         waiting: list[tuple[Record, Recommendation]] = []
         for record in records:
-            self.x.consumed.labels(record.topic).inc()
-            try:
-                event = parse_recommendation(record.value)
-            except RecordError as exc:
-                self.x.rejected.labels(record.topic, exc.reason).inc()
-                rejected.append(dead_letter(record, exc.reason, exc.detail, "score"))
+            event = parse_or_reject(record, parse_recommendation, self.x, rejected, "score")
+            if event is None:
                 continue
             if event.ground_truth is not None:
                 scores.append(self._score(event, event.ground_truth, record.time))
