@@ -3,17 +3,19 @@
 This is the one code path behind ``reval score``, ``reval evaluate`` and the
 streaming scoring worker, so live, replayed and offline numbers agree exactly.
 Each hashtag's neighbours are asked of the thesaurus once, at the largest k, and
-smaller k take prefixes of that list (cached per thesaurus version).
+kept as synonym ranks, so every smaller k is answered from the same look-up
+(cached per thesaurus version).
 """
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from stream.metrics import ExactScores, Mean, Synonyms, exact_scores, matches
+from stream.metrics import ExactScores, Mean, Synonyms
 from stream.records import Recommendation
 from stream.thesaurus import Thesaurus
 
@@ -53,34 +55,47 @@ def parse_ints(text: str, *, allow_all: bool = False) -> tuple[int | None, ...]:
 
 
 class NeighbourCache:
-    """Neighbour lists of one thesaurus version, fetched once at ``max_k`` per hashtag.
+    """Synonym ranks of one thesaurus version, fetched once at ``max_k`` per hashtag.
 
-    Bounded (least recently used entries go first) so a stream of ever-new
-    hashtags cannot grow it without limit.
+    For each hashtag the cache keeps ``{synonym: rank}``: 0 for the hashtag itself
+    and i for its i-th nearest neighbour, so ``g`` is in Syn_k(h) exactly when its
+    rank is <= k -- one look-up answers every k.  Hashtags the thesaurus lacks are
+    not cached (Syn(h) = {h}), and the cache is bounded (least recently used go
+    first), so a stream of ever-new hashtags cannot grow it without limit.
     """
 
     def __init__(self, thesaurus: Thesaurus, max_k: int, max_entries: int = 200_000) -> None:
         self.thesaurus = thesaurus
         self.max_k = max_k
         self.max_entries = max_entries
-        self._cache: OrderedDict[str, list[str]] = OrderedDict()
+        self._ranks: OrderedDict[str, dict[str, int]] = OrderedDict()
         self.queries = 0
 
     @property
     def version(self) -> str:
         return self.thesaurus.version
 
-    def neighbours(self, hashtag: str) -> list[str]:
-        found = self._cache.get(hashtag)
-        if found is None:
-            self.queries += 1
-            found = self.thesaurus.neighbours(hashtag, self.max_k) if self.max_k else []
-            self._cache[hashtag] = found
-            if len(self._cache) > self.max_entries:
-                self._cache.popitem(last=False)
-        else:
-            self._cache.move_to_end(hashtag)
+    def ranks(self, hashtag: str) -> dict[str, int]:
+        found = self._ranks.get(hashtag)
+        if found is not None:
+            self._ranks.move_to_end(hashtag)
+            return found
+        if hashtag not in self.thesaurus or not self.max_k:
+            return {hashtag: 0}
+        self.queries += 1
+        found = {}
+        for rank, name in enumerate(self.thesaurus.neighbours(hashtag, self.max_k), start=1):
+            found.setdefault(name, rank)
+        found[hashtag] = 0
+        self._ranks[hashtag] = found
+        if len(self._ranks) > self.max_entries:
+            self._ranks.popitem(last=False)
         return found
+
+    def neighbours(self, hashtag: str) -> list[str]:
+        """The cached neighbours, nearest first (without the hashtag itself)."""
+        ranks = self.ranks(hashtag)
+        return sorted((n for n in ranks if n != hashtag), key=ranks.__getitem__)
 
     def synonyms(self, k: int) -> Synonyms:
         """Syn_k as a function, for :func:`stream.metrics.matches`."""
@@ -90,6 +105,9 @@ class NeighbourCache:
 
     def known(self, hashtag: str) -> bool:
         return hashtag in self.thesaurus
+
+
+_FAR = 1 << 30  # rank of a hashtag that is no synonym at all
 
 
 @dataclass(frozen=True)
@@ -129,27 +147,47 @@ def score_event(
     ks: Sequence[int] = DEFAULT_KS,
     rs: Sequence[int | None] = (ALL,),
 ) -> EventScore:
-    """Score one event for every (r, k); ``truth`` is the event's or the joined tweet's."""
+    """Score one event for every (r, k); ``truth`` is the event's or the joined tweet's.
+
+    Equal to :func:`stream.metrics.reval_hit_ratio` with Syn_k from the thesaurus
+    for each cell (tested), but computed from one |R| x |G| matrix of synonym ranks:
+    rho(k) counts the rows (|R| <= |G|) or columns (otherwise) whose smallest rank
+    is <= k, so every k is a bisection of the same sorted minima.
+    """
+    recommended = list(dict.fromkeys(event.recommended))
+    truth = list(dict.fromkeys(truth))
     base = {
         "tweet_id": event.tweet_id,
         "recommender": event.recommender,
         "thesaurus_version": cache.version,
-        "n_recommended": len(event.recommended),
+        "n_recommended": len(recommended),
     }
-    if not event.recommended:
+    if not recommended:
         return EventScore(**base, unscorable="empty_recommended")  # type: ignore[arg-type]
     if not truth:
         return EventScore(**base, unscorable="empty_ground_truth")  # type: ignore[arg-type]
+    matrix = [[table.get(g, _FAR) for g in truth] for table in map(cache.ranks, recommended)]
     reval: dict[str, dict[int, float]] = {}
     exact: dict[str, ExactScores] = {}
     for r in rs:
-        top = list(event.recommended[:r]) if r is not None else list(event.recommended)
-        denominator = min(len(top), len(truth))
-        reval[r_label(r)] = {k: matches(top, truth, cache.synonyms(k)) / denominator for k in ks}
-        scores = exact_scores(top, truth)
-        assert scores is not None  # both sides are non-empty here
-        exact[r_label(r)] = scores
-    unknown = sum(1 for h in event.recommended if not cache.known(h))
+        rows = matrix[:r] if r is not None else matrix
+        n_top, n_truth = len(rows), len(truth)
+        denominator = min(n_top, n_truth)
+        if n_top <= n_truth:
+            minima = sorted(min(row) for row in rows)
+        else:
+            minima = sorted(min(column) for column in zip(*rows, strict=True))
+        reval[r_label(r)] = {k: bisect_right(minima, k) / denominator for k in ks}
+        hits = sum(1 for row in rows for rank in row if rank == 0)
+        precision, recall = hits / n_top, hits / n_truth
+        exact[r_label(r)] = ExactScores(
+            hit_rate=1.0 if hits else 0.0,
+            precision=precision,
+            recall=recall,
+            f1=2 * precision * recall / (precision + recall) if hits else 0.0,
+            hit_ratio=hits / denominator,
+        )
+    unknown = sum(1 for h in recommended if not cache.known(h))
     return EventScore(**base, reval=reval, exact=exact, unknown_recommended=unknown)  # type: ignore[arg-type]
 
 

@@ -1,9 +1,12 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from stream.metrics import exact_scores, reval_hit_ratio
 from stream.records import Recommendation
-from stream.scoring import NeighbourCache, Summary, parse_ints, score_event
+from stream.scoring import NeighbourCache, Summary, parse_ints, r_label, score_event
 from stream.thesaurus import JsonThesaurus
 
 from .test_metrics import TABLE2_SYN
@@ -32,7 +35,7 @@ def test_grid_and_single_query_per_hashtag_at_max_k() -> None:
     assert result.reval["2"][3] == 1.0  # swim→sport, exercise→yoga
     assert result.reval["all"][0] == 0.0
     assert result.exact["all"].hit_rate == 0.0
-    assert sorted(th.calls) == [("exercise", 3), ("hockey", 3), ("swim", 3)]
+    assert sorted(th.calls) == [("exercise", 3), ("hockey", 3), ("swim", 3)]  # unknown "yoga" is not asked
     score_event(event, event.ground_truth or (), cache, ks=(0, 1, 3))
     assert len(th.calls) == 3  # cached
 
@@ -66,3 +69,29 @@ def test_parse_ints() -> None:
         parse_ints("1,x")
     with pytest.raises(ValueError, match="out of range"):
         parse_ints("0", allow_all=True)
+
+
+VOCAB = [f"h{i}" for i in range(10)]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.sampled_from([*VOCAB, "unknown1", "unknown2"]), min_size=0, max_size=8),
+    st.lists(st.sampled_from([*VOCAB, "unknown3"]), min_size=0, max_size=5),
+    st.fixed_dictionaries({h: st.permutations([v for v in VOCAB if v != h]) for h in VOCAB}),
+)
+def test_fast_grid_equals_the_reference_definition(recommended, truth, table) -> None:  # type: ignore[no-untyped-def]
+    """score_event's rank-matrix shortcut gives exactly reval_hit_ratio / exact_scores."""
+    thesaurus = JsonThesaurus({h: list(n) for h, n in table.items()})
+    cache = NeighbourCache(thesaurus, max_k=9)
+    event = Recommendation("1", tuple(dict.fromkeys(recommended)), tuple(dict.fromkeys(truth)))
+    ks, rs = (0, 1, 3, 9), (1, 2, 5, None)
+    result = score_event(event, event.ground_truth or (), cache, ks=ks, rs=rs)
+    for r in rs:
+        top = list(event.recommended[:r] if r is not None else event.recommended)
+        for k in ks:
+            expected = reval_hit_ratio(top, list(truth), lambda h, k=k: [h, *table.get(h, [])[:k]])
+            got = None if result.unscorable else result.reval[r_label(r)][k]
+            assert got == expected
+        exact = exact_scores(top, list(truth))
+        assert (None if result.unscorable else result.exact[r_label(r)]) == exact

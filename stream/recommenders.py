@@ -1,0 +1,571 @@
+"""Baseline hashtag recommenders: the paper's MOWE recommender and popularity baselines.
+
+#REval needs *something* that recommends hashtags to evaluate.  The paper (4.2.2)
+uses the tweet-similarity recommender of Alsini et al. (2020a), :class:`MoweRecommender`;
+the popularity baselines (most used by tweets, by distinct users, and the least
+used as a deliberately bad canary) come from the tagging-benchmark literature
+(paper ``002_…``).  A pipeline where ``least-popular`` beats ``popular`` leaks
+ground truth somewhere.
+
+The one rule every recommender obeys: it never sees the hashtags of the tweet
+it recommends for.  :meth:`BaseRecommender.recommend_many` hands the concrete
+recommender a :func:`masked` copy of each tweet -- hashtags stripped from the
+text, no hashtag list, no raw API payload -- so a subclass cannot leak them
+even by accident.
+
+>>> from stream.records import parse_tweet
+>>> train = [parse_tweet({"id": str(i), "text": t}) for i, t in enumerate(
+...     ["flooding in town #flood", "river flooding #flood #nsw", "fire near me #fire"])]
+>>> PopularRecommender().fit(train).recommend(parse_tweet({"id": "9", "text": "hi #x"}), 2)
+['flood', 'fire']
+>>> masked(parse_tweet({"id": "9", "text": "Big #Flood at #NSW now"})).text
+'Big  at  now'
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import warnings
+from abc import ABC, abstractmethod
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import IO, Any, ClassVar, Literal, Protocol, Self, runtime_checkable
+
+import numpy as np
+import numpy.typing as npt
+import regex
+from scipy import sparse
+
+from stream.cleaning import Cleaner, Prepared, clean_text
+from stream.feeds import ErrorLog, read_tweets
+from stream.records import Tweet
+
+METHODS = ("mowe", "popular", "popular-users", "least-popular")
+WordVectorKind = Literal["word2vec", "fasttext"]
+
+# Anything hashtag-like, wherever it sits (also glued to a word, full-width ＃, or
+# cut off by truncation): stricter than hashtag extraction, so nothing slips through.
+_HASHTAG_TOKEN_RE = regex.compile(r"[#＃][\p{L}\p{M}\p{N}_]*")
+
+
+# --------------------------------------------------------------------------- hiding
+
+
+def hide_hashtags(text: str) -> str:
+    """``text`` with every hashtag removed (the ``#`` and its body).
+
+    >>> hide_hashtags("Stay safe #Flood x#y ＃東京 #coron…")
+    'Stay safe  x  …'
+    """
+    return _HASHTAG_TOKEN_RE.sub("", text)
+
+
+def masked(tweet: Tweet) -> Tweet:
+    """What a recommender may see of ``tweet``: its text without hashtags, no hashtag
+    list and no raw payload (which would carry ``entities.hashtags``)."""
+    return dataclasses.replace(tweet, text=hide_hashtags(tweet.text), hashtags=(), extra={})
+
+
+def visible_tokens(tweet: Tweet) -> list[str]:
+    """The cleaned words of ``tweet`` with its hashtags hidden (paper 3.1.1 cleaning).
+
+    >>> from stream.records import parse_tweet
+    >>> visible_tokens(parse_tweet({"id": "1", "text": "RT @a: Floods in #QLD!! http://t.co/x #help"}))
+    ['floods']
+    """
+    return [w for w in clean_text(hide_hashtags(tweet.text)).split() if not w.startswith("#")]
+
+
+# --------------------------------------------------------------------------- API
+
+
+@runtime_checkable
+class Recommender(Protocol):
+    """A hashtag recommender: trained on tweets with their hashtags, then asked for
+    the top ``r`` hashtags (normalised, ranked, at most ``r``) of tweets it sees
+    without theirs."""
+
+    name: str
+
+    def fit(self, tweets: Iterable[Tweet]) -> Self: ...
+
+    def recommend(self, tweet: Tweet, r: int) -> list[str]: ...
+
+    def recommend_many(self, tweets: Sequence[Tweet], r: int) -> list[list[str]]: ...
+
+
+class NotFittedError(RuntimeError):
+    """``recommend`` was called before ``fit``."""
+
+
+class BaseRecommender(ABC):
+    """Shared plumbing: argument checks and the masking of every tweet recommended for.
+
+    Subclasses implement :meth:`_fit` (training tweets, hashtags visible) and
+    :meth:`_recommend` (masked tweets only).
+    """
+
+    method: ClassVar[str] = ""
+
+    def __init__(self, name: str | None = None) -> None:
+        self.name = name or self.method
+        self._fitted = False
+
+    def fit(self, tweets: Iterable[Tweet]) -> Self:
+        """Train on ``tweets`` (their hashtags are the labels); returns ``self``."""
+        self._fit(list(tweets))
+        self._fitted = True
+        return self
+
+    def recommend(self, tweet: Tweet, r: int) -> list[str]:
+        """The top ``r`` hashtags for one tweet (possibly fewer)."""
+        return self.recommend_many([tweet], r)[0]
+
+    def recommend_many(
+        self,
+        tweets: Sequence[Tweet],
+        r: int,
+        *,
+        progress: Callable[[int], None] | None = None,
+    ) -> list[list[str]]:
+        """Top ``r`` hashtags for each tweet; ``progress(n)`` is told of each ``n`` done."""
+        if isinstance(r, bool) or not isinstance(r, int) or r < 1:
+            raise ValueError(f"r must be a positive integer, got {r!r}")
+        if not self._fitted:
+            raise NotFittedError(f"{type(self).__name__} must be fitted before recommending")
+        return self._recommend([masked(t) for t in tweets], r, progress)
+
+    @abstractmethod
+    def _fit(self, tweets: Sequence[Tweet]) -> None: ...
+
+    @abstractmethod
+    def _recommend(
+        self, tweets: Sequence[Tweet], r: int, progress: Callable[[int], None] | None
+    ) -> list[list[str]]: ...
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r})"
+
+
+# --------------------------------------------------------------------------- popularity
+
+
+def _ranked(counts: Counter[str], *, ascending: bool = False) -> list[str]:
+    """Hashtags by count (descending, or ascending), ties by name."""
+    sign = 1 if ascending else -1
+    return sorted(counts, key=lambda h: (sign * counts[h], h))
+
+
+class _FixedListRecommender(BaseRecommender):
+    """Recommends the same ranked list for every tweet."""
+
+    def __init__(self, name: str | None = None) -> None:
+        super().__init__(name)
+        self.ranking: list[str] = []
+
+    def _recommend(
+        self, tweets: Sequence[Tweet], r: int, progress: Callable[[int], None] | None
+    ) -> list[list[str]]:
+        top = self.ranking[:r]
+        if progress is not None:
+            progress(len(tweets))
+        return [list(top) for _ in tweets]
+
+
+class PopularRecommender(_FixedListRecommender):
+    """The r hashtags used by the most training tweets (ties by name)."""
+
+    method = "popular"
+
+    def _fit(self, tweets: Sequence[Tweet]) -> None:
+        self.counts = Counter(h for t in tweets for h in dict.fromkeys(t.hashtags))
+        self.ranking = _ranked(self.counts)
+
+
+class PopularByUsersRecommender(_FixedListRecommender):
+    """The r hashtags used by the most distinct users (ties by tweet count, then name).
+
+    Tweets without a user id count as a user of their own.  When no training tweet
+    has a user id, this is :class:`PopularRecommender` and a warning says so.
+    """
+
+    method = "popular-users"
+
+    def _fit(self, tweets: Sequence[Tweet]) -> None:
+        tweet_counts = Counter(h for t in tweets for h in dict.fromkeys(t.hashtags))
+        self.has_users = any(t.user_id for t in tweets)
+        if not self.has_users:
+            warnings.warn(
+                "popular-users: the training tweets carry no user ids; "
+                "ranking by tweet count instead (same as 'popular')",
+                UserWarning,
+                stacklevel=3,
+            )
+        users: dict[str, set[str]] = {}
+        for t in tweets:
+            who = f"user:{t.user_id}" if t.user_id else f"tweet:{t.id}"
+            for h in t.hashtags:
+                users.setdefault(h, set()).add(who)
+        self.counts = Counter({h: len(u) for h, u in users.items()})
+        self.ranking = sorted(self.counts, key=lambda h: (-self.counts[h], -tweet_counts[h], h))
+
+
+class LeastPopularRecommender(_FixedListRecommender):
+    """The r hashtags used by the *fewest* training tweets (ties by name): a canary
+    that any working evaluation must score below :class:`PopularRecommender`."""
+
+    method = "least-popular"
+
+    def _fit(self, tweets: Sequence[Tweet]) -> None:
+        self.counts = Counter(h for t in tweets for h in dict.fromkeys(t.hashtags))
+        self.ranking = _ranked(self.counts, ascending=True)
+
+
+# --------------------------------------------------------------------------- word vectors
+
+
+def stable_hash(text: str) -> int:
+    """A hash that is the same in every process (Python's ``hash`` of a str is salted),
+    for gensim's per-word initial vectors: with a seed and one worker, training is
+    then reproducible across runs."""
+    return int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(), "little")
+
+
+def train_word_vectors(
+    docs: Sequence[Sequence[str]],
+    kind: WordVectorKind = "word2vec",
+    *,
+    vector_size: int = 100,
+    window: int = 2,
+    min_count: int = 1,
+    epochs: int = 30,
+    seed: int = 0,
+    workers: int = 1,
+    bucket: int = 2_000_000,
+    callbacks: Sequence[Any] = (),
+) -> Any:
+    """Train gensim Word2Vec or FastText on tokenised ``docs`` (one tweet a doc), with the
+    paper's settings by default (window 2, min_count 1, 30 epochs); returns the
+    ``KeyedVectors``.  ``bucket`` (FastText's n-gram hash buckets) defaults to
+    gensim's own.  Deterministic for a seed with ``workers=1``."""
+    from gensim.models import FastText, Word2Vec
+
+    sentences = [list(d) for d in docs if d]
+    if not sentences:
+        raise ValueError("no words to train word vectors on")
+    common: dict[str, Any] = {
+        "vector_size": vector_size,
+        "window": window,
+        "min_count": min_count,
+        "epochs": epochs,
+        "seed": seed,
+        "workers": workers,
+        "hashfxn": stable_hash,
+        "callbacks": list(callbacks),
+    }
+    if kind == "word2vec":
+        model: Any = Word2Vec(sentences, **common)
+    elif kind == "fasttext":
+        model = FastText(sentences, bucket=bucket, **common)
+    else:
+        raise ValueError(f"kind must be 'word2vec' or 'fasttext', got {kind!r}")
+    return model.wv
+
+
+def mean_vectors(
+    docs: Sequence[Sequence[str]], word_vectors: Any, *, normalise: bool = True
+) -> npt.NDArray[np.float32]:
+    """MOWE: each doc as the mean of its words' vectors (one row a doc).
+
+    Unknown words are skipped by Word2Vec vectors; FastText vectors build them
+    from character n-grams.  A doc with no usable word is a zero row.  Rows are
+    scaled to unit length when ``normalise`` (zero rows stay zero).
+    """
+    index: dict[str, int] = word_vectors.key_to_index
+    matrix = np.asarray(word_vectors.vectors, dtype=np.float32)
+    dim = matrix.shape[1]
+    rows: list[int] = []
+    cols: list[int] = []
+    extra: dict[int, list[str]] = {}
+    oov_capable = bool(getattr(word_vectors, "bucket", 0))  # FastText n-grams
+    for i, doc in enumerate(docs):
+        for word in doc:
+            j = index.get(word)
+            if j is not None:
+                rows.append(i)
+                cols.append(j)
+            elif oov_capable:
+                extra.setdefault(i, []).append(word)
+    counts = sparse.csr_matrix(
+        (np.ones(len(rows), dtype=np.float32), (rows, cols)), shape=(len(docs), len(index))
+    )
+    sums = np.asarray(counts @ matrix, dtype=np.float32).reshape(len(docs), dim)
+    n_words = np.asarray(counts.sum(axis=1), dtype=np.float32).ravel()
+    for i, words in extra.items():
+        for word in words:
+            sums[i] += np.asarray(word_vectors.get_vector(word), dtype=np.float32)
+        n_words[i] += len(words)
+    out = np.divide(sums, np.maximum(n_words, 1.0)[:, None], dtype=np.float32)
+    if normalise:
+        norms = np.linalg.norm(out, axis=1, keepdims=True)
+        out = np.divide(out, norms, out=np.zeros_like(out), where=norms > 0)
+    return out
+
+
+# --------------------------------------------------------------------------- MOWE
+
+
+class MoweRecommender(BaseRecommender):
+    """Alsini et al. (2020a), as the #REval paper uses it (4.2.2).
+
+    Word2Vec (window 2, min_count 1, 30 epochs) is trained on the training tweets'
+    cleaned text; every tweet is the mean of its word vectors (MOWE).  For a tweet
+    to recommend for, the training tweets with cosine similarity >= ``threshold``
+    (0.5) are its similar tweets; their hashtags are ranked by popularity among
+    them (ties: popularity in the whole training set, then name) and the top r
+    recommended -- so possibly fewer than r, and none when nothing is similar.
+
+    Both sides are compared on their words only: hashtags are hidden from the
+    tweet recommended for, so the training tweets' vectors leave theirs out too
+    (they are still in the text Word2Vec learns from).  Similarities are one
+    matrix product per chunk of tweets (about ``chunk_elements`` similarities at
+    a time) and the hashtag counts a sparse product, so 10^5 training tweets are
+    fine.
+    """
+
+    method = "mowe"
+
+    def __init__(
+        self,
+        name: str | None = None,
+        *,
+        threshold: float = 0.5,
+        vector_size: int = 100,
+        window: int = 2,
+        min_count: int = 1,
+        epochs: int = 30,
+        seed: int = 0,
+        workers: int = 1,
+        chunk_elements: int = 1 << 24,
+        word_vectors: Any | None = None,
+    ) -> None:
+        super().__init__(name)
+        if not 0.0 < threshold <= 1.0:
+            raise ValueError(f"threshold is a cosine similarity in (0, 1], got {threshold!r}")
+        self.threshold = threshold
+        self.params: dict[str, Any] = {
+            "vector_size": vector_size,
+            "window": window,
+            "min_count": min_count,
+            "epochs": epochs,
+            "seed": seed,
+            "workers": workers,
+        }
+        self.chunk_elements = chunk_elements
+        #: Pre-trained KeyedVectors to use instead of training (``fit`` then only indexes).
+        self.word_vectors: Any | None = word_vectors
+        self.hashtags: list[str] = []
+        self.last_similar_counts: list[int] = []
+
+    def _fit(self, tweets: Sequence[Tweet]) -> None:
+        if self.word_vectors is None:
+            self.word_vectors = train_word_vectors(
+                [clean_text(t.text).split() for t in tweets], "word2vec", **self.params
+            )
+        labelled = [t for t in tweets if t.hashtags]
+        popularity = Counter(h for t in labelled for h in dict.fromkeys(t.hashtags))
+        # Hashtag ids in global popularity order (ties by name): a lower id wins a tie.
+        self.hashtags = sorted(popularity, key=lambda h: (-popularity[h], h))
+        self.popularity = popularity
+        ids = {h: i for i, h in enumerate(self.hashtags)}
+        vectors = mean_vectors([visible_tokens(t) for t in labelled], self.word_vectors)
+        usable = np.flatnonzero(np.linalg.norm(vectors, axis=1) > 0)
+        self._train = np.ascontiguousarray(vectors[usable])
+        rows = [r for r, i in enumerate(usable) for _ in dict.fromkeys(labelled[i].hashtags)]
+        cols = [ids[h] for i in usable for h in dict.fromkeys(labelled[i].hashtags)]
+        self._tags = sparse.csr_matrix(
+            (np.ones(len(rows), dtype=np.float32), (rows, cols)),
+            shape=(len(usable), len(self.hashtags)),
+        )
+        self.n_indexed = len(usable)
+
+    def tweet_vectors(self, tweets: Sequence[Tweet]) -> npt.NDArray[np.float32]:
+        """Unit MOWE vectors of what the recommender sees of ``tweets`` (hashtags hidden)."""
+        assert self.word_vectors is not None
+        return mean_vectors([visible_tokens(t) for t in tweets], self.word_vectors)
+
+    def _recommend(
+        self, tweets: Sequence[Tweet], r: int, progress: Callable[[int], None] | None
+    ) -> list[list[str]]:
+        queries = self.tweet_vectors(tweets)
+        n_tags = len(self.hashtags)
+        #: How many training tweets were similar to each tweet of the last call (diagnostics).
+        self.last_similar_counts = []
+        if n_tags == 0:
+            if progress is not None:
+                progress(len(tweets))
+            return [[] for _ in tweets]
+        # Rank key: more votes first, then the lower id (= globally more popular, then name).
+        tie_break = np.arange(n_tags - 1, -1, -1, dtype=np.int64)
+        want = min(r, n_tags)
+        out: list[list[str]] = []
+        chunk = max(1, self.chunk_elements // max(self.n_indexed, n_tags, 1))
+        for start in range(0, len(tweets), chunk):
+            block = queries[start : start + chunk]
+            similar = (block @ self._train.T >= self.threshold).astype(np.float32)
+            self.last_similar_counts.extend(int(x) for x in similar.sum(axis=1))
+            votes = np.asarray(similar @ self._tags, dtype=np.float32)  # similar tweets per hashtag
+            key = votes.astype(np.int64) * n_tags + tie_break
+            top = np.argpartition(-key, want - 1, axis=1)[:, :want]
+            top = np.take_along_axis(top, np.argsort(-np.take_along_axis(key, top, 1), axis=1), 1)
+            top_votes = np.take_along_axis(votes, top, 1)
+            for ids, counts in zip(top.tolist(), top_votes.tolist(), strict=True):
+                out.append([self.hashtags[j] for j, c in zip(ids, counts, strict=True) if c > 0])
+            if progress is not None:
+                progress(block.shape[0])
+        return out
+
+
+# --------------------------------------------------------------------------- events
+
+
+def training_tweets(
+    paths: Sequence[str | Path],
+    *,
+    language_filter: bool = True,
+    errors: ErrorLog | None = None,
+    limit: int | None = None,
+) -> list[Tweet]:
+    """The training tweets of feed files after the core pre-processing (paper 3.1.1):
+    hashtagged, English, duplicate retweets removed; each with the hashtags that
+    pre-processing kept.  Bad lines go to ``errors``."""
+    cleaner = Cleaner(language_filter=language_filter)
+    out: list[Tweet] = []
+    for item in read_tweets(paths):
+        if item.error is not None:
+            if errors is not None:
+                errors.add(item)
+            continue
+        assert item.value is not None
+        result = cleaner(item.value)
+        if isinstance(result, Prepared):
+            out.append(dataclasses.replace(result.tweet, hashtags=result.hashtags))
+            if limit is not None and len(out) >= limit:
+                break
+    return out
+
+
+def recommendation_event(
+    tweet: Tweet, recommended: Sequence[str], recommender: str, *, with_truth: bool = False
+) -> dict[str, Any]:
+    """One event as ``reval score`` and the scoring worker read it.
+
+    >>> from stream.records import parse_tweet
+    >>> t = parse_tweet({"id": "7", "created_at": "2013-01-01T00:00:00Z", "text": "x #Flood"})
+    >>> event = recommendation_event(t, ["flood", "nsw"], "mowe", with_truth=True)
+    >>> event["recommended"], event["ground_truth"], event["ts"]
+    (['flood', 'nsw'], ['flood'], '2013-01-01T00:00:00+00:00')
+    """
+    event: dict[str, Any] = {
+        "tweet_id": tweet.id,
+        "recommender": recommender,
+        "recommended": list(recommended),
+    }
+    if with_truth:
+        event["ground_truth"] = list(tweet.hashtags)
+    if tweet.created_at is not None:
+        event["ts"] = tweet.created_at.isoformat()
+    return event
+
+
+class EventSink:
+    """Writes recommendation events to a JSON-lines file and/or a Kafka topic
+    (kafka-python; key = tweet id, timestamp = the tweet's time)."""
+
+    def __init__(
+        self, path: Path | None = None, *, topic: str | None = None, broker: str | None = None
+    ) -> None:
+        if path is None and topic is None:
+            raise ValueError("give a file to write, a topic to produce to, or both")
+        self.count = 0
+        self._file: IO[str] | None = None
+        self._producer: Any = None
+        self._futures: list[Any] = []
+        self.topic = topic
+        if topic is not None:
+            from kafka import KafkaProducer
+
+            self._producer = KafkaProducer(bootstrap_servers=broker, acks="all", linger_ms=20)
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = path.open("w", encoding="utf-8")
+
+    def write(self, event: Mapping[str, Any]) -> None:
+        line = json.dumps(event, ensure_ascii=False)
+        if self._file is not None:
+            self._file.write(line + "\n")
+        if self._producer is not None:
+            ts = event.get("ts")
+            timestamp_ms = int(datetime.fromisoformat(ts).timestamp() * 1000) if ts else None
+            self._futures.append(
+                self._producer.send(
+                    self.topic,
+                    key=str(event["tweet_id"]).encode(),
+                    value=line.encode(),
+                    timestamp_ms=timestamp_ms,
+                )
+            )
+            if len(self._futures) >= 10_000:
+                self._drain()
+        self.count += 1
+
+    def _drain(self) -> None:
+        self._producer.flush(timeout=60)
+        for future in self._futures:
+            future.get(timeout=60)  # raises the broker's error, if any
+        self._futures.clear()
+
+    def close(self) -> None:
+        try:
+            if self._producer is not None:
+                self._drain()
+        finally:
+            if self._producer is not None:
+                self._producer.close()
+                self._producer = None
+            if self._file is not None:
+                self._file.close()
+                self._file = None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+
+# --------------------------------------------------------------------------- factory
+
+
+def make_recommender(
+    method: str, *, name: str | None = None, seed: int = 0, threshold: float = 0.5
+) -> BaseRecommender:
+    """A recommender by its CLI name: ``mowe``, ``popular``, ``popular-users``, ``least-popular``.
+
+    >>> make_recommender("least-popular", name="canary")
+    LeastPopularRecommender(name='canary')
+    """
+    if method == "mowe":
+        return MoweRecommender(name, seed=seed, threshold=threshold)
+    classes: dict[str, type[_FixedListRecommender]] = {
+        "popular": PopularRecommender,
+        "popular-users": PopularByUsersRecommender,
+        "least-popular": LeastPopularRecommender,
+    }
+    if method not in classes:
+        raise ValueError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
+    return classes[method](name)
