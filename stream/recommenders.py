@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import time
 import warnings
 from abc import ABC, abstractmethod
 from collections import Counter
@@ -483,8 +484,9 @@ def recommendation_event(
 
 
 class EventSink:
-    """Writes recommendation events to a JSON-lines file and/or a Kafka topic
-    (kafka-python; key = tweet id, timestamp = the tweet's time)."""
+    """Writes recommendation events to a JSON-lines file and/or a Kafka topic; Kafka goes
+    through replay's :class:`~stream.replay.KafkaSink` (key = tweet id, timestamp = the
+    tweet's time, bounded in flight, errors raised)."""
 
     def __init__(
         self, path: Path | None = None, *, topic: str | None = None, broker: str | None = None
@@ -493,13 +495,11 @@ class EventSink:
             raise ValueError("give a file to write, a topic to produce to, or both")
         self.count = 0
         self._file: IO[str] | None = None
-        self._producer: Any = None
-        self._futures: list[Any] = []
-        self.topic = topic
+        self._kafka: Any = None
         if topic is not None:
-            from kafka import KafkaProducer
+            from stream.replay import KafkaSink
 
-            self._producer = KafkaProducer(bootstrap_servers=broker, acks="all", linger_ms=20)
+            self._kafka = KafkaSink(broker or "127.0.0.1:9092", topic, client_id="reval-recommend")
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
             self._file = path.open("w", encoding="utf-8")
@@ -508,35 +508,23 @@ class EventSink:
         line = json.dumps(event, ensure_ascii=False)
         if self._file is not None:
             self._file.write(line + "\n")
-        if self._producer is not None:
-            ts = event.get("ts")
-            timestamp_ms = int(datetime.fromisoformat(ts).timestamp() * 1000) if ts else None
-            self._futures.append(
-                self._producer.send(
-                    self.topic,
-                    key=str(event["tweet_id"]).encode(),
-                    value=line.encode(),
-                    timestamp_ms=timestamp_ms,
-                )
-            )
-            if len(self._futures) >= 10_000:
-                self._drain()
-        self.count += 1
+        if self._kafka is not None:
+            from stream.replay import Outgoing, timestamp_ms
 
-    def _drain(self) -> None:
-        self._producer.flush(timeout=60)
-        for future in self._futures:
-            future.get(timeout=60)  # raises the broker's error, if any
-        self._futures.clear()
+            ts = event.get("ts")
+            when = timestamp_ms(datetime.fromisoformat(ts)) if ts else int(time.time() * 1000)
+            key = str(event["tweet_id"]).encode()
+            self._kafka(Outgoing(key, line.encode(), when, f"event {self.count + 1}"))
+        self.count += 1
 
     def close(self) -> None:
         try:
-            if self._producer is not None:
-                self._drain()
+            if self._kafka is not None:
+                self._kafka.flush()  # raises the broker's error, if any
         finally:
-            if self._producer is not None:
-                self._producer.close()
-                self._producer = None
+            if self._kafka is not None:
+                self._kafka.close()
+                self._kafka = None
             if self._file is not None:
                 self._file.close()
                 self._file = None
