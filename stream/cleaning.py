@@ -104,7 +104,8 @@ def prepare(tweet: Tweet, *, language_filter: bool = True) -> Prepared | Dropped
     if not text:
         return Dropped(tweet, "empty_text")
     # The duplicate key ignores the "RT @user:" prefix so a retweet matches its original.
-    body = clean_text(_RT_PREFIX_RE.sub("", tweet.text))
+    stripped = _RT_PREFIX_RE.sub("", tweet.text)
+    body = text if stripped == tweet.text else clean_text(stripped)
     keys = tuple(content_key(body, tag) for tag in tweet.hashtags)
     return Prepared(tweet, text, tweet.hashtags, keys)
 
