@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from stream.hashtags import normalise_all
 
@@ -47,9 +48,7 @@ def matches(recommended: Sequence[str], truth: Sequence[str], synonyms: Synonyms
     return sum(1 for g in truth if g in expanded)
 
 
-def reval_hit_ratio(
-    recommended: Iterable[str], truth: Iterable[str], synonyms: Synonyms
-) -> float | None:
+def reval_hit_ratio(recommended: Iterable[str], truth: Iterable[str], synonyms: Synonyms) -> float | None:
     """#REval-hit-ratio (Eq. 4); ``None`` when R or G is empty (unscorable).
 
     Paper Table 2, first row (k = 3):
@@ -156,7 +155,7 @@ class RollingMean:
         self.buckets = buckets
         self.slot = window / buckets
         self.size = size
-        self._sums: dict[int, list[float]] = {}
+        self._sums: dict[int, npt.NDArray[np.float64]] = {}
         self._counts: dict[int, int] = {}
         self.watermark: int | None = None
         self.late = 0
@@ -167,7 +166,7 @@ class RollingMean:
         for index in [i for i in self._counts if i < oldest]:
             del self._counts[index], self._sums[index]
 
-    def update(self, t: float, values: Sequence[float]) -> None:
+    def update(self, t: float, values: Sequence[float] | npt.NDArray[np.float64]) -> None:
         if len(values) != self.size:
             raise ValueError(f"expected {self.size} values, got {len(values)}")
         index = int(t // self.slot)
@@ -177,9 +176,10 @@ class RollingMean:
         elif index <= self.watermark - self.buckets:
             self.late += 1
             return
-        sums = self._sums.setdefault(index, [0.0] * self.size)
-        for i, value in enumerate(values):
-            sums[i] += value
+        sums = self._sums.get(index)
+        if sums is None:
+            sums = self._sums[index] = np.zeros(self.size)
+        sums += values
         self._counts[index] = self._counts.get(index, 0) + 1
 
     @property

@@ -15,19 +15,21 @@ the cap when there is no list) become ``other``, so a hostile stream cannot grow
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from itertools import chain
 
+import numpy as np
+import numpy.typing as npt
 from prometheus_client import (
     CollectorRegistry,
     Counter,
     Gauge,
     Histogram,
-    Summary,
     start_http_server,
 )
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import GaugeMetricFamily, Metric, SummaryMetricFamily
 
 from stream.metrics import ExactScores, RollingMean
 from stream.scoring import EventScore, r_label
@@ -67,19 +69,7 @@ class Exporter:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
-        # Quality
-        self.hit_ratio = Summary(
-            "reval_hit_ratio",
-            "#REval-hit-ratio of scored events",
-            ["recommender", "k", "r"],
-            registry=r,
-        )
-        self.exact = Summary(
-            "reval_exact_match",
-            "Exact-match metric of scored events",
-            ["recommender", "metric", "r"],
-            registry=r,
-        )
+        # Quality: reval_hit_ratio_* and reval_exact_match_* come from QualityMetrics.collect
         self.events = Counter(
             "reval_events",
             "Recommendation events by outcome",
@@ -124,21 +114,15 @@ class Exporter:
         self.updates = Counter(
             "reval_hashtag_updates", "Per-hashtag running-mean updates", ["outcome"], registry=r
         )
-        self.join_pending = Gauge(
-            "reval_join_pending", "Events waiting for their tweet", registry=r
-        )
+        self.join_pending = Gauge("reval_join_pending", "Events waiting for their tweet", registry=r)
         self.join = Counter("reval_join", "Join outcomes", ["outcome"], registry=r)
-        self.index_version = Gauge(
-            "reval_index_version", "Current thesaurus version number", registry=r
-        )
+        self.index_version = Gauge("reval_index_version", "Current thesaurus version number", registry=r)
         self.index_built = Gauge(
             "reval_index_built_timestamp_seconds",
             "When the current thesaurus was built",
             registry=r,
         )
-        self.index_age = Gauge(
-            "reval_index_age_seconds", "Age of the current thesaurus", registry=r
-        )
+        self.index_age = Gauge("reval_index_age_seconds", "Age of the current thesaurus", registry=r)
         self.index_age.set_function(self._index_age)
         self.index_hashtags = Gauge("reval_index_hashtags", "Hashtags in the thesaurus", registry=r)
         self.index_build_seconds = Gauge(
@@ -165,11 +149,13 @@ class Exporter:
 
 
 class QualityMetrics:
-    """Feeds scored events into the counters and the event-time rolling means.
+    """Feeds scored events into the quality metrics, at thousands of events per second.
 
-    The rolling gauges are computed when Prometheus scrapes (a custom collector),
-    not on every event, and the labelled children of the summaries are cached:
-    both keep the per-event cost small at thousands of events per second.
+    Every scorable event adds to every (k, r) cell of its recommender, so one count
+    and one vector of sums per recommender are the whole state of the
+    ``reval_hit_ratio`` / ``reval_exact_match`` summaries; they and the event-time
+    rolling means are turned into metric families only when Prometheus scrapes
+    (this object is a custom collector), not on every event.
     """
 
     def __init__(
@@ -187,19 +173,13 @@ class QualityMetrics:
         self.windows = list(windows)
         self.guard = guard
         self.window_label = window_label
+        # value layout: for each r, the k values then the exact metrics
+        self.width = len(self.rs) * (len(self.ks) + len(ExactScores.NAMES))
+        self._counts: dict[str, int] = {}
+        self._sums: dict[str, npt.NDArray[np.float64]] = {}
         self._rolling: dict[str, list[RollingMean]] = {}
-        self._children: dict[str, list[Any]] = {}
+        self._lock = threading.Lock()  # observe runs in the scorer thread, collect in the HTTP one
         exporter.registry.register(self)
-
-    def _observers(self, name: str) -> list[Any]:
-        children = self._children.get(name)
-        if children is None:
-            children = []
-            for r in self.rs:
-                children += [self.x.hit_ratio.labels(name, k, r) for k in self.ks]
-                children += [self.x.exact.labels(name, m, r) for m in ExactScores.NAMES]
-            self._children[name] = children
-        return children
 
     def observe(self, score: EventScore, event_time: float) -> None:
         name = self.guard(score.recommender)
@@ -209,18 +189,22 @@ class QualityMetrics:
         self.x.events.labels(name, "scored").inc()
         self.x.recommended.labels(name).inc(score.n_recommended)
         self.x.unknown.labels(name).inc(score.unknown_recommended)
-        # value layout: for each r, the k values then the exact metrics
-        values: list[float] = []
-        for r in self.rs:
-            values += score.reval[r].values()
-            values += score.exact[r].as_dict().values()
-        for child, value in zip(self._observers(name), values, strict=True):
-            child.observe(value)
-        rolling = self._rolling.get(name)
-        if rolling is None:
-            rolling = self._rolling[name] = [RollingMean(w, size=len(values)) for w in self.windows]
-        for window in rolling:
-            window.update(event_time, values)
+        values = np.fromiter(
+            chain.from_iterable(
+                chain(score.reval[r].values(), score.exact[r].as_dict().values()) for r in self.rs
+            ),
+            dtype=np.float64,
+            count=self.width,
+        )
+        with self._lock:
+            if name not in self._sums:
+                self._counts[name] = 0
+                self._sums[name] = np.zeros(self.width)
+                self._rolling[name] = [RollingMean(w, size=self.width) for w in self.windows]
+            self._counts[name] += 1
+            self._sums[name] += values
+            for window in self._rolling[name]:
+                window.update(event_time, values)
 
     def describe(self) -> list[Metric]:
         return []
@@ -236,9 +220,33 @@ class QualityMetrics:
             "Exact-match metric mean over a window of event time",
             labels=["recommender", "metric", "r", "window"],
         )
-        for name, rolling in list(self._rolling.items()):
-            for seconds, window in zip(self.windows, rolling, strict=True):
-                means = window.get()
+        hit_ratio = SummaryMetricFamily(
+            "reval_hit_ratio", "#REval-hit-ratio of scored events", labels=["recommender", "k", "r"]
+        )
+        exact_match = SummaryMetricFamily(
+            "reval_exact_match", "Exact-match metric of scored events", labels=["recommender", "metric", "r"]
+        )
+        with self._lock:
+            counts = dict(self._counts)
+            sums = {name: total.copy() for name, total in self._sums.items()}
+            rolling_means = {
+                name: [window.get() for window in windows] for name, windows in self._rolling.items()
+            }
+        for name, total in sums.items():
+            i = 0
+            for r in self.rs:
+                for k in self.ks:
+                    hit_ratio.add_metric([name, k, r], count_value=counts[name], sum_value=float(total[i]))
+                    i += 1
+                for metric in ExactScores.NAMES:
+                    exact_match.add_metric(
+                        [name, metric, r], count_value=counts[name], sum_value=float(total[i])
+                    )
+                    i += 1
+        yield hit_ratio
+        yield exact_match
+        for name, all_means in rolling_means.items():
+            for seconds, means in zip(self.windows, all_means, strict=True):
                 if means is None:
                     continue
                 label = self.window_label(seconds)
