@@ -1,17 +1,21 @@
-"""Benchmark stream.encoder: tweets/s in fp32 vs the default CPU dtype, and their agreement.
+"""Benchmark stream.encoder: tweets/s in fp32, bf16 and the default CPU path, and their agreement.
 
 Why: the embed worker's throughput on CPU decides how big a feed one worker
-keeps up with, and bf16 is only worth it if its embeddings agree with fp32.
-No model hub here, so the BERTweet-sized model is randomly initialised
-(RoBERTa-base: 12 layers, hidden 768, 12 heads, FFN 3072, vocab 64001,
-130 positions); speed depends on the shapes, not the weights. Its
-BertweetTokenizer gets fastBPE codes learned from the feed itself, so token
-counts per tweet are realistic. Texts are real tweets from the bundled
-CrisisLexT26 feed.
+keeps up with, and a faster path (bf16, int8) is only worth it if its
+embeddings agree with fp32. No model hub here, so the BERTweet-sized model is
+randomly initialised (RoBERTa-base: 12 layers, hidden 768, 12 heads, FFN
+3072, vocab 64001, 130 positions); speed depends on the shapes, not the
+weights, and the packaged pretrained MiniLM checks agreement with real
+weights. The BertweetTokenizer gets fastBPE codes learned from the feed
+itself. Texts are real tweets from the bundled CrisisLexT26 feed.
 
-The machine is shared and noisy, so the two settings run in the same process,
-alternating in ABBA order over equal chunks of tweets, and the report gives
-their ratio as well as each rate.
+All three settings use the encoder's CPU forward pass over the real tokens
+only (no compute for padding); they differ in the dtype of the Linear layers.
+
+The machine is shared and noisy, so the settings run in the same process,
+taking turns (order rotated, then reversed) over equal chunks of tweets, and
+the report gives ratios (total, and median over chunks) as well as rates.
+Tokenisation (slow, pure-Python BertweetTokenizer) is timed on its own too.
 
     python bench/bench_encoder.py                 # prints a markdown section
     python bench/bench_encoder.py --out /tmp/encoder_bench.md
@@ -39,7 +43,12 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(REPO))
 
-from stream.encoder import MINILM, Encoder, cpu_supports_bf16  # noqa: E402
+from stream.encoder import (  # noqa: E402
+    MINILM,
+    Encoder,
+    cpu_supports_bf16,
+    cpu_supports_int8,
+)
 from tests.tiny_models import build_bertweet_like, build_tiny_bertweet  # noqa: E402
 
 FEED = REPO / "stream" / "data" / "crisislex-t26.jsonl.gz"
@@ -88,58 +97,98 @@ def join_to_length(enc: Encoder, texts: list[str], start: int, n_tokens: int) ->
     return out
 
 
-def compare(
-    name: str, a: Encoder, b: Encoder, texts: list[str], rounds: int, batch_size: int
-) -> dict[str, float | str]:
-    """Time a and b in ABBA order on equal chunks of ``texts``; return rates and agreement.
+SETTINGS = ("float32", "bfloat16", "auto")
 
-    Rates: over all chunks (what a noisy shared machine gave) and of the best
-    chunk (closest to an idle machine). Ratios: totals, and the median of the
-    per-chunk ratios (a and b ran back to back on the same chunk).
+
+def encoders_for(path: str, **kw: object) -> dict[str, Encoder]:
+    """One Encoder per setting; "auto" is the default path (``Encoder(path)``)."""
+    return {dt: Encoder(path, dtype=dt, **kw) for dt in SETTINGS}  # type: ignore[arg-type]
+
+
+def compare(
+    name: str, encs: dict[str, Encoder], texts: list[str], rounds: int, batch_size: int
+) -> dict[str, object]:
+    """Time every encoder on the same equal chunks of ``texts``, taking turns.
+
+    The order of turns is rotated from chunk to chunk and reversed every other
+    chunk, so no setting always runs first or last. Rates: over all chunks
+    (what a noisy shared machine gave) and of the best chunk (closest to an
+    idle machine). Ratios against fp32 and bf16: totals, and the median of
+    per-chunk ratios (settings ran back to back on the same chunk).
+    Agreement: cosine of each setting's embeddings with fp32's, mean / min.
     """
+    keys = list(encs)
     warm = texts[: 2 * batch_size]
-    a.encode(warm, batch_size=batch_size)
-    b.encode(warm, batch_size=batch_size)
+    for enc in encs.values():
+        enc.encode(warm, batch_size=batch_size)
     chunks = np.array_split(np.arange(len(texts)), rounds)
-    took: dict[str, list[float]] = {"a": [], "b": []}
-    outs: dict[str, list[np.ndarray]] = {"a": [], "b": []}
+    took: dict[str, list[float]] = {k: [] for k in keys}
+    outs: dict[str, list[np.ndarray]] = {k: [] for k in keys}
     for r, idx in enumerate(chunks):
         chunk = [texts[i] for i in idx]
-        for key in ("a", "b") if r % 2 == 0 else ("b", "a"):
-            enc = a if key == "a" else b
+        order = keys[r % len(keys) :] + keys[: r % len(keys)]
+        if r % 2:
+            order.reverse()
+        for key in order:
             t0 = time.perf_counter()
-            outs[key].append(enc.encode(chunk, batch_size=batch_size))
+            outs[key].append(encs[key].encode(chunk, batch_size=batch_size))
             took[key].append(time.perf_counter() - t0)
-    va, vb = np.concatenate(outs["a"]), np.concatenate(outs["b"])
-    cos = (va * vb).sum(axis=1)  # rows are unit length
+    vecs = {k: np.concatenate(v) for k, v in outs.items()}
     sizes = [len(c) for c in chunks]
-    ta, tb = sum(took["a"]), sum(took["b"])
-    return {
-        "model": name,
-        "a": str(a.dtype).removeprefix("torch."),
-        "b": str(b.dtype).removeprefix("torch."),
-        "rate_a": len(texts) / ta,
-        "rate_b": len(texts) / tb,
-        "best_a": max(n / t for n, t in zip(sizes, took["a"], strict=True)),
-        "best_b": max(n / t for n, t in zip(sizes, took["b"], strict=True)),
-        "ratio": ta / tb,
-        "ratio_median_round": statistics.median(
-            x / y for x, y in zip(took["a"], took["b"], strict=True)
-        ),
-        "cos_mean": float(cos.mean()),
-        "cos_min": float(cos.min()),
-    }
+    res: dict[str, object] = {"model": name}
+    for k in keys:
+        cos = (vecs[k] * vecs["float32"]).sum(axis=1)  # rows are unit length
+        res[k] = {
+            "dtype": str(encs[k].dtype).removeprefix("torch."),
+            "rate": len(texts) / sum(took[k]),
+            "best": max(n / t for n, t in zip(sizes, took[k], strict=True)),
+            "cos_mean": float(cos.mean()),
+            "cos_min": float(cos.min()),
+            **{
+                f"vs_{base}": (
+                    sum(took[base]) / sum(took[k]),
+                    statistics.median(x / y for x, y in zip(took[base], took[k], strict=True)),
+                )
+                for base in ("float32", "bfloat16")
+            },
+        }
+    return res
 
 
-def gemm_gflops(dtype: torch.dtype, reps: int = 20) -> float:
-    """Peak-ish GEMM rate for BERT-base's FFN shape (1280 tokens x 768 -> 3072): the bound."""
-    x = torch.randn(1280, 768).to(dtype)
-    w = torch.randn(3072, 768).to(dtype)
-    torch.nn.functional.linear(x, w)
+def tokenize_rate(enc: Encoder, texts: list[str], reps: int = 3) -> float:
+    """Tweets/s of tokenisation alone (best of ``reps``): the Python-side cost per call."""
     best = float("inf")
     for _ in range(reps):
         t0 = time.perf_counter()
-        torch.nn.functional.linear(x, w)
+        enc.tokenize(texts)
+        best = min(best, time.perf_counter() - t0)
+    return len(texts) / best
+
+
+def gemm_gflops(dtype: torch.dtype, reps: int = 20) -> float:
+    """Peak-ish GEMM rate for BERT-base's FFN shape (1280 tokens x 768 -> 3072): the bound.
+
+    ``torch.int8``: the int8 x int8 -> int32 product the int8 path uses (``torch._int_mm``),
+    without its quantise / rescale steps.
+    """
+    if dtype == torch.int8:
+        xq = torch.randint(-127, 128, (1280, 768), dtype=torch.int8)
+        wq = torch.randint(-127, 128, (3072, 768), dtype=torch.int8)
+
+        def run() -> None:
+            torch._int_mm(xq, wq.t())
+    else:
+        x = torch.randn(1280, 768).to(dtype)
+        w = torch.randn(3072, 768).to(dtype)
+
+        def run() -> None:
+            torch.nn.functional.linear(x, w)
+
+    run()
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        run()
         best = min(best, time.perf_counter() - t0)
     return 2 * 1280 * 768 * 3072 / best / 1e9
 
@@ -166,48 +215,42 @@ def main() -> None:
         t0 = time.perf_counter()
         path = build_base_model(Path(tmp), texts_all)
         build_s = time.perf_counter() - t0
-        fp32 = Encoder(str(path), dtype="float32")
-        auto = Encoder(str(path), dtype="auto")
-        n_params = sum(p.numel() for p in fp32.model.parameters())
-        tokens = [len(x) for x in fp32.tokenize(texts)]
-        results.append(
-            compare(
-                "BERTweet-base size, feed tweets", fp32, auto, texts, args.rounds, args.batch_size
-            )
-        )
-        del fp32, auto
-        fp32 = Encoder(str(path), dtype="float32", max_length=40)
-        auto = Encoder(str(path), dtype="auto", max_length=40)
+        encs, load_s = {}, {}
+        for k in SETTINGS:  # load times too (the int8 path calibrates)
+            t0 = time.perf_counter()
+            encs[k] = Encoder(str(path), dtype=k)
+            load_s[k] = time.perf_counter() - t0
+        n_params = sum(p.numel() for p in encs["float32"].model.parameters())
+        tokens = [len(x) for x in encs["float32"].tokenize(texts)]
+        tok_rate = tokenize_rate(encs["float32"], texts)
+        results.append(compare("BERTweet-base size, feed tweets", encs, texts, args.rounds, args.batch_size))
+        del encs
+        encs = encoders_for(str(path), max_length=40)
         # SPEC's reference shape: exactly 40 tokens per tweet. Consecutive feed
         # tweets joined until long enough, cut to 40 by the encoder's truncation.
+        fp32 = encs["float32"]
         joined = [join_to_length(fp32, texts_all, i * step, 40) for i in range(len(texts))]
         assert {len(x) for x in fp32.tokenize(joined)} == {40}
         results.append(
-            compare(
-                "BERTweet-base size, 40 tokens each",
-                fp32,
-                auto,
-                joined,
-                args.rounds,
-                args.batch_size,
-            )
+            compare("BERTweet-base size, 40 tokens each", encs, joined, args.rounds, args.batch_size)
         )
-        del fp32, auto
+        del encs, fp32
     minilm_tokens: list[int] = []
     if not args.skip_minilm:
-        m32 = Encoder(MINILM, dtype="float32")
-        minilm_tokens = [len(x) for x in m32.tokenize(texts)]
+        encs = encoders_for(MINILM)
+        minilm_tokens = [len(x) for x in encs["float32"].tokenize(texts)]
         results.append(
             compare(
-                "MiniLM-L6 (packaged), feed tweets",
-                m32,
-                Encoder(MINILM, dtype="auto"),
-                texts,
-                args.rounds,
-                args.batch_size,
+                "MiniLM-L6 (packaged, pretrained), feed tweets", encs, texts, args.rounds, args.batch_size
             )
         )
-    gemm = {dt: gemm_gflops(dt) for dt in (torch.float32, torch.bfloat16)}
+        del encs
+    gemm = {
+        str(dt).removeprefix("torch."): gemm_gflops(dt) for dt in (torch.float32, torch.bfloat16, torch.int8)
+    }
+    first = results[0]["auto"]
+    assert isinstance(first, dict)
+    default_dtype, default_rate = first["dtype"], first["rate"]
     load_after = os.getloadavg()
     total_s = time.perf_counter() - t_start
 
@@ -227,8 +270,8 @@ def main() -> None:
         "",
         f"Machine: {cpu_name}, torch {torch.__version__}, {torch.get_num_threads()} threads, "
         f"CPU capability {torch.backends.cpu.get_cpu_capability()}, native bf16: "
-        f"{cpu_supports_bf16()} (so the default CPU dtype is "
-        f"{results[0]['b']}).",
+        f"{cpu_supports_bf16()}, int8 VNNI: {cpu_supports_int8()} (so the default CPU path, "
+        f'`Encoder(model)` with `dtype="auto"`, is {default_dtype}).',
         "",
         f"Model: randomly initialised BERTweet-base shape ({n_params / 1e6:.0f} M parameters; "
         f"built and saved in {build_s:.0f} s), BertweetTokenizer with normalisation and fastBPE "
@@ -236,33 +279,51 @@ def main() -> None:
         f"`stream/data/crisislex-t26.jsonl.gz`, {np.mean(tokens):.1f} tokens on average "
         f"(median {np.median(tokens):.0f}, max {max(tokens)}, incl. `<s>`/`</s>`), batch "
         f"{args.batch_size}, batches sorted by length. Each setting encodes the same tweets "
-        f"after a warm-up of {2 * args.batch_size}, in {args.rounds} alternating chunks "
-        "(ABBA), same process."
+        f"after a warm-up of {2 * args.batch_size}, in {args.rounds} chunks, taking turns "
+        "(order rotated and reversed from chunk to chunk), same process."
         + (
-            f" MiniLM's WordPiece gives {np.mean(minilm_tokens):.1f} tokens on average for the "
-            "same tweets."
+            f" MiniLM's WordPiece gives {np.mean(minilm_tokens):.1f} tokens on average for the same tweets."
             if minilm_tokens
             else ""
         ),
         "",
-        f"GEMM bound (1280x768 by 768x3072, best of 20): fp32 {gemm[torch.float32]:.0f} "
-        f"GFLOP/s, bf16 {gemm[torch.bfloat16]:.0f} GFLOP/s "
-        f"({gemm[torch.bfloat16] / gemm[torch.float32]:.2f}x); "
-        "a profile of one bf16 forward pass put ~89% of its time in GEMM (aten::addmm).",
+        "Load time of the BERTweet-sized model from disk: "
+        + ", ".join(f"{k} {v:.1f} s" for k, v in load_s.items())
+        + " (the int8 path records activation maxima on 32 built-in sentences in fp32, then "
+        "quantises the weights).",
+        "",
+        f"Tokenisation alone (BertweetTokenizer with normalisation, pure Python; best of 3): "
+        f"{tok_rate:.0f} tweets/s, i.e. {100 * default_rate / tok_rate:.1f}% of the default "
+        f"path's time per feed tweet ({default_rate:.1f} tweets/s end to end, tokenisation "
+        "included).",
+        "",
+        f"GEMM bound (1280x768 by 768x3072, best of 20): fp32 {gemm['float32']:.0f} "
+        f"GFLOP/s, bf16 {gemm['bfloat16']:.0f} GFLOP/s "
+        f"({gemm['bfloat16'] / gemm['float32']:.2f}x), int8 (`torch._int_mm`) "
+        f"{gemm['int8']:.0f} GOP/s ({gemm['int8'] / gemm['bfloat16']:.2f}x bf16).",
         "",
         f"Load average (1 min) before / after: {load_before[0]:.1f} / {load_after[0]:.1f} "
         f"on {os.cpu_count()} CPUs (the machine is shared; compare ratios, not absolute rates).",
         "",
-        "| model | fp32 tweets/s (best chunk) | default tweets/s (best chunk) | speed-up: "
-        "total; median of chunks | cosine fp32 vs default: mean / min |",
-        "|---|---:|---:|---:|---:|",
+        "Rates in tweets/s over all chunks (best chunk); speed-ups as total; median of "
+        "per-chunk ratios; cosine with fp32 embeddings as mean / min over the tweets.",
+        "",
+        "| model | fp32 | bf16 | default | default vs bf16 | default vs fp32 | bf16 vs fp32 "
+        "| cosine bf16 | cosine default |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
+        f32, b16, d = (r[k] for k in SETTINGS)
+        assert isinstance(f32, dict) and isinstance(b16, dict) and isinstance(d, dict)
         lines.append(
-            f"| {r['model']} | {r['rate_a']:.1f} ({r['best_a']:.1f}) | "
-            f"{r['rate_b']:.1f} ({r['best_b']:.1f}) {r['b']} | "
-            f"{r['ratio']:.2f}x; {r['ratio_median_round']:.2f}x | "
-            f"{r['cos_mean']:.5f} / {r['cos_min']:.5f} |"
+            f"| {r['model']} | {f32['rate']:.1f} ({f32['best']:.1f}) | "
+            f"{b16['rate']:.1f} ({b16['best']:.1f}) | "
+            f"{d['rate']:.1f} ({d['best']:.1f}) {d['dtype']} | "
+            f"{d['vs_bfloat16'][0]:.2f}x; {d['vs_bfloat16'][1]:.2f}x | "
+            f"{d['vs_float32'][0]:.2f}x; {d['vs_float32'][1]:.2f}x | "
+            f"{b16['vs_float32'][0]:.2f}x; {b16['vs_float32'][1]:.2f}x | "
+            f"{b16['cos_mean']:.5f} / {b16['cos_min']:.5f} | "
+            f"{d['cos_mean']:.5f} / {d['cos_min']:.5f} |"
         )
     text = "\n".join(lines) + "\n"
     print(text)
