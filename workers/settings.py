@@ -63,7 +63,10 @@ class Settings(BaseSettings):
     # Embedding
     model: str = Field("vinai/bertweet-base", description="Hub id, local path or 'minilm'")
     device: str = Field("auto", description="auto (CUDA if present), cpu, cuda")
-    dtype: str = Field("auto", description="auto, float32, bfloat16, float16")
+    dtype: str = Field(
+        "auto",
+        description="auto (CPU: int8 with VNNI, else bf16, else fp32), int8, float32, bfloat16, float16",
+    )
     pooling: str = Field("mean", description="mean (over tokens) or cls")
     embed_batch_size: int = Field(32, ge=1, description="Tweets per encoder batch")
     embed_max_wait_s: float = Field(1.0, gt=0, description="Max wait to fill a batch")
