@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from stream.metrics import ExactScores, Mean, Synonyms
+from stream.metrics import ExactScores, Mean
 from stream.records import Recommendation
 from stream.thesaurus import Thesaurus
 
@@ -91,17 +91,6 @@ class NeighbourCache:
         if len(self._ranks) > self.max_entries:
             self._ranks.popitem(last=False)
         return found
-
-    def neighbours(self, hashtag: str) -> list[str]:
-        """The cached neighbours, nearest first (without the hashtag itself)."""
-        ranks = self.ranks(hashtag)
-        return sorted((n for n in ranks if n != hashtag), key=ranks.__getitem__)
-
-    def synonyms(self, k: int) -> Synonyms:
-        """Syn_k as a function, for :func:`stream.metrics.matches`."""
-        if k > self.max_k:
-            raise ValueError(f"k={k} is above the cache's max_k={self.max_k}")
-        return lambda h: [h, *self.neighbours(h)[:k]]
 
     def known(self, hashtag: str) -> bool:
         return hashtag in self.thesaurus
