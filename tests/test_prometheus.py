@@ -28,7 +28,7 @@ import redis
 from stream.feeds import sample_feed
 from stream.records import parse_tweet
 from stream.thesaurus import ThesaurusStore
-from tests.pipeline import REVAL, Stack, tweet_lines, wait_for
+from tests.pipeline import REVAL, Stack, terminate, tweet_lines, wait_for
 from tests.test_deploy import DEPLOY, dashboard, panel_queries, render, require_binary
 from workers.broker import find_free_port
 
@@ -71,13 +71,7 @@ class Server:
             return json.load(response)
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        terminate(self.proc)
 
 
 class Prometheus(Server):
