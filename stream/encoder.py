@@ -138,16 +138,8 @@ def resolve_device(device: str = "auto") -> torch.device:
     return torch.device(device)
 
 
-@lru_cache(maxsize=1)
-def cpu_supports_bf16() -> bool:
-    """True when the CPU computes bfloat16 natively (x86 AVX-512 BF16 or AMX).
-
-    ``torch.backends.cpu.get_cpu_capability()`` only says "AVX512", which does
-    not imply BF16 instructions, so ask torch's feature probes and fall back
-    to the kernel's CPU flags. Without native support bf16 is emulated and
-    slower than fp32, so the answer is "no" when unsure.
-    """
-    probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+def _cpu_has(probes: tuple[str, ...], flags: set[str]) -> bool:
+    """Ask torch's private CPU probes, else /proc/cpuinfo's flags; False when unsure."""
     for probe in probes:
         fn = getattr(torch.cpu, probe, None)
         if fn is not None:
@@ -160,11 +152,22 @@ def cpu_supports_bf16() -> bool:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
             for line in f:
                 if line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-                    return bool(flags & {"avx512_bf16", "amx_bf16"})
+                    return bool(flags & set(line.split(":", 1)[1].split()))
     except OSError:
         pass
     return False
+
+
+@lru_cache(maxsize=1)
+def cpu_supports_bf16() -> bool:
+    """True when the CPU computes bfloat16 natively (x86 AVX-512 BF16 or AMX).
+
+    ``torch.backends.cpu.get_cpu_capability()`` only says "AVX512", which does
+    not imply BF16 instructions, so ask torch's feature probes and fall back
+    to the kernel's CPU flags. Without native support bf16 is emulated and
+    slower than fp32, so the answer is "no" when unsure.
+    """
+    return _cpu_has(("_is_avx512_bf16_supported", "_is_amx_tile_supported"), {"avx512_bf16", "amx_bf16"})
 
 
 @lru_cache(maxsize=1)
@@ -176,23 +179,7 @@ def cpu_supports_int8() -> bool:
     """
     if not hasattr(torch, "_int_mm"):
         return False
-    for probe in ("_is_vnni_supported", "_is_amx_tile_supported"):
-        fn = getattr(torch.cpu, probe, None)
-        if fn is not None:
-            try:
-                if fn():
-                    return True
-            except Exception:  # private API: never let it break loading
-                pass
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-                    return bool(flags & {"avx512_vnni", "avx_vnni", "amx_int8"})
-    except OSError:
-        pass
-    return False
+    return _cpu_has(("_is_vnni_supported", "_is_amx_tile_supported"), {"avx512_vnni", "avx_vnni", "amx_int8"})
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
@@ -207,9 +194,7 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
         try:
             resolved = _DTYPES[dtype.lower()]
         except KeyError:
-            raise ValueError(
-                f"dtype must be 'auto' or one of {sorted(_DTYPES)}, got {dtype!r}"
-            ) from None
+            raise ValueError(f"dtype must be 'auto' or one of {sorted(_DTYPES)}, got {dtype!r}") from None
         if resolved == torch.int8:
             if device.type != "cpu":
                 raise ValueError(f"dtype 'int8' runs on CPU only, not on {device.type!r}")

@@ -177,9 +177,13 @@ class Stack:
         return [json.loads(r.value) for r in self.read(topic)]
 
     def close(self) -> None:
+        """Stop the workers and delete this stack's Redis keys."""
+        from workers.demo import clear_prefix
+
         for worker in self.workers:
             worker.stop()
         self.producer.close()
+        clear_prefix(self.redis_url, self.prefix)
 
 
 def tweet_lines(path: Path, n: int, start: int = 0) -> list[str]:

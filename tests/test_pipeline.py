@@ -10,7 +10,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import redis
 
 from stream.cleaning import Cleaner, Prepared
 from stream.encoder import Encoder
@@ -30,9 +29,6 @@ def stack(broker: str, redis_url: str, tiny_bertweet: Path, tmp_path: Path) -> I
     s = Stack(broker, redis_url, tiny_bertweet, tmp_path)
     yield s
     s.close()
-    client = redis.Redis.from_url(redis_url)
-    for key in client.scan_iter(f"{s.prefix}:*"):
-        client.delete(key)
 
 
 def batch_means(lines: list[str], model: Path) -> HashtagMeans:

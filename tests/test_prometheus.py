@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
 
 from stream.feeds import sample_feed
 from stream.records import parse_tweet
@@ -185,9 +184,6 @@ def stack(broker: str, redis_url: str, tiny_bertweet: Path, tmp_path: Path) -> I
     s = Stack(broker, redis_url, tiny_bertweet, tmp_path, extra_env={"REVAL_INDEX_INTERVAL_S": "2"})
     yield s
     s.close()
-    client = redis.Redis.from_url(redis_url)
-    for key in client.scan_iter(f"{s.prefix}:*"):
-        client.delete(key)
 
 
 def substitute(expr: str, variables: dict[str, str]) -> str:

@@ -11,7 +11,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import redis
 
 from stream.feeds import sample_feed
 from stream.metrics import RollingMean
@@ -31,9 +30,6 @@ def stack(broker: str, redis_url: str, tiny_bertweet: Path, tmp_path: Path) -> I
     s = Stack(broker, redis_url, tiny_bertweet, tmp_path, extra_env={"REVAL_LANGUAGE_FILTER": "false"})
     yield s
     s.close()
-    client = redis.Redis.from_url(redis_url)
-    for key in client.scan_iter(f"{s.prefix}:*"):
-        client.delete(key)
 
 
 def popular_events(lines: list[str], r: int = 10) -> list[dict[str, object]]:
