@@ -39,17 +39,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:  # run as a script from anywhere
-    sys.path.insert(0, str(REPO))
+from workers.adapters.cpu_fast import cpu_supports_bf16, cpu_supports_int8
+from workers.adapters.encoder import MINILM, Encoder
+from workers.dev.tiny_models import build_bertweet_like, build_tiny_bertweet
 
-from stream.encoder import (  # noqa: E402
-    MINILM,
-    Encoder,
-    cpu_supports_bf16,
-    cpu_supports_int8,
-)
-from tests.tiny_models import build_bertweet_like, build_tiny_bertweet  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 FEED = REPO / "stream" / "data" / "crisislex-t26.jsonl.gz"
 

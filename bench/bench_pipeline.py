@@ -47,20 +47,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import redis
+from kafka import KafkaProducer
+
+from bench.bench_encoder import build_base_model, load_texts
+from stream.cleaning import Prepared, prepare
+from stream.records import RecordError, parse_tweet
+from workers.adapters.encoder import Encoder
+from workers.adapters.kafka_client import create_topics
+from workers.adapters.redis_means import RedisMeans
+from workers.dev.broker import LocalBroker, find_free_port
+from workers.dev.stack import REVAL, Worker, wait_for
 
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:  # run as a script from anywhere
-    sys.path.insert(0, str(REPO))
-
-from kafka import KafkaProducer  # noqa: E402
-
-from bench.bench_encoder import build_base_model, load_texts  # noqa: E402
-from stream.cleaning import Prepared, prepare  # noqa: E402
-from stream.encoder import Encoder  # noqa: E402
-from stream.records import RecordError, parse_tweet  # noqa: E402
-from tests.pipeline import REVAL, Worker, wait_for  # noqa: E402
-from workers.broker import LocalBroker, create_topics, find_free_port  # noqa: E402
-from workers.redis_store import RedisMeans  # noqa: E402
 
 FEED = REPO / "stream" / "data" / "crisislex-t26.jsonl.gz"
 PARTITIONS = 4  # Settings.partitions default

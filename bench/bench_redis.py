@@ -39,11 +39,9 @@ from pathlib import Path
 import numpy as np
 import redis
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:  # run as a script from anywhere
-    sys.path.insert(0, str(REPO))
+from workers.adapters.redis_means import Contribution, RedisMeans
 
-from workers.redis_store import Contribution, RedisMeans  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 
 def workload(

@@ -53,23 +53,23 @@ from typing import Any
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:  # run as a script from anywhere
-    sys.path.insert(0, str(REPO))
-
-from stream.metrics import exact_scores, matches  # noqa: E402
-from stream.records import Recommendation  # noqa: E402
-from stream.scoring import (  # noqa: E402
+from stream.metrics import exact_scores, reval_hit_ratio
+from stream.records import Recommendation
+from stream.scoring import (
     DEFAULT_KS,
     DEFAULT_RS,
     NeighbourCache,
     r_label,
     score_event,
 )
-from stream.thesaurus import AnnoyThesaurus, Thesaurus, ThesaurusStore  # noqa: E402
-from workers.exporter import Exporter, LabelGuard, QualityMetrics  # noqa: E402
-from workers.roles import Record, Scorer  # noqa: E402
-from workers.settings import Settings, window_label  # noqa: E402
+from stream.thesaurus import Thesaurus
+from workers.adapters.exporter import Exporter, LabelGuard, QualityMetrics
+from workers.adapters.store import AnnoyThesaurus, ThesaurusStore
+from workers.service.records import Record
+from workers.service.score import Scorer
+from workers.settings import Settings, window_label
+
+REPO = Path(__file__).resolve().parents[1]
 
 KS: tuple[int, ...] = DEFAULT_KS
 RS: tuple[int | None, ...] = DEFAULT_RS
@@ -161,9 +161,8 @@ def naive_score(
     out: dict[str, dict[int, float]] = {}
     for r in RS:
         top = list(event.recommended[:r]) if r is not None else list(event.recommended)
-        denominator = min(len(top), len(truth))
         out[r_label(r)] = {
-            k: matches(top, truth, lambda h, k=k: syn[h, k]) / denominator for k in KS
+            k: reval_hit_ratio(top, truth, lambda h, k=k: syn[h, k]) or 0.0 for k in KS
         }
         exact_scores(top, truth)  # computed by the real path too
     return out

@@ -1,23 +1,19 @@
-"""Batch tools over feed files, built from the same core steps as the streaming workers:
-parse → clean → embed → running means → thesaurus."""
+"""Batch embedding of a feed, built from the same core steps as the streaming workers:
+parsed tweets → clean → embed → per-hashtag running means."""
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
 
 from stream.cleaning import Cleaner, Dropped, Prepared
-from stream.feeds import ErrorLog, Parsed, read_tweets
 from stream.means import HashtagMeans
-from stream.records import Tweet
-from stream.thesaurus import AnnoyThesaurus
+from stream.records import ErrorLog, Parsed, Tweet
 
 
 class TextEncoder(Protocol):
@@ -105,37 +101,3 @@ def embed_feed(
     flush()
     report.hashtags_seen = len(means)
     return means
-
-
-def build_thesaurus(
-    paths: Sequence[str | Path],
-    encoder: TextEncoder,
-    *,
-    min_count: int = 1,
-    n_trees: int = 50,
-    cleaner: Cleaner | None = None,
-    on_progress: Callable[[int], None] | None = None,
-) -> tuple[AnnoyThesaurus, HashtagMeans, BuildReport]:
-    """``reval thesaurus build``: feed files → Annoy thesaurus of hashtag embeddings."""
-    started = time.perf_counter()
-    report = BuildReport()
-    means = embed_feed(
-        read_tweets(paths), encoder, cleaner=cleaner, report=report, on_progress=on_progress
-    )
-    names, vectors, counts = means.matrix(min_count=min_count)
-    if not names:
-        raise ValueError(
-            f"no hashtag reached min_count={min_count} in {', '.join(map(str, paths))} "
-            f"(read {report.read} tweets, kept {report.kept}, dropped {dict(report.dropped)})"
-        )
-    thesaurus = AnnoyThesaurus.build(
-        names,
-        vectors,
-        counts=counts,
-        min_count=min_count,
-        model_id=encoder.model_id,
-        n_trees=n_trees,
-    )
-    report.hashtags_indexed = len(names)
-    report.seconds = time.perf_counter() - started
-    return thesaurus, means, report

@@ -123,9 +123,21 @@ class HashtagMeans:
         return iter(self.states)
 
     def matrix(self, min_count: int = 1) -> tuple[list[str], npt.NDArray[np.float32], list[int]]:
-        """Names, unit vectors (one row each) and counts of hashtags seen ≥ ``min_count`` times,
-        sorted by name so the same state always yields the same index."""
-        names = sorted(t for t, s in self.states.items() if s.count >= min_count)
+        """Names, unit vectors (one row each) and counts of the hashtags seen >= ``min_count``
+        times, sorted by name so the same state always yields the same index.
+
+        A hashtag whose mean is the zero vector (its tweets' embeddings cancel out, or a
+        word-vector tweet with no known word) has no direction, so no cosine: it is left out.
+
+        >>> table = HashtagMeans(dim=2)
+        >>> table.update(["b", "a"], np.array([3.0, 4.0])); table.update(["z"], np.zeros(2))
+        >>> names, vectors, counts = table.matrix()
+        >>> names, [[round(float(x), 2) for x in row] for row in vectors], counts
+        (['a', 'b'], [[0.6, 0.8], [0.6, 0.8]], [1, 1])
+        """
+        names = sorted(
+            t for t, s in self.states.items() if s.count >= min_count and np.any(s.total != 0.0)
+        )
         vectors = np.zeros((len(names), self.dim), dtype=np.float32)
         for i, name in enumerate(names):
             vectors[i] = self.states[name].get()

@@ -7,66 +7,71 @@ normalised and without duplicates.  Synonyms are expanded for R only::
       |R| <= |G|: rho = #{r in R : Syn_k(r) ∩ G ≠ ∅}
       otherwise:  rho = #{g in G : g in Syn_k(R)}
 
-With k = 0 (Syn_0(h) = {h}) it is the plain hit ratio.  An event with an empty
-R or G has no defined score: the functions return ``None`` and the aggregates
-count it as unscorable, never as 0.
+With k = 0 (Syn_0(h) = {h}) it is the plain hit ratio (Eq. 3).  An event with an
+empty R or G has no defined score: the functions return ``None`` and the
+aggregates count it as unscorable, never as 0.
+
+Eq. 4 is computed in exactly one place, :func:`reval_by_k`, from the |R| x |G|
+matrix of *synonym ranks*: entry (i, j) is the rank of g_j among r_i's synonyms
+(0 when g_j is r_i itself, i when it is r_i's i-th nearest hashtag, :data:`FAR`
+when it is none of them), so g_j is in Syn_k(r_i) exactly when the entry is
+<= k and one matrix answers every k.  The exact-match metrics are computed in
+exactly one place too, :func:`exact_from_ranks`, from the same matrix (rank 0
+is an exact match).  :func:`reval_hit_ratio` and :func:`exact_scores` are the
+definitional entry points for a given Syn_k; they build the matrix and call
+those two.
+
+References
+----------
+Alsini, Huynh, Datta: "#REval: a semantic evaluation framework for hashtag
+recommendation", section 3.3, Eq. 3-4 and Algorithm 2 (``papers/000_…``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from bisect import bisect_right
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
-
-import numpy as np
-import numpy.typing as npt
 
 from stream.hashtags import normalise_all
 
 Synonyms = Callable[[str], Iterable[str]]
 """Syn(h): the hashtag itself and its synonyms."""
 
+RankTable = Mapping[str, int]
+"""Synonym -> rank among a hashtag's synonyms (0 for the hashtag itself)."""
 
-def as_set(hashtags: Iterable[str]) -> list[str]:
-    """Normalised hashtags without duplicates, in their original order (rank kept)."""
-    return normalise_all(hashtags)
+FAR = 1 << 30
+"""The rank of a hashtag that is no synonym at all."""
 
 
-def matches(recommended: Sequence[str], truth: Sequence[str], synonyms: Synonyms) -> int:
-    """rho of Algorithm 2 (Match_Synonyms), on already-normalised, duplicate-free lists.
+def rank_matrix(
+    recommended: Sequence[str], truth: Sequence[str], ranks: Callable[[str], RankTable]
+) -> list[list[int]]:
+    """Row i, column j: the rank of ``truth[j]`` among ``recommended[i]``'s synonyms.
 
-    >>> syn = {"swim": ["swim", "dive", "paddle", "sport"]}
-    >>> matches(["swim", "exercise"], ["sport"], lambda h: syn.get(h, [h]))
-    1
+    >>> rank_matrix(["swim", "golf"], ["sport", "swim"], lambda h: {h: 0, "sport": 3})
+    [[3, 0], [3, 1073741824]]
     """
-    gold = set(truth)
-    if len(recommended) <= len(truth):
-        return sum(1 for r in recommended if not gold.isdisjoint(synonyms(r)))
-    expanded: set[str] = set()
-    for r in recommended:
-        expanded.update(synonyms(r))
-    return sum(1 for g in truth if g in expanded)
+    return [[table.get(g, FAR) for g in truth] for table in map(ranks, recommended)]
 
 
-def reval_hit_ratio(recommended: Iterable[str], truth: Iterable[str], synonyms: Synonyms) -> float | None:
-    """#REval-hit-ratio (Eq. 4); ``None`` when R or G is empty (unscorable).
+def reval_by_k(matrix: Sequence[Sequence[int]], n_truth: int, ks: Sequence[int]) -> list[float]:
+    """Eq. 4 for every k of ``ks``, from a non-empty |R| x |G| rank matrix.
 
-    Paper Table 2, first row (k = 3):
+    rho(k) counts the rows (|R| <= |G|) or the columns (otherwise) whose smallest
+    rank is <= k, so every k is a bisection of the same sorted minima.
 
-    >>> syn = {"hockey": ["hockey", "bowling", "golf", "sport"],
-    ...        "championship": ["championship", "champion", "winner", "tournament"]}
-    >>> reval_hit_ratio(["hockey", "championship"], ["football", "sport"],
-    ...                 lambda h: syn.get(h, [h]))
-    0.5
+    >>> reval_by_k([[3, 0], [3, 1 << 30]], 2, [0, 2, 3])  # |R| = |G| = 2
+    [0.5, 0.5, 1.0]
     """
-    r, g = as_set(recommended), as_set(truth)
-    if not r or not g:
-        return None
-    return matches(r, g, synonyms) / min(len(r), len(g))
-
-
-def _self(hashtag: str) -> list[str]:
-    return [hashtag]
+    n_rec = len(matrix)
+    if n_rec <= n_truth:
+        minima = sorted(min(row) for row in matrix)
+    else:
+        minima = sorted(min(column) for column in zip(*matrix, strict=True))
+    denominator = min(n_rec, n_truth)
+    return [bisect_right(minima, k) / denominator for k in ks]
 
 
 @dataclass(frozen=True)
@@ -85,6 +90,49 @@ class ExactScores:
         return {name: getattr(self, name) for name in self.NAMES}
 
 
+def exact_from_ranks(matrix: Sequence[Sequence[int]], n_truth: int) -> ExactScores:
+    """Hit rate, precision, recall, F1 and hit ratio (Eq. 3) from a non-empty rank matrix.
+
+    Rank 0 means "the same hashtag", so the hits are the zeros of the matrix.
+
+    >>> exact_from_ranks([[5, 0], [1 << 30, 7], [9, 9]], 2)
+    ExactScores(hit_rate=1.0, precision=0.3333333333333333, recall=0.5, f1=0.4, hit_ratio=0.5)
+    """
+    hits = sum(1 for row in matrix for rank in row if rank == 0)
+    precision, recall = hits / len(matrix), hits / n_truth
+    return ExactScores(
+        hit_rate=1.0 if hits else 0.0,
+        precision=precision,
+        recall=recall,
+        f1=2 * precision * recall / (precision + recall) if hits else 0.0,
+        hit_ratio=hits / min(len(matrix), n_truth),
+    )
+
+
+def as_set(hashtags: Iterable[str]) -> list[str]:
+    """Normalised hashtags without duplicates, in their original order (rank kept)."""
+    return normalise_all(hashtags)
+
+
+def reval_hit_ratio(recommended: Iterable[str], truth: Iterable[str], synonyms: Synonyms) -> float | None:
+    """#REval-hit-ratio (Eq. 4) for the Syn_k that ``synonyms`` gives; ``None`` when
+    R or G is empty (unscorable).
+
+    Paper Table 2, first row (k = 3):
+
+    >>> syn = {"hockey": ["hockey", "bowling", "golf", "sport"],
+    ...        "championship": ["championship", "champion", "winner", "tournament"]}
+    >>> reval_hit_ratio(["hockey", "championship"], ["football", "sport"],
+    ...                 lambda h: syn.get(h, [h]))
+    0.5
+    """
+    r, g = as_set(recommended), as_set(truth)
+    if not r or not g:
+        return None
+    matrix = rank_matrix(r, g, lambda h: dict.fromkeys(synonyms(h), 0))
+    return reval_by_k(matrix, len(g), [0])[0]
+
+
 def exact_scores(recommended: Iterable[str], truth: Iterable[str]) -> ExactScores | None:
     """Hit rate, precision, recall, F1 and hit ratio by exact match; ``None`` if unscorable.
 
@@ -94,16 +142,7 @@ def exact_scores(recommended: Iterable[str], truth: Iterable[str]) -> ExactScore
     r, g = as_set(recommended), as_set(truth)
     if not r or not g:
         return None
-    hits = len(set(r) & set(g))
-    precision, recall = hits / len(r), hits / len(g)
-    f1 = 2 * precision * recall / (precision + recall) if hits else 0.0
-    return ExactScores(
-        hit_rate=1.0 if hits else 0.0,
-        precision=precision,
-        recall=recall,
-        f1=f1,
-        hit_ratio=matches(r, g, _self) / min(len(r), len(g)),
-    )
+    return exact_from_ranks(rank_matrix(r, g, lambda h: {h: 0}), len(g))
 
 
 class Mean:
@@ -111,7 +150,9 @@ class Mean:
 
     >>> m = Mean()
     >>> for x in (1.0, 0.0, None, 0.5):
-    ...     m.update(x)
+    ...     _ = m.update(x)
+    >>> m
+    Mean: 0.5000 (3 scored, 1 unscorable)
     >>> m.get(), m.n, m.unscorable
     (0.5, 3, 1)
     """
@@ -121,83 +162,33 @@ class Mean:
         self.n = 0
         self.unscorable = 0
 
-    def update(self, value: float | None) -> None:
+    def update(self, value: float | None) -> Mean:
         if value is None:
             self.unscorable += 1
         else:
             self.total += value
             self.n += 1
+        return self
+
+    def revert(self, value: float | None) -> Mean:
+        """Undo an :meth:`update` with the same value."""
+        if value is None:
+            self.unscorable -= 1
+        else:
+            self.total -= value
+            self.n -= 1
+        return self
 
     def get(self) -> float | None:
         return self.total / self.n if self.n else None
 
+    def __iadd__(self, other: Mean) -> Mean:
+        self.total += other.total
+        self.n += other.n
+        self.unscorable += other.unscorable
+        return self
 
-class RollingMean:
-    """Mean over the last ``window`` seconds of *event* time, for a vector of values.
-
-    Time is the event's own, not the wall clock, so a replay at any speed shows
-    what a live run would.  The window is bucketed: ``buckets`` slots of
-    ``window / buckets`` seconds; it covers the slot holding the newest event
-    time seen (the watermark) and the ``buckets - 1`` slots before it.  Events
-    older than that are counted in ``late`` and otherwise ignored.
-
-    >>> m = RollingMean(window=60, buckets=6)
-    >>> m.update(0.0, [1.0]); m.update(30.0, [0.0]); m.get().tolist()
-    [0.5]
-    >>> m.update(65.0, [0.0]); m.get().tolist()  # the slot of t=0 fell out
-    [0.0]
-    """
-
-    def __init__(self, window: float, buckets: int = 60, size: int = 1) -> None:
-        if window <= 0 or buckets < 1:
-            raise ValueError("window must be > 0 and buckets >= 1")
-        self.window = window
-        self.buckets = buckets
-        self.slot = window / buckets
-        self.size = size
-        self._sums: dict[int, npt.NDArray[np.float64]] = {}
-        self._counts: dict[int, int] = {}
-        self.watermark: int | None = None
-        self.late = 0
-
-    def _evict(self) -> None:
-        assert self.watermark is not None
-        oldest = self.watermark - self.buckets + 1
-        for index in [i for i in self._counts if i < oldest]:
-            del self._counts[index], self._sums[index]
-
-    def update(self, t: float, values: Sequence[float] | npt.NDArray[np.float64]) -> None:
-        if len(values) != self.size:
-            raise ValueError(f"expected {self.size} values, got {len(values)}")
-        index = int(t // self.slot)
-        if self.watermark is None or index > self.watermark:
-            self.watermark = index
-            self._evict()
-        elif index <= self.watermark - self.buckets:
-            self.late += 1
-            return
-        sums = self._sums.get(index)
-        if sums is None:
-            sums = self._sums[index] = np.zeros(self.size)
-        sums += values
-        self._counts[index] = self._counts.get(index, 0) + 1
-
-    @property
-    def n(self) -> int:
-        return sum(self._counts.values())
-
-    def get(self) -> Any:
-        """The means as a numpy array, or ``None`` before any event in the window."""
-        n = self.n
-        if not n:
-            return None
-        total = np.zeros(self.size)
-        for sums in self._sums.values():
-            total += sums
-        return total / n
-
-    def covers(self, t: float) -> bool:
-        """Whether an event at time ``t`` falls in the current window (for checking)."""
-        if self.watermark is None:
-            return False
-        return self.watermark - self.buckets < t // self.slot <= self.watermark
+    def __repr__(self) -> str:
+        value = self.get()
+        shown = "-" if value is None else f"{value:.4f}"
+        return f"Mean: {shown} ({self.n} scored, {self.unscorable} unscorable)"

@@ -25,28 +25,20 @@ even by accident.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
-import time
 import warnings
 from abc import ABC, abstractmethod
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from datetime import datetime
-from pathlib import Path
-from typing import IO, Any, ClassVar, Literal, Protocol, Self, runtime_checkable
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, ClassVar, Protocol, Self, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
 import regex
-from scipy import sparse
 
 from stream.cleaning import Cleaner, Prepared, clean_text
-from stream.feeds import ErrorLog, read_tweets
-from stream.records import Tweet
+from stream.records import ErrorLog, Parsed, Tweet
 
 METHODS = ("mowe", "popular", "popular-users", "least-popular")
-WordVectorKind = Literal["word2vec", "fasttext"]
 
 # Anything hashtag-like, wherever it sits (also glued to a word, full-width ＃, or
 # cut off by truncation): stricter than hashtag extraction, so nothing slips through.
@@ -229,54 +221,6 @@ class LeastPopularRecommender(_FixedListRecommender):
 # --------------------------------------------------------------------------- word vectors
 
 
-def stable_hash(text: str) -> int:
-    """A hash that is the same in every process (Python's ``hash`` of a str is salted),
-    for gensim's per-word initial vectors: with a seed and one worker, training is
-    then reproducible across runs."""
-    return int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(), "little")
-
-
-def train_word_vectors(
-    docs: Sequence[Sequence[str]],
-    kind: WordVectorKind = "word2vec",
-    *,
-    vector_size: int = 100,
-    window: int = 2,
-    min_count: int = 1,
-    epochs: int = 30,
-    seed: int = 0,
-    workers: int = 1,
-    bucket: int = 2_000_000,
-    callbacks: Sequence[Any] = (),
-) -> Any:
-    """Train gensim Word2Vec or FastText on tokenised ``docs`` (one tweet a doc), with the
-    paper's settings by default (window 2, min_count 1, 30 epochs); returns the
-    ``KeyedVectors``.  ``bucket`` (FastText's n-gram hash buckets) defaults to
-    gensim's own.  Deterministic for a seed with ``workers=1``."""
-    from gensim.models import FastText, Word2Vec
-
-    sentences = [list(d) for d in docs if d]
-    if not sentences:
-        raise ValueError("no words to train word vectors on")
-    common: dict[str, Any] = {
-        "vector_size": vector_size,
-        "window": window,
-        "min_count": min_count,
-        "epochs": epochs,
-        "seed": seed,
-        "workers": workers,
-        "hashfxn": stable_hash,
-        "callbacks": list(callbacks),
-    }
-    if kind == "word2vec":
-        model: Any = Word2Vec(sentences, **common)
-    elif kind == "fasttext":
-        model = FastText(sentences, bucket=bucket, **common)
-    else:
-        raise ValueError(f"kind must be 'word2vec' or 'fasttext', got {kind!r}")
-    return model.wv
-
-
 def mean_vectors(
     docs: Sequence[Sequence[str]], word_vectors: Any, *, normalise: bool = True
 ) -> npt.NDArray[np.float32]:
@@ -289,23 +233,24 @@ def mean_vectors(
     index: dict[str, int] = word_vectors.key_to_index
     matrix = np.asarray(word_vectors.vectors, dtype=np.float32)
     dim = matrix.shape[1]
-    rows: list[int] = []
-    cols: list[int] = []
+    ids: list[int] = []  # known words' rows of ``matrix``, doc after doc
+    starts = np.zeros(len(docs) + 1, dtype=np.int64)
     extra: dict[int, list[str]] = {}
     oov_capable = bool(getattr(word_vectors, "bucket", 0))  # FastText n-grams
     for i, doc in enumerate(docs):
         for word in doc:
             j = index.get(word)
             if j is not None:
-                rows.append(i)
-                cols.append(j)
+                ids.append(j)
             elif oov_capable:
                 extra.setdefault(i, []).append(word)
-    counts = sparse.csr_matrix(
-        (np.ones(len(rows), dtype=np.float32), (rows, cols)), shape=(len(docs), len(index))
-    )
-    sums = np.asarray(counts @ matrix, dtype=np.float32).reshape(len(docs), dim)
-    n_words = np.asarray(counts.sum(axis=1), dtype=np.float32).ravel()
+        starts[i + 1] = len(ids)
+    n_words = np.diff(starts).astype(np.float32)
+    sums = np.zeros((len(docs), dim), dtype=np.float32)
+    if ids:
+        rows = matrix[np.asarray(ids, dtype=np.int64)]
+        filled = np.flatnonzero(n_words > 0)
+        sums[filled] = np.add.reduceat(rows, starts[filled], axis=0)
     for i, words in extra.items():
         for word in words:
             sums[i] += np.asarray(word_vectors.get_vector(word), dtype=np.float32)
@@ -324,7 +269,9 @@ class MoweRecommender(BaseRecommender):
     """Alsini et al. (2020a), as the #REval paper uses it (4.2.2).
 
     Word2Vec (window 2, min_count 1, 30 epochs) is trained on the training tweets'
-    cleaned text; every tweet is the mean of its word vectors (MOWE).  For a tweet
+    cleaned text by ``trainer`` (``docs -> word vectors``; the gensim one is
+    :func:`workers.adapters.word_vectors.trainer`), unless ``word_vectors`` are
+    given; every tweet is the mean of its word vectors (MOWE).  For a tweet
     to recommend for, the training tweets with cosine similarity >= ``threshold``
     (0.5) are its similar tweets; their hashtags are ranked by popularity among
     them (ties: popularity in the whole training set, then name) and the top r
@@ -334,8 +281,8 @@ class MoweRecommender(BaseRecommender):
     tweet recommended for, so the training tweets' vectors leave theirs out too
     (they are still in the text Word2Vec learns from).  Similarities are one
     matrix product per chunk of tweets (about ``chunk_elements`` similarities at
-    a time) and the hashtag counts a sparse product, so 10^5 training tweets are
-    fine.
+    a time) and the hashtag counts sums over each hashtag's tweets, so 10^5
+    training tweets are fine.
     """
 
     method = "mowe"
@@ -345,27 +292,17 @@ class MoweRecommender(BaseRecommender):
         name: str | None = None,
         *,
         threshold: float = 0.5,
-        vector_size: int = 100,
-        window: int = 2,
-        min_count: int = 1,
-        epochs: int = 30,
-        seed: int = 0,
-        workers: int = 1,
-        chunk_elements: int = 1 << 24,
+        trainer: Callable[[Sequence[Sequence[str]]], Any] | None = None,
         word_vectors: Any | None = None,
+        chunk_elements: int = 1 << 24,
     ) -> None:
         super().__init__(name)
         if not 0.0 < threshold <= 1.0:
             raise ValueError(f"threshold is a cosine similarity in (0, 1], got {threshold!r}")
+        if trainer is None and word_vectors is None:
+            raise ValueError("MoweRecommender needs word vectors or a trainer for them")
         self.threshold = threshold
-        self.params: dict[str, Any] = {
-            "vector_size": vector_size,
-            "window": window,
-            "min_count": min_count,
-            "epochs": epochs,
-            "seed": seed,
-            "workers": workers,
-        }
+        self.trainer = trainer
         self.chunk_elements = chunk_elements
         #: Pre-trained KeyedVectors to use instead of training (``fit`` then only indexes).
         self.word_vectors: Any | None = word_vectors
@@ -374,9 +311,8 @@ class MoweRecommender(BaseRecommender):
 
     def _fit(self, tweets: Sequence[Tweet]) -> None:
         if self.word_vectors is None:
-            self.word_vectors = train_word_vectors(
-                [clean_text(t.text).split() for t in tweets], "word2vec", **self.params
-            )
+            assert self.trainer is not None
+            self.word_vectors = self.trainer([clean_text(t.text).split() for t in tweets])
         labelled = [t for t in tweets if t.hashtags]
         popularity = Counter(h for t in labelled for h in dict.fromkeys(t.hashtags))
         # Hashtag ids in global popularity order (ties by name): a lower id wins a tie.
@@ -386,12 +322,16 @@ class MoweRecommender(BaseRecommender):
         vectors = mean_vectors([visible_tokens(t) for t in labelled], self.word_vectors)
         usable = np.flatnonzero(np.linalg.norm(vectors, axis=1) > 0)
         self._train = np.ascontiguousarray(vectors[usable])
-        rows = [r for r, i in enumerate(usable) for _ in dict.fromkeys(labelled[i].hashtags)]
-        cols = [ids[h] for i in usable for h in dict.fromkeys(labelled[i].hashtags)]
-        self._tags = sparse.csr_matrix(
-            (np.ones(len(rows), dtype=np.float32), (rows, cols)),
-            shape=(len(usable), len(self.hashtags)),
-        )
+        # (training row, hashtag id) pairs grouped by hashtag: a hashtag's votes are the
+        # sum of the similarity indicators of its rows (np.add.reduceat over the groups).
+        rows = np.array([r for r, i in enumerate(usable) for _ in dict.fromkeys(labelled[i].hashtags)],
+                        dtype=np.int64)
+        cols = np.array([ids[h] for i in usable for h in dict.fromkeys(labelled[i].hashtags)],
+                        dtype=np.int64)
+        order = np.argsort(cols, kind="stable")
+        self._vote_rows = rows[order]
+        self._voted, starts = np.unique(cols[order], return_index=True)  # hashtags with a row
+        self._vote_starts = starts
         self.n_indexed = len(usable)
 
     def tweet_vectors(self, tweets: Sequence[Tweet]) -> npt.NDArray[np.float32]:
@@ -419,7 +359,11 @@ class MoweRecommender(BaseRecommender):
             block = queries[start : start + chunk]
             similar = (block @ self._train.T >= self.threshold).astype(np.float32)
             self.last_similar_counts.extend(int(x) for x in similar.sum(axis=1))
-            votes = np.asarray(similar @ self._tags, dtype=np.float32)  # similar tweets per hashtag
+            votes = np.zeros((block.shape[0], n_tags), dtype=np.float32)  # similar tweets per hashtag
+            if len(self._vote_rows):
+                votes[:, self._voted] = np.add.reduceat(
+                    similar[:, self._vote_rows], self._vote_starts, axis=1
+                )
             key = votes.astype(np.int64) * n_tags + tie_break
             top = np.argpartition(-key, want - 1, axis=1)[:, :want]
             top = np.take_along_axis(top, np.argsort(-np.take_along_axis(key, top, 1), axis=1), 1)
@@ -434,19 +378,19 @@ class MoweRecommender(BaseRecommender):
 # --------------------------------------------------------------------------- events
 
 
-def training_tweets(
-    paths: Sequence[str | Path],
+def labelled_tweets(
+    items: Iterable[Parsed[Tweet]],
     *,
     language_filter: bool = True,
     errors: ErrorLog | None = None,
     limit: int | None = None,
 ) -> list[Tweet]:
-    """The training tweets of feed files after the core pre-processing (paper 3.1.1):
-    hashtagged, English, duplicate retweets removed; each with the hashtags that
-    pre-processing kept.  Bad lines go to ``errors``."""
+    """Training tweets after the core pre-processing (paper 3.1.1): hashtagged, English,
+    duplicate retweets removed; each with the hashtags that pre-processing kept.
+    Bad lines go to ``errors``."""
     cleaner = Cleaner(language_filter=language_filter)
     out: list[Tweet] = []
-    for item in read_tweets(paths):
+    for item in items:
         if item.error is not None:
             if errors is not None:
                 errors.add(item)
@@ -483,64 +427,15 @@ def recommendation_event(
     return event
 
 
-class EventSink:
-    """Writes recommendation events to a JSON-lines file and/or a Kafka topic; Kafka goes
-    through replay's :class:`~stream.replay.KafkaSink` (key = tweet id, timestamp = the
-    tweet's time, bounded in flight, errors raised)."""
-
-    def __init__(
-        self, path: Path | None = None, *, topic: str | None = None, broker: str | None = None
-    ) -> None:
-        if path is None and topic is None:
-            raise ValueError("give a file to write, a topic to produce to, or both")
-        self.count = 0
-        self._file: IO[str] | None = None
-        self._kafka: Any = None
-        if topic is not None:
-            from stream.replay import KafkaSink
-
-            self._kafka = KafkaSink(broker or "127.0.0.1:9092", topic, client_id="reval-recommend")
-        if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self._file = path.open("w", encoding="utf-8")
-
-    def write(self, event: Mapping[str, Any]) -> None:
-        line = json.dumps(event, ensure_ascii=False)
-        if self._file is not None:
-            self._file.write(line + "\n")
-        if self._kafka is not None:
-            from stream.replay import Outgoing, timestamp_ms
-
-            ts = event.get("ts")
-            when = timestamp_ms(datetime.fromisoformat(ts)) if ts else int(time.time() * 1000)
-            key = str(event["tweet_id"]).encode()
-            self._kafka(Outgoing(key, line.encode(), when, f"event {self.count + 1}"))
-        self.count += 1
-
-    def close(self) -> None:
-        try:
-            if self._kafka is not None:
-                self._kafka.flush()  # raises the broker's error, if any
-        finally:
-            if self._kafka is not None:
-                self._kafka.close()
-                self._kafka = None
-            if self._file is not None:
-                self._file.close()
-                self._file = None
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.close()
-
-
 # --------------------------------------------------------------------------- factory
 
 
 def make_recommender(
-    method: str, *, name: str | None = None, seed: int = 0, threshold: float = 0.5
+    method: str,
+    *,
+    name: str | None = None,
+    threshold: float = 0.5,
+    trainer: Callable[[Sequence[Sequence[str]]], Any] | None = None,
 ) -> BaseRecommender:
     """A recommender by its CLI name: ``mowe``, ``popular``, ``popular-users``, ``least-popular``.
 
@@ -548,7 +443,7 @@ def make_recommender(
     LeastPopularRecommender(name='canary')
     """
     if method == "mowe":
-        return MoweRecommender(name, seed=seed, threshold=threshold)
+        return MoweRecommender(name, threshold=threshold, trainer=trainer)
     classes: dict[str, type[_FixedListRecommender]] = {
         "popular": PopularRecommender,
         "popular-users": PopularByUsersRecommender,

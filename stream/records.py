@@ -13,7 +13,8 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from pathlib import Path
+from typing import Any, Generic, TypeVar
 
 from stream.hashtags import extract_hashtags, normalise_all
 
@@ -294,3 +295,53 @@ def parse_recommendation(
         recommender=recommender,
         ts=parse_time(ts) if ts is not None else None,
     )
+
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Parsed(Generic[T]):
+    """One line of a feed file after parsing: ``value`` or ``error`` (never both).
+
+    ``path`` and ``line`` say where it came from; ``raw`` is what was read (a JSON
+    line as text, a CSV row as a dict), so replays can send the original bytes.
+    """
+
+    path: Path
+    line: int
+    value: T | None = None
+    error: RecordError | None = None
+    raw: str | dict[str, Any] | None = None
+
+
+@dataclass
+class ErrorLog:
+    """Counts bad lines by reason and keeps the first few locations for the summary.
+
+    >>> log = ErrorLog(keep=1)
+    >>> log.add(Parsed(Path("feed.jsonl"), 3, error=RecordError("not_json", "not JSON")))
+    >>> log.add(Parsed(Path("feed.jsonl"), 9, error=RecordError("not_json", "not JSON")))
+    >>> log.total, log.by_reason, log.first
+    (2, {'not_json': 2}, ['feed.jsonl:3: not_json: not JSON'])
+    """
+
+    keep: int = 10
+
+    def __post_init__(self) -> None:
+        self.by_reason: dict[str, int] = {}
+        self.first: list[str] = []
+
+    def add(self, item: Parsed[Any]) -> None:
+        assert item.error is not None
+        self.note(f"{item.path}:{item.line}", item.error)
+
+    def note(self, where: str, error: RecordError) -> None:
+        """Count one bad record found at ``where``."""
+        self.by_reason[error.reason] = self.by_reason.get(error.reason, 0) + 1
+        if len(self.first) < self.keep:
+            self.first.append(f"{where}: {error}")
+
+    @property
+    def total(self) -> int:
+        return sum(self.by_reason.values())

@@ -1,10 +1,11 @@
 """Replaying archived feeds into Kafka: backtests that see what the live system saw.
 
-:func:`replay` is the whole logic -- reading (via :mod:`stream.feeds`, several files
-merged in event-time order), validation with the core parsers, filtering by event time,
-pacing and the summary -- and hands every record to a ``send`` callable, so it runs
-and is tested without Kafka.  :class:`KafkaSink` is the thin Kafka adapter
-(kafka-python ``KafkaProducer``, ``acks="all"``, idempotent, bounded buffer).
+:func:`replay` is the whole logic -- validation with the core parsers, filtering by
+event time, pacing and the summary -- over records already read from feed files
+(:mod:`workers.adapters.feeds` reads them, several files merged in event-time order by
+:func:`merge_by_time`), and hands every record to a ``send`` callable, so it runs and is
+tested without Kafka or files.  :class:`workers.adapters.kafka_client.KafkaSink` is the
+Kafka ``send``.
 
 What goes to Kafka for each good record:
 
@@ -30,18 +31,18 @@ timestamp is older than ``retention.ms``: give a replay topic ``retention.ms=-1`
 
 from __future__ import annotations
 
+import heapq
 import json
-import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
-from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from stream.feeds import SUFFIXES, ErrorLog, Parsed, iter_raw, merge_by_time, read_file
 from stream.records import (
+    ErrorLog,
+    Parsed,
     Recommendation,
     RecordError,
     Tweet,
@@ -52,21 +53,24 @@ from stream.records import (
 
 __all__ = [
     "BadLineError",
-    "KafkaSink",
     "Kind",
     "Outgoing",
     "ProduceError",
     "ReplayError",
     "ReplaySummary",
     "detect_kind",
-    "ensure_topic",
     "kind_from_topic",
+    "merge_by_time",
     "parse_bound",
     "parse_speed",
+    "parser_for",
     "replay",
     "summary_rows",
+    "time_of",
     "timestamp_ms",
 ]
+
+T = TypeVar("T")
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MS = timedelta(milliseconds=1)
@@ -218,10 +222,6 @@ def timestamp_ms(when: datetime) -> int:
     return (when - EPOCH) // _MS
 
 
-def _time_of(value: Tweet | Recommendation) -> datetime | None:
-    return value.created_at if isinstance(value, Tweet) else value.ts
-
-
 def _key_of(value: Tweet | Recommendation) -> bytes:
     return (value.id if isinstance(value, Tweet) else value.tweet_id).encode("utf-8")
 
@@ -248,43 +248,59 @@ def _control_message(raw: str | dict[str, Any] | None) -> str | None:
     return None
 
 
-def _check_paths(paths: Sequence[str | Path]) -> list[Path]:
-    if not paths:
-        raise ValueError("no feed files given")
-    out = []
-    for path in map(Path, paths):
-        if not path.exists():
-            raise FileNotFoundError(f"feed file not found: {path}")
-        if not path.name.endswith(SUFFIXES):
-            raise ValueError(
-                f"{path}: unsupported feed type (expected one of {', '.join(SUFFIXES)})"
-            )
-        out.append(path)
-    return out
-
-
 def _raw_bytes(raw: str | dict[str, Any]) -> bytes | dict[str, Any]:
+    # Lines were read with surrogateescape: this gives back the file's own bytes.
     return raw.encode("utf-8", errors="surrogateescape") if isinstance(raw, str) else raw
 
 
-def detect_kind(paths: Sequence[str | Path], *, from_line: int = 1, peek: int = 1000) -> Kind | None:
-    """The kind of the first record (of the first ``peek`` per file) that parses as
-    a recommendation event or a tweet; None when none does."""
-    for i, path in enumerate(_check_paths(paths)):
-        lines: Iterator[tuple[int, str | dict[str, Any]]] = iter_raw(
-            path, start_line=from_line if i == 0 else 1
-        )
-        for n, (_, raw) in enumerate(lines):
-            if n >= peek:
-                break
-            record = _raw_bytes(raw)
-            for kind, parse in ((Kind.recommendations, parse_recommendation), (Kind.tweets, parse_tweet)):
-                try:
-                    parse(record)
-                except RecordError:
-                    continue
-                return kind
+def parser_for(kind: Kind) -> Callable[[Any], Tweet | Recommendation]:
+    """The core parser that validates records of ``kind``."""
+    return parse_tweet if kind is Kind.tweets else parse_recommendation
+
+
+def detect_kind(raw_records: Iterable[str | dict[str, Any]], *, peek: int = 1000) -> Kind | None:
+    """The kind of the first record (of the first ``peek``) that parses as a
+    recommendation event or a tweet; None when none does.
+
+    >>> detect_kind(['not json', '{"tweet_id": "1", "recommended": ["a"]}'])
+    <Kind.recommendations: 'recommendations'>
+    """
+    for n, raw in enumerate(raw_records):
+        if n >= peek:
+            break
+        record = _raw_bytes(raw)
+        for kind in (Kind.recommendations, Kind.tweets):
+            try:
+                parser_for(kind)(record)
+            except RecordError:
+                continue
+            return kind
     return None
+
+
+def time_of(value: Tweet | Recommendation) -> datetime | None:
+    """A record's event time: a tweet's ``created_at``, an event's ``ts``."""
+    return value.created_at if isinstance(value, Tweet) else value.ts
+
+
+def merge_by_time(
+    streams: Iterable[Iterator[Parsed[T]]], when: Callable[[T], datetime | None]
+) -> Iterator[Parsed[T]]:
+    """Merge per-file streams (each already in time order) into one event-time order.
+
+    Errors and records without a time are passed on at their position in their file.
+    """
+
+    def keyed(index: int, items: Iterator[Parsed[T]]) -> Iterator[tuple[float, int, int, Parsed[T]]]:
+        last = float("-inf")
+        for n, item in enumerate(items):
+            at = when(item.value) if item.value is not None else None
+            if at is not None:
+                last = max(last, at.timestamp())
+            yield last, index, n, item
+
+    for *_, item in heapq.merge(*(keyed(i, s) for i, s in enumerate(streams))):
+        yield item
 
 
 def kind_from_topic(
@@ -306,16 +322,57 @@ def kind_from_topic(
     return None
 
 
+class Pacer:
+    """Keeps the gaps between event times, divided by ``speed``, on a monotonic clock.
+
+    The schedule is anchored at the first event, so oversleeping or a slow sink never
+    accumulates into drift (a late record goes at once and the schedule catches up);
+    an event earlier than one already seen goes without a pause.
+
+    >>> now = [0.0]
+    >>> pacer = Pacer(10.0, clock=lambda: now[0], sleep=lambda s: now.__setitem__(0, now[0] + s))
+    >>> t0 = datetime(2013, 1, 1, tzinfo=UTC)
+    >>> [pacer.wait(t0 + timedelta(seconds=s)) for s in (0, 20, 10, 30)]
+    [0.0, 2.0, 0.0, 1.0]
+    """
+
+    def __init__(
+        self,
+        speed: float,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        if not speed > 0:
+            raise ValueError(f"speed must be positive, not {speed!r}")
+        self.speed = speed
+        self.clock = clock
+        self.sleep = sleep
+        self._anchor: tuple[float, datetime] | None = None  # (clock, event time) of the first event
+        self._latest: datetime | None = None  # never schedule backwards
+
+    def wait(self, when: datetime) -> float:
+        """Sleep until ``when`` is due; returns the seconds slept."""
+        self._latest = when if self._latest is None or when > self._latest else self._latest
+        if self._anchor is None:
+            self._anchor = (self.clock(), when)
+            return 0.0
+        target = self._anchor[0] + (self._latest - self._anchor[1]).total_seconds() / self.speed
+        delay = target - self.clock()
+        if delay <= 0:
+            return 0.0
+        self.sleep(delay)
+        return delay
+
+
 def replay(
-    paths: Sequence[str | Path],
+    items: Iterable[Parsed[Tweet | Recommendation]],
     send: Send,
     *,
-    kind: Kind | str | None = None,
+    kind: Kind | str,
     speed: float | None = None,
     start: datetime | None = None,
     end: datetime | None = None,
     limit: int | None = None,
-    from_line: int = 1,
     strict: bool = False,
     flush: Callable[[], None] | None = None,
     clock: Callable[[], float] = time.monotonic,
@@ -324,43 +381,29 @@ def replay(
     on_progress: Callable[[ReplaySummary], None] | None = None,
     progress_every: float = 0.2,
 ) -> ReplaySummary:
-    """Replay feed files through ``send``, in event-time order; returns the summary.
+    """Replay parsed feed records through ``send``, in the order given; returns the summary.
 
-    ``kind``: ``"tweets"`` / ``"recommendations"``, or None to detect it from the first
-    good record.  ``speed``: None = no pauses, else gaps between event times / speed.
+    ``items`` are the records of ``kind`` (``"tweets"`` / ``"recommendations"``), read and
+    parsed by :mod:`workers.adapters.feeds` (several files merged in event-time order).
+    ``speed``: None = no pauses, else gaps between event times / speed.
     ``start``/``end``: only records with event time in ``[start, end)`` (others, and
     records without a time when a bound is given, are counted in ``skipped``).
-    ``limit``: stop after that many produced.  ``from_line``: 1-based line to resume
-    from, in the **first** file only.  Bad lines are counted (``summary.errors``) and
-    skipped; with ``strict`` the first raises :class:`BadLineError`.  A
+    ``limit``: stop after that many produced.  Bad lines are counted (``summary.errors``)
+    and skipped; with ``strict`` the first raises :class:`BadLineError`.  A
     :class:`ProduceError` from ``send`` or ``flush`` stops the run and is re-raised
     with ``summary`` attached.  ``flush`` is called once at the end (also after
     ``limit``).  ``on_progress`` gets the live summary at the start, about every
     ``progress_every`` clock seconds, and at the end.
     """
-    files = _check_paths(paths)
-    if from_line < 1:
-        raise ValueError(f"from_line is 1-based, not {from_line}")
     if limit is not None and limit < 0:
         raise ValueError(f"limit must be >= 0, not {limit}")
     if start is not None and end is not None and end <= start:
         raise ValueError(f"end ({end.isoformat()}) must be after start ({start.isoformat()})")
-    if kind is None:
-        kind = detect_kind(files, from_line=from_line) or Kind.tweets
     kind = Kind(kind)
-    parse: Callable[[Any], Tweet | Recommendation] = (
-        parse_tweet if kind is Kind.tweets else parse_recommendation
-    )
-    streams: list[Iterator[Parsed[Tweet | Recommendation]]] = [
-        read_file(path, parse, start_line=from_line if i == 0 else 1) for i, path in enumerate(files)
-    ]
-    items = streams[0] if len(streams) == 1 else merge_by_time(streams, _time_of)
-
     summary = ReplaySummary(kind=kind)
     began = clock()
     last_report = began
-    anchor: tuple[float, datetime] | None = None  # (clock, event time) of the first paced record
-    pace_time: datetime | None = None  # latest event time so far: never schedule backwards
+    pacer = Pacer(speed, clock, sleep) if speed is not None else None
     if on_progress is not None:
         on_progress(summary)
 
@@ -389,7 +432,7 @@ def replay(
                     raise BadLineError(where, item.error)
                 continue
             assert item.value is not None
-            when = _time_of(item.value)
+            when = time_of(item.value)
             if when is not None and (summary.position is None or when > summary.position):
                 summary.position = when
             if start is not None or end is not None:
@@ -410,16 +453,8 @@ def replay(
                     raise BadLineError(where, error)
                 continue
 
-            if speed is not None and when is not None:
-                pace_time = when if pace_time is None or when > pace_time else pace_time
-                if anchor is None:
-                    anchor = (clock(), when)
-                else:
-                    target = anchor[0] + (pace_time - anchor[1]).total_seconds() / speed
-                    delay = target - clock()
-                    if delay > 0:
-                        sleep(delay)
-                        summary.slept_s += delay
+            if pacer is not None and when is not None:
+                summary.slept_s += pacer.wait(when)
 
             send(Outgoing(_key_of(item.value), _value_bytes(item.raw), stamp, where))
             summary.produced += 1
@@ -450,147 +485,6 @@ def replay(
         raise
     stop("limit" if summary.stopped == "limit" else "end")
     return summary
-
-
-class KafkaSink:
-    """``send`` for :func:`replay`: a kafka-python producer with back-pressure.
-
-    ``acks="all"`` and idempotence (no duplicates or reordering on retries) and a
-    short ``linger_ms`` to batch.  In-flight data is bounded here: kafka-python 3
-    has no ``buffer_memory`` (its accumulator grows without limit), so ``send``
-    blocks while more than ``max_pending_bytes`` / ``max_pending`` records are
-    unacknowledged, up to ``max_block_ms`` (then :class:`ProduceError`).  The first
-    failed record is remembered by its ``path:line`` and raised as
-    :class:`ProduceError` from the next ``send`` or from :meth:`flush`.
-    """
-
-    def __init__(
-        self,
-        bootstrap: str,
-        topic: str,
-        *,
-        linger_ms: int = 5,
-        max_pending: int = 20_000,
-        max_pending_bytes: int = 32 * 1024 * 1024,
-        max_block_ms: int = 60_000,
-        delivery_timeout_ms: int = 120_000,
-        client_id: str = "reval-replay",
-        **config: Any,
-    ) -> None:
-        from kafka import KafkaProducer
-
-        self.topic = topic
-        self.acked = 0
-        self.max_pending = max_pending
-        self.max_pending_bytes = max_pending_bytes
-        self.max_block_s = max_block_ms / 1000
-        self._pending = 0
-        self._pending_bytes = 0
-        self._done = threading.Condition()
-        self._failure: ProduceError | None = None
-        self._producer = KafkaProducer(
-            bootstrap_servers=bootstrap,
-            client_id=client_id,
-            acks="all",
-            enable_idempotence=True,
-            max_in_flight_requests_per_connection=5,
-            linger_ms=linger_ms,
-            max_block_ms=max_block_ms,
-            delivery_timeout_ms=delivery_timeout_ms,
-            allow_auto_create_topics=False,
-            **config,
-        )
-
-    @property
-    def pending(self) -> int:
-        """Records sent and not yet acknowledged (or failed)."""
-        return self._pending
-
-    def _settle(self, size: int, where: str, result: Any) -> None:
-        # Runs on the producer's I/O thread, once per record: ``result`` is the
-        # RecordMetadata, or the exception (errback).
-        with self._done:
-            self._pending -= 1
-            self._pending_bytes -= size
-            if isinstance(result, BaseException):
-                if self._failure is None:
-                    self._failure = ProduceError(
-                        where, f"producing to {self.topic!r} failed: {result!r}"
-                    )
-            else:
-                self.acked += 1
-            self._done.notify_all()
-
-    def _raise_failure(self) -> None:
-        with self._done:
-            failure = self._failure
-        if failure is not None:
-            raise failure
-
-    def __call__(self, out: Outgoing) -> None:
-        from kafka.errors import KafkaError
-
-        size = len(out.value) + len(out.key or b"")
-        with self._done:
-            ready = self._done.wait_for(
-                lambda: self._failure is not None
-                or self._pending == 0
-                or (
-                    self._pending < self.max_pending
-                    and self._pending_bytes + size <= self.max_pending_bytes
-                ),
-                timeout=self.max_block_s,
-            )
-            if self._failure is not None:
-                raise self._failure
-            if not ready:
-                raise ProduceError(
-                    out.where,
-                    f"{self._pending:,} records unacknowledged by the broker for "
-                    f"{self.max_block_s:.0f}s (topic {self.topic!r})",
-                )
-            self._pending += 1
-            self._pending_bytes += size
-        try:
-            future = self._producer.send(
-                self.topic, key=out.key, value=out.value, timestamp_ms=out.timestamp_ms
-            )
-        except (KafkaError, ValueError, AssertionError) as exc:
-            with self._done:
-                self._pending -= 1
-                self._pending_bytes -= size
-            raise ProduceError(out.where, f"producing to {self.topic!r} failed: {exc!r}") from exc
-        future.add_both(self._settle, size, out.where)
-
-    def flush(self, timeout: float | None = None) -> None:
-        """Wait for every record sent so far; raise the first failure."""
-        from kafka.errors import KafkaError
-
-        try:
-            self._producer.flush(timeout=timeout)
-        except KafkaError as exc:
-            raise ProduceError("flush", f"flushing to {self.topic!r} failed: {exc!r}") from exc
-        self._raise_failure()
-
-    def close(self, timeout: float = 10.0) -> None:
-        self._producer.close(timeout=timeout)
-
-    def __enter__(self) -> KafkaSink:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-def ensure_topic(bootstrap: str, topic: str, partitions: int, *, timeout: float = 30.0) -> bool:
-    """Create ``topic`` with ``partitions`` if it does not exist (never let the broker
-    auto-create it with its own default count); True when it was created."""
-    from workers.broker import create_topics, topic_partitions
-
-    if topic_partitions(bootstrap, [topic], timeout=timeout).get(topic):
-        return False
-    create_topics(bootstrap, {topic: partitions}, timeout=timeout)
-    return True
 
 
 def summary_rows(summary: ReplaySummary) -> list[tuple[str, str]]:

@@ -9,13 +9,12 @@ kept as synonym ranks, so every smaller k is answered from the same look-up
 
 from __future__ import annotations
 
-from bisect import bisect_right
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from stream.metrics import ExactScores, Mean
+from stream.metrics import ExactScores, Mean, exact_from_ranks, rank_matrix, reval_by_k
 from stream.records import Recommendation
 from stream.thesaurus import Thesaurus
 
@@ -96,9 +95,6 @@ class NeighbourCache:
         return hashtag in self.thesaurus
 
 
-_FAR = 1 << 30  # rank of a hashtag that is no synonym at all
-
-
 @dataclass(frozen=True)
 class EventScore:
     """The scores of one event.  ``reval[r][k]`` and ``exact[r]`` use r labels
@@ -138,10 +134,9 @@ def score_event(
 ) -> EventScore:
     """Score one event for every (r, k); ``truth`` is the event's or the joined tweet's.
 
-    Equal to :func:`stream.metrics.reval_hit_ratio` with Syn_k from the thesaurus
-    for each cell (tested), but computed from one |R| x |G| matrix of synonym ranks:
-    rho(k) counts the rows (|R| <= |G|) or columns (otherwise) whose smallest rank
-    is <= k, so every k is a bisection of the same sorted minima.
+    One |R| x |G| matrix of synonym ranks answers every (r, k): the top-r rows go
+    to :func:`stream.metrics.reval_by_k` (Eq. 4) and
+    :func:`stream.metrics.exact_from_ranks`.
     """
     recommended = list(dict.fromkeys(event.recommended))
     truth = list(dict.fromkeys(truth))
@@ -155,27 +150,13 @@ def score_event(
         return EventScore(**base, unscorable="empty_recommended")  # type: ignore[arg-type]
     if not truth:
         return EventScore(**base, unscorable="empty_ground_truth")  # type: ignore[arg-type]
-    matrix = [[table.get(g, _FAR) for g in truth] for table in map(cache.ranks, recommended)]
+    matrix = rank_matrix(recommended, truth, cache.ranks)
     reval: dict[str, dict[int, float]] = {}
     exact: dict[str, ExactScores] = {}
     for r in rs:
         rows = matrix[:r] if r is not None else matrix
-        n_top, n_truth = len(rows), len(truth)
-        denominator = min(n_top, n_truth)
-        if n_top <= n_truth:
-            minima = sorted(min(row) for row in rows)
-        else:
-            minima = sorted(min(column) for column in zip(*rows, strict=True))
-        reval[r_label(r)] = {k: bisect_right(minima, k) / denominator for k in ks}
-        hits = sum(1 for row in rows for rank in row if rank == 0)
-        precision, recall = hits / n_top, hits / n_truth
-        exact[r_label(r)] = ExactScores(
-            hit_rate=1.0 if hits else 0.0,
-            precision=precision,
-            recall=recall,
-            f1=2 * precision * recall / (precision + recall) if hits else 0.0,
-            hit_ratio=hits / denominator,
-        )
+        reval[r_label(r)] = dict(zip(ks, reval_by_k(rows, len(truth), ks), strict=True))
+        exact[r_label(r)] = exact_from_ranks(rows, len(truth))
     unknown = sum(1 for h in recommended if not cache.known(h))
     return EventScore(**base, reval=reval, exact=exact, unknown_recommended=unknown)  # type: ignore[arg-type]
 

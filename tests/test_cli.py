@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from stream.cli import app
-from stream.feeds import sample_feed
-from stream.thesaurus import AnnoyThesaurus, load_thesaurus
+from workers.adapters.feeds import sample_feed
+from workers.adapters.store import AnnoyThesaurus, load_thesaurus
+from workers.commands.cli import app
 
 runner = CliRunner()
 

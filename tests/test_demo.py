@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from workers.demo import Demo, sample_feed_events
+from workers.commands.demo import Demo, sample_feed_events
 from workers.settings import Settings
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -20,23 +20,19 @@ from transformers import (
     RobertaModel,
 )
 
-from stream.encoder import (
+from workers.adapters.cpu_fast import (
     CALIBRATION_TEXTS,
-    DEFAULT_MODEL,
-    MINILM,
-    Encoder,
     Int8Linear,
     Int8QKVSlice,
-    _packable_layers,
-    _packed_forward,
     cpu_supports_bf16,
     cpu_supports_int8,
+    packable_layers,
+    packed_forward,
     quantize_linear_layers,
     record_linear_input_absmax,
-    resolve_dtype,
-    resolve_model,
 )
-from tests.tiny_models import build_tiny_bertweet
+from workers.adapters.encoder import DEFAULT_MODEL, MINILM, Encoder, resolve_dtype, resolve_model
+from workers.dev.tiny_models import build_tiny_bertweet
 
 TWEETS = [
     "Please help the flood victims in Queensland https://t.co/abc123 @redcross #qldflood",
@@ -241,13 +237,13 @@ def test_packed_forward_matches_transformers(which: str, tiny32: Encoder, minilm
     # The encoder runs the layers itself on the real tokens only (no padding rows):
     # it must give what the transformers forward pass gives on those tokens.
     enc = tiny32 if which == "tiny" else minilm32
-    layers = _packable_layers(enc.model)
+    layers = packable_layers(enc.model)
     assert layers is not None and len(layers) == enc.model.config.num_hidden_layers
     for texts in (TWEETS, TWEETS[:1], [TWEETS[0]] * 3):  # padded, single, no padding at all
         input_ids, mask = enc._pad(enc.tokenize(texts))
         with torch.inference_mode():
             ref = enc.model(input_ids=input_ids, attention_mask=mask).last_hidden_state
-            got = _packed_forward(enc.model, layers, input_ids, mask)
+            got = packed_forward(enc.model, layers, input_ids, mask)
         real = mask.bool()
         torch.testing.assert_close(got[real], ref[real], rtol=1e-4, atol=1e-4)
         assert torch.all(got[~real] == 0)
@@ -256,8 +252,8 @@ def test_packed_forward_matches_transformers(which: str, tiny32: Encoder, minilm
 def test_unusual_models_use_the_transformers_forward(tiny_dir: Path) -> None:
     enc = Encoder(str(tiny_dir), dtype="float32")
     enc.model.config.position_embedding_type = "relative_key"
-    assert _packable_layers(enc.model) is None
-    assert _packable_layers(torch.nn.Linear(2, 2)) is None
+    assert packable_layers(enc.model) is None
+    assert packable_layers(torch.nn.Linear(2, 2)) is None
 
 
 # -- int8 path ----------------------------------------------------------

@@ -12,10 +12,10 @@ import pytest
 from typer.testing import CliRunner
 
 from stream.cleaning import Prepared, prepare
-from stream.cli import app
-from stream.evaluate import ExperimentConfig, split_corpus
-from stream.feeds import sample_feed
 from stream.records import parse_tweet
+from workers.adapters.feeds import sample_feed
+from workers.commands.cli import app
+from workers.commands.evaluate import ExperimentConfig, split_corpus
 
 runner = CliRunner()
 KS = [0, 5, 10, 20, 30, 40, 50, 60, 70]

@@ -12,14 +12,14 @@ import numpy as np
 import pytest
 
 from stream.cleaning import Cleaner, Prepared
-from stream.encoder import Encoder
-from stream.feeds import sample_feed
 from stream.means import HashtagMeans
 from stream.records import parse_recommendation, parse_tweet
 from stream.scoring import NeighbourCache, score_event
-from stream.thesaurus import ThesaurusStore
-from tests.pipeline import Stack, keyed, tweet_lines, wait_for
-from workers.redis_store import RedisMeans
+from workers.adapters.encoder import Encoder
+from workers.adapters.feeds import sample_feed
+from workers.adapters.redis_means import RedisMeans
+from workers.adapters.store import ThesaurusStore
+from workers.dev.stack import Stack, keyed, tweet_lines, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -82,7 +82,7 @@ def test_end_to_end_scores_equal_offline_and_metrics(stack: Stack) -> None:
     for raw in events:
         got = by_id[raw["tweet_id"]]
         event = parse_recommendation(json.dumps(raw))
-        thesaurus = store.load(got["thesaurus_version"]) if got["thesaurus_version"] != "none" else None
+        thesaurus = store.load(got["index_version"]) if got["index_version"] is not None else None
         assert thesaurus is not None, "scored before any index version"
         offline = score_event(
             event,
@@ -94,7 +94,7 @@ def test_end_to_end_scores_equal_offline_and_metrics(stack: Stack) -> None:
         assert got["reval_hit_ratio"] == offline["reval_hit_ratio"]
         assert got["exact"] == offline["exact"]
         assert got["scorable"] == offline["scorable"]
-        assert got["thesaurus_id"] == thesaurus.version
+        assert got["thesaurus_version"] == thesaurus.version  # the content hash, as `reval score` prints
 
     scorable = [r for r in results if r["scorable"]]
     for rec in ("rec0", "rec1"):
@@ -124,7 +124,7 @@ def test_end_to_end_scores_equal_offline_and_metrics(stack: Stack) -> None:
     wait_for("the scorer to load the new version", lambda: score.metric("reval_scoring_thesaurus_version") >= int(newest[1:]), 30)
     stack.send("recommendations", [(b"again", json.dumps(again).encode())])
     later = wait_for("the late event", lambda: [r for r in stack.read_json("scores")[len(events):]], 60)
-    assert later[0]["thesaurus_version"] == store.current_version() or later[0]["thesaurus_version"] >= newest
+    assert later[0]["index_version"] == store.current_version() or later[0]["index_version"] >= newest
 
 
 def test_kill_9_mid_stream_loses_nothing_and_counts_nothing_twice(stack: Stack) -> None:

@@ -24,12 +24,12 @@ from typing import Any
 
 import pytest
 
-from stream.feeds import sample_feed
 from stream.records import parse_tweet
-from stream.thesaurus import ThesaurusStore
-from tests.pipeline import REVAL, Stack, terminate, tweet_lines, wait_for
 from tests.test_deploy import DEPLOY, dashboard, panel_queries, render, require_binary
-from workers.broker import find_free_port
+from workers.adapters.feeds import sample_feed
+from workers.adapters.store import ThesaurusStore
+from workers.dev.broker import find_free_port
+from workers.dev.stack import REVAL, Stack, terminate, tweet_lines, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -14,8 +14,6 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from stream.cli import app
-from stream.feeds import read_tweets, sample_feed
 from stream.hashtags import extract_hashtags
 from stream.recommenders import (
     BaseRecommender,
@@ -25,12 +23,15 @@ from stream.recommenders import (
     PopularByUsersRecommender,
     PopularRecommender,
     Recommender,
+    labelled_tweets,
     make_recommender,
     masked,
-    training_tweets,
     visible_tokens,
 )
 from stream.records import Tweet, parse_recommendation, parse_tweet
+from workers.adapters.feeds import read_tweets, sample_feed
+from workers.adapters.word_vectors import trainer
+from workers.commands.cli import app
 
 runner = CliRunner()
 
@@ -107,7 +108,7 @@ def test_hidden_hashtags_never_reach_the_recommender(sample_tweets: list[Tweet])
 
 def test_mowe_is_blind_to_the_tweets_own_hashtags(sample_tweets: list[Tweet]) -> None:
     labelled = [t for t in sample_tweets if t.hashtags]
-    mowe = MoweRecommender(epochs=5).fit(labelled[:250])
+    mowe = MoweRecommender(trainer=trainer(epochs=5)).fit(labelled[:250])
     probes = labelled[250:300]
     stripped = [tweet(t.id, " ".join(w for w in t.text.split() if "#" not in w)) for t in probes]
     with_tags = mowe.tweet_vectors(probes)
@@ -212,7 +213,7 @@ def test_mowe_ranks_hashtags_of_similar_tweets_by_popularity() -> None:
 def test_mowe_recommends_from_similar_training_tweets(sample_tweets: list[Tweet]) -> None:
     labelled = [t for t in sample_tweets if t.hashtags]
     train, test = labelled[:250], labelled[250:]
-    mowe = MoweRecommender(epochs=5, seed=1).fit(train)
+    mowe = MoweRecommender(trainer=trainer(epochs=5, seed=1)).fit(train)
     recs = mowe.recommend_many(test, 5)
     assert [mowe.recommend(t, 5) for t in test[:5]] == recs[:5]  # one at a time = batched
     train_vectors = mowe.tweet_vectors(train)
@@ -226,7 +227,7 @@ def test_mowe_recommends_from_similar_training_tweets(sample_tweets: list[Tweet]
         if rec:
             assert votes[rec[0]] == max(votes.values())
     # Reproducible: same seed, same recommendations (one worker, stable word hashing).
-    again = MoweRecommender(epochs=5, seed=1).fit(train)
+    again = MoweRecommender(trainer=trainer(epochs=5, seed=1)).fit(train)
     assert again.recommend_many(test, 5) == recs
 
 
@@ -292,17 +293,17 @@ def test_recommend_cli_options(train_and_feed: tuple[Path, Path], tmp_path: Path
 
 def test_training_tweets_are_preprocessed(train_and_feed: tuple[Path, Path]) -> None:
     train, _ = train_and_feed
-    tweets = training_tweets([train])
+    tweets = labelled_tweets(read_tweets([train]))
     assert tweets and all(t.hashtags for t in tweets)
     assert len(tweets) < sum(1 for p in read_tweets([train]) if p.value is not None and p.value.hashtags)
-    assert len(training_tweets([train], limit=10)) == 10
+    assert len(labelled_tweets(read_tweets([train]), limit=10)) == 10
 
 
 @pytest.mark.integration
 def test_recommend_cli_produces_to_kafka(broker: str, train_and_feed: tuple[Path, Path]) -> None:
     from aiokafka import AIOKafkaConsumer
 
-    from workers.broker import create_topics
+    from workers.adapters.kafka_client import create_topics
 
     train, feed = train_and_feed
     topic = f"recommendations-{uuid.uuid4().hex[:8]}"

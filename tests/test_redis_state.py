@@ -9,7 +9,7 @@ import redis
 
 from stream.cleaning import Cleaner, Dropped, Prepared
 from stream.records import parse_tweet
-from workers.redis_state import RedisJoin, RedisSeen
+from workers.adapters.redis_state import RedisJoin, RedisSeen
 
 pytestmark = pytest.mark.integration
 

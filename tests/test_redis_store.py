@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from redis.cluster import RedisCluster
 
 from stream.means import HashtagMeans
-from workers.redis_store import (
+from workers.adapters.redis_means import (
     HEAD_COMPONENTS,
     Contribution,
     DimensionError,

@@ -16,21 +16,21 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from stream.cli import app
-from stream.feeds import sample_feed
 from stream.records import parse_time
 from stream.replay import (
     BadLineError,
-    KafkaSink,
     Kind,
     Outgoing,
     ProduceError,
-    detect_kind,
     kind_from_topic,
     parse_speed,
-    replay,
     timestamp_ms,
 )
+from workers.adapters.feeds import detect_file_kind as detect_kind
+from workers.adapters.feeds import replay_files as replay
+from workers.adapters.feeds import sample_feed
+from workers.adapters.kafka_client import KafkaSink
+from workers.commands.cli import app
 
 T0 = datetime(2013, 1, 1, tzinfo=UTC)
 
@@ -343,7 +343,7 @@ def crisis_feed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[st
 
 
 def _topic(bootstrap: str, partitions: int = 3) -> str:
-    from workers.broker import create_topics
+    from workers.adapters.kafka_client import create_topics
 
     name = f"replay-tweets-{uuid.uuid4().hex[:8]}"
     create_topics(bootstrap, {name: partitions})
@@ -481,7 +481,7 @@ def test_cli_replay(broker: str, crisis_feed: tuple[Path, list[str]]) -> None:
 
 @pytest.mark.integration
 def test_cli_selection_strict_and_new_topic(broker: str, crisis_feed: tuple[Path, list[str]]) -> None:
-    from workers.broker import topic_partitions
+    from workers.adapters.kafka_client import topic_partitions
     from workers.settings import Settings
 
     path, lines = crisis_feed

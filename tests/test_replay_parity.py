@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from stream.feeds import sample_feed
-from stream.metrics import RollingMean
 from stream.records import parse_tweet
-from stream.thesaurus import ThesaurusStore
-from tests.pipeline import REVAL, Stack, tweet_lines, wait_for
-from workers.redis_store import RedisMeans
+from stream.windows import RollingMean
+from workers.adapters.feeds import sample_feed
+from workers.adapters.redis_means import RedisMeans
+from workers.adapters.store import ThesaurusStore
+from workers.dev.stack import REVAL, Stack, tweet_lines, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -95,7 +95,7 @@ def test_replay_matches_offline_scoring_and_event_time_windows(stack: Stack, tmp
         "every event scored", lambda: (r := stack.read_json("scores")) and len(r) >= len(events) and r, 120
     )
     assert len(results) == len(events)
-    assert {r["thesaurus_version"] for r in results} == {version}
+    assert {r["index_version"] for r in results} == {version}
 
     offline_events = tmp_path / "offline.jsonl"
     offline = subprocess.run(
@@ -114,7 +114,7 @@ def test_replay_matches_offline_scoring_and_event_time_windows(stack: Stack, tmp
         for r, metrics in expected["exact"].items():
             for name, value in metrics.items():
                 assert got["exact"][r][name] == pytest.approx(value, abs=1e-9)
-        assert got["thesaurus_id"] == expected["thesaurus_version"]
+        assert got["thesaurus_version"] == expected["thesaurus_version"]
 
     # Averages: live counters (sum/count) against the offline summary.
     for r in ("1", "5", "10"):

@@ -19,21 +19,18 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import stream.thesaurus as thesaurus_module
-from stream.thesaurus import (
+import workers.adapters.store as thesaurus_module
+from stream.thesaurus import ExactThesaurus, JsonThesaurus, Thesaurus, ThesaurusFormatError, ThesaurusMetadata
+from workers.adapters.store import (
     HASHTAGS_FILE,
     INDEX_FILE,
     METADATA_FILE,
     AnnoyThesaurus,
-    ExactThesaurus,
-    JsonThesaurus,
-    Thesaurus,
-    ThesaurusFormatError,
-    ThesaurusMetadata,
     ThesaurusStore,
     angular_to_cosine,
     cosine_to_angular,
     load_thesaurus,
+    read_json_thesaurus,
 )
 
 Builder = Callable[..., AnnoyThesaurus | ExactThesaurus]
@@ -454,7 +451,7 @@ def test_json_thesaurus_normalises_and_orders(tmp_path: Path) -> None:
         }),
         encoding="utf-8",
     )
-    th = JsonThesaurus.load(path)
+    th = read_json_thesaurus(path)
     assert len(th) == 3 and "swim" in th and "Swim" not in th and "café" in th
     assert th.synonyms("swim", 10) == ["swim", "dive", "sport", "paddle"]
     assert th.synonyms("swim", 2) == ["swim", "dive", "sport"]
@@ -484,7 +481,7 @@ def test_json_thesaurus_errors(tmp_path: Path, content: str, message: str) -> No
     path = tmp_path / "bad.json"
     path.write_text(content, encoding="utf-8")
     with pytest.raises(ThesaurusFormatError, match=message) as info:
-        JsonThesaurus.load(path)
+        read_json_thesaurus(path)
     assert str(path) in str(info.value)
 
 
@@ -623,7 +620,7 @@ def test_concurrent_readers_always_get_a_whole_version(tmp_path: Path) -> None:
 
 _READER_SCRIPT = """
 import json, sys, pathlib
-from stream.thesaurus import ThesaurusStore
+from workers.adapters.store import ThesaurusStore
 root, sizes = pathlib.Path(sys.argv[1]), json.loads(sys.argv[2])
 store, loads, problems = ThesaurusStore(root), 0, []
 (root.parent / "reader-started").touch()

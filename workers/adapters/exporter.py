@@ -31,8 +31,9 @@ from prometheus_client import (
 )
 from prometheus_client.core import GaugeMetricFamily, Metric, SummaryMetricFamily
 
-from stream.metrics import ExactScores, RollingMean
+from stream.metrics import ExactScores
 from stream.scoring import EventScore, r_label
+from stream.windows import RollingMean
 
 OTHER = "other"
 
@@ -69,6 +70,7 @@ class Exporter:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
+        self._built_at = 0.0
         # Quality: reval_hit_ratio_* and reval_exact_match_* come from QualityMetrics.collect
         self.events = Counter(
             "reval_events",
@@ -140,11 +142,15 @@ class Exporter:
             registry=r,
         )
 
-    def _index_age(self) -> float:
-        built = self.index_built._value.get()
-        return time.time() - built if built else float("nan")
+    def set_index_built(self, timestamp: float) -> None:
+        """When the current thesaurus was built (epoch seconds); the age gauge follows it."""
+        self._built_at = timestamp
+        self.index_built.set(timestamp)
 
-    def serve(self, port: int, host: str = "0.0.0.0") -> None:
+    def _index_age(self) -> float:
+        return time.time() - self._built_at if self._built_at else float("nan")
+
+    def serve(self, port: int, host: str = "127.0.0.1") -> None:
         start_http_server(port, addr=host, registry=self.registry)
 
 

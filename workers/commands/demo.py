@@ -30,7 +30,9 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from workers.broker import LocalBroker, create_topics, find_free_port
+from workers.adapters.kafka_client import create_topics
+from workers.adapters.redis_client import clear_prefix
+from workers.dev.broker import LocalBroker, find_free_port
 from workers.settings import Settings
 
 console = Console(stderr=True)
@@ -145,7 +147,7 @@ class Demo:
     def start_worker(self, role: str, env: dict[str, str], port: int) -> subprocess.Popen[bytes]:
         log = (self.workdir / f"{role}.log").open("wb")
         proc = subprocess.Popen(
-            [sys.executable, "-m", "stream.cli", "worker", role, "--metrics-port", str(port)],
+            [sys.executable, "-m", "workers.commands.cli", "worker", role, "--metrics-port", str(port)],
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -257,17 +259,21 @@ def sample_feed_events(
     tweets after the first ``train_share`` (by time), the events of two recommenders
     trained on that first part (``mowe``, the paper's, and ``popular``) to
     ``recommendations`` -- without ground truth, so the scorer joins them by id."""
-    from stream.feeds import sample_feed
-    from stream.recommenders import MoweRecommender, PopularRecommender, recommendation_event, training_tweets
-    from stream.replay import KafkaSink, Outgoing, replay
+
+    from stream.recommenders import MoweRecommender, PopularRecommender, labelled_tweets, recommendation_event
+    from stream.replay import Outgoing
+    from workers.adapters.feeds import read_tweets, replay_files, sample_feed
+    from workers.adapters.kafka_client import KafkaSink
+    from workers.adapters.word_vectors import trainer
 
     def produce(bootstrap: str, settings: Settings, stop: threading.Event) -> None:
         with console.status("training the recommenders on the first part of the sample feed..."):
-            tweets = training_tweets([sample_feed()], limit=limit)
+            tweets = labelled_tweets(read_tweets([sample_feed()]), limit=limit)
             split = int(len(tweets) * train_share)
             train, test = tweets[:split], tweets[split:]
             events: dict[bytes, list[bytes]] = {}
-            for recommender in (MoweRecommender(name="mowe"), PopularRecommender(name="popular")):
+            recommenders = (MoweRecommender("mowe", trainer=trainer()), PopularRecommender("popular"))
+            for recommender in recommenders:
                 recommender.fit(train)
                 for tweet, recommended in zip(test, recommender.recommend_many(test, r), strict=True):
                     event = recommendation_event(tweet, recommended, recommender.name)
@@ -286,14 +292,6 @@ def sample_feed_events(
 
             with contextlib.suppress(KeyboardInterrupt):
                 last = tweets[-1].created_at if limit is not None and tweets else None
-                replay([sample_feed()], send, kind="tweets", speed=speed, end=last)
+                replay_files([sample_feed()], send, kind="tweets", speed=speed, end=last)
 
     return produce
-
-
-def clear_prefix(url: str, prefix: str) -> int:
-    client = redis.Redis.from_url(url)
-    keys = list(client.scan_iter(f"{prefix}:*", count=1000))
-    for start in range(0, len(keys), 1000):
-        client.delete(*keys[start : start + 1000])
-    return len(keys)

@@ -1,4 +1,4 @@
-"""Running the real workers as subprocesses against a real broker and Redis, for the tests."""
+"""Running the real workers as subprocesses against a real broker and Redis (tests, benchmarks)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,9 @@ from typing import Any
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from prometheus_client.parser import text_string_to_metric_families
 
-from workers.broker import create_topics, find_free_port
+from workers.adapters.kafka_client import create_topics
+from workers.adapters.redis_client import clear_prefix
+from workers.dev.broker import find_free_port
 
 REVAL = str(Path(sys.executable).parent / "reval")
 
@@ -178,8 +180,6 @@ class Stack:
 
     def close(self) -> None:
         """Stop the workers and delete this stack's Redis keys."""
-        from workers.demo import clear_prefix
-
         for worker in self.workers:
             worker.stop()
         self.producer.close()

@@ -1,4 +1,4 @@
-"""Starting a worker process: settings, topics, /metrics, then the Faust worker."""
+"""``reval worker``: settings, topics, /metrics, then the Faust worker (blocks until stopped)."""
 
 from __future__ import annotations
 
@@ -6,16 +6,16 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from workers.app import DEFAULT_PORTS, ROLES, create_app
-from workers.broker import create_topics
-from workers.exporter import Exporter
+import faust
+
+from workers.adapters.exporter import Exporter
+from workers.adapters.kafka_client import create_topics
+from workers.service.app import DEFAULT_PORTS, ROLES, create_app
 from workers.settings import Settings
 
 
 def run_worker(roles: Sequence[str], overrides: Mapping[str, Any], loglevel: str = "info") -> None:
     """Blocks until the worker is stopped (SIGTERM / Ctrl-C)."""
-    import faust
-
     unknown = sorted(set(roles) - set(ROLES))
     if unknown or not roles:
         raise ValueError(f"unknown role(s) {', '.join(unknown) or '(none)'}; use {', '.join(ROLES)}")
@@ -25,6 +25,6 @@ def run_worker(roles: Sequence[str], overrides: Mapping[str, Any], loglevel: str
     exporter = Exporter()
     port = settings.metrics_port or DEFAULT_PORTS[sorted(roles)[0]]
     exporter.serve(port, settings.metrics_host)
-    logging.getLogger("reval.workers").info("metrics on :%d/metrics", port)
+    logging.getLogger("reval.workers").info("metrics on %s:%d/metrics", settings.metrics_host, port)
     app = create_app(settings, roles, exporter=exporter)
     faust.Worker(app, loglevel=loglevel.upper()).execute_from_commandline()

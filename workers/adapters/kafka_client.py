@@ -1,0 +1,277 @@
+"""Kafka: the one client library for producing and admin (kafka-python).
+
+* :class:`KafkaSink` -- a ``send`` for :func:`stream.replay.replay` (replays,
+  ``reval recommend``): ``acks="all"``, idempotent, bounded in flight.
+* :func:`create_topics` / :func:`topic_partitions` / :func:`ensure_topic` -- topics
+  with explicit partition counts (never let a broker auto-create one with its own
+  default count: Faust refuses tables whose changelog and source counts differ).
+
+The workers consume through Faust (aiokafka), in :mod:`workers.service`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+from kafka import KafkaProducer
+from kafka.admin import KafkaAdminClient
+from kafka.errors import KafkaError
+
+from stream.replay import Outgoing, ProduceError
+
+_ERR_NONE = 0
+_ERR_TOPIC_ALREADY_EXISTS = 36
+
+
+class BrokerError(RuntimeError):
+    """A Kafka admin request failed or timed out."""
+
+
+class TopicPartitionMismatchError(BrokerError):
+    """A topic exists with a partition count other than the one asked for."""
+
+
+class KafkaSink:
+    """``send`` for :func:`replay`: a kafka-python producer with back-pressure.
+
+    ``acks="all"`` and idempotence (no duplicates or reordering on retries) and a
+    short ``linger_ms`` to batch.  In-flight data is bounded here: kafka-python 3
+    has no ``buffer_memory`` (its accumulator grows without limit), so ``send``
+    blocks while more than ``max_pending_bytes`` / ``max_pending`` records are
+    unacknowledged, up to ``max_block_ms`` (then :class:`ProduceError`).  The first
+    failed record is remembered by its ``path:line`` and raised as
+    :class:`ProduceError` from the next ``send`` or from :meth:`flush`.
+    """
+
+    def __init__(
+        self,
+        bootstrap: str,
+        topic: str,
+        *,
+        linger_ms: int = 5,
+        max_pending: int = 20_000,
+        max_pending_bytes: int = 32 * 1024 * 1024,
+        max_block_ms: int = 60_000,
+        delivery_timeout_ms: int = 120_000,
+        client_id: str = "reval-replay",
+        **config: Any,
+    ) -> None:
+        self.topic = topic
+        self.acked = 0
+        self.max_pending = max_pending
+        self.max_pending_bytes = max_pending_bytes
+        self.max_block_s = max_block_ms / 1000
+        self._pending = 0
+        self._pending_bytes = 0
+        self._done = threading.Condition()
+        self._failure: ProduceError | None = None
+        self._producer = KafkaProducer(
+            bootstrap_servers=bootstrap,
+            client_id=client_id,
+            acks="all",
+            enable_idempotence=True,
+            max_in_flight_requests_per_connection=5,
+            linger_ms=linger_ms,
+            max_block_ms=max_block_ms,
+            delivery_timeout_ms=delivery_timeout_ms,
+            allow_auto_create_topics=False,
+            **config,
+        )
+
+    @property
+    def pending(self) -> int:
+        """Records sent and not yet acknowledged (or failed)."""
+        return self._pending
+
+    def _settle(self, size: int, where: str, result: Any) -> None:
+        # Runs on the producer's I/O thread, once per record: ``result`` is the
+        # RecordMetadata, or the exception (errback).
+        with self._done:
+            self._pending -= 1
+            self._pending_bytes -= size
+            if isinstance(result, BaseException):
+                if self._failure is None:
+                    self._failure = ProduceError(
+                        where, f"producing to {self.topic!r} failed: {result!r}"
+                    )
+            else:
+                self.acked += 1
+            self._done.notify_all()
+
+    def _raise_failure(self) -> None:
+        with self._done:
+            failure = self._failure
+        if failure is not None:
+            raise failure
+
+    def __call__(self, out: Outgoing) -> None:
+        size = len(out.value) + len(out.key or b"")
+        with self._done:
+            ready = self._done.wait_for(
+                lambda: self._failure is not None
+                or self._pending == 0
+                or (
+                    self._pending < self.max_pending
+                    and self._pending_bytes + size <= self.max_pending_bytes
+                ),
+                timeout=self.max_block_s,
+            )
+            if self._failure is not None:
+                raise self._failure
+            if not ready:
+                raise ProduceError(
+                    out.where,
+                    f"{self._pending:,} records unacknowledged by the broker for "
+                    f"{self.max_block_s:.0f}s (topic {self.topic!r})",
+                )
+            self._pending += 1
+            self._pending_bytes += size
+        try:
+            future = self._producer.send(
+                self.topic, key=out.key, value=out.value, timestamp_ms=out.timestamp_ms
+            )
+        except (KafkaError, ValueError, AssertionError) as exc:
+            with self._done:
+                self._pending -= 1
+                self._pending_bytes -= size
+            raise ProduceError(out.where, f"producing to {self.topic!r} failed: {exc!r}") from exc
+        future.add_both(self._settle, size, out.where)
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Wait for every record sent so far; raise the first failure."""
+        try:
+            self._producer.flush(timeout=timeout)
+        except KafkaError as exc:
+            raise ProduceError("flush", f"flushing to {self.topic!r} failed: {exc!r}") from exc
+        self._raise_failure()
+
+    def close(self, timeout: float = 10.0) -> None:
+        self._producer.close(timeout=timeout)
+
+    def __enter__(self) -> KafkaSink:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+@contextlib.contextmanager
+def _admin(bootstrap: str, *, timeout: float) -> Iterator[Any]:
+    ms = max(int(timeout * 1000), 1000)
+    admin = KafkaAdminClient(
+        bootstrap_servers=bootstrap,
+        client_id="reval-stream-admin",
+        request_timeout_ms=ms,
+        bootstrap_timeout_ms=ms,
+    )
+    try:
+        yield admin
+    finally:
+        admin.close()
+
+
+def list_topics(bootstrap: str, *, timeout: float = 30.0) -> list[str]:
+    """The broker's topic names (a metadata round trip)."""
+    with _admin(bootstrap, timeout=timeout) as admin:
+        return sorted(admin.list_topics())
+
+
+def _partition_counts(admin: Any, names: Iterable[str]) -> dict[str, int | None]:
+    """Partition count of each topic, None where the broker does not know it."""
+    counts: dict[str, int | None] = {}
+    for desc in admin.describe_topics(sorted(set(names))):
+        ok = desc.get("error_code", 0) == _ERR_NONE
+        counts[desc["name"]] = len(desc.get("partitions") or []) if ok else None
+    return counts
+
+
+def topic_partitions(
+    bootstrap: str, topics: Iterable[str], *, timeout: float = 30.0
+) -> dict[str, int | None]:
+    """Partition count of each named topic (None where it does not exist).
+
+    Uses a plain metadata request, which does not auto-create topics.
+    """
+    names = list(topics)
+    with _admin(bootstrap, timeout=timeout) as admin:
+        counts = _partition_counts(admin, names)
+    return {name: counts.get(name) for name in names}
+
+
+def create_topics(
+    bootstrap: str,
+    topics: Mapping[str, int],
+    *,
+    replication: int = 1,
+    timeout: float = 30.0,
+) -> None:
+    """Create topics with explicit partition counts; idempotent.
+
+    ``topics`` maps a topic name to its partition count. A topic that already exists
+    is fine as long as its partition count matches; otherwise (for instance a topic
+    the broker auto-created with its own default count when something produced to it
+    first) :class:`TopicPartitionMismatchError` is raised. Waits until every topic
+    is visible in the broker's metadata with the expected count.
+    """
+    wanted = dict(topics)
+    if not wanted:
+        return
+    for name, partitions in wanted.items():
+        if not name or not isinstance(partitions, int) or partitions < 1:
+            raise ValueError(f"bad topic spec {name!r}: {partitions!r} (need a name and >= 1)")
+    if replication < 1:
+        raise ValueError(f"replication must be >= 1, not {replication}")
+
+    deadline = time.monotonic() + timeout
+    with _admin(bootstrap, timeout=timeout) as admin:
+        response = admin.create_topics(
+            {name: {"num_partitions": n, "replication_factor": replication} for name, n in wanted.items()},
+            timeout_ms=max(int(timeout * 1000), 1000),
+            raise_errors=False,
+        )
+        failures = [
+            f"{t['name']}: error {t['error_code']} {t.get('error_message') or ''}".strip()
+            for t in response.get("topics", [])
+            if t.get("error_code", 0) not in (_ERR_NONE, _ERR_TOPIC_ALREADY_EXISTS)
+        ]
+        if failures:
+            raise BrokerError(f"creating topics on {bootstrap} failed: " + "; ".join(failures))
+
+        # Verify (metadata can lag behind creation on a real multi-broker cluster).
+        while True:
+            counts = _partition_counts(admin, wanted)
+            missing = [n for n in wanted if not counts.get(n)]
+            mismatched = {
+                n: (wanted[n], counts[n]) for n in wanted if counts.get(n) and counts[n] != wanted[n]
+            }
+            if mismatched:
+                detail = ", ".join(
+                    f"{n!r} has {got} partitions, wanted {want}"
+                    for n, (want, got) in sorted(mismatched.items())
+                )
+                raise TopicPartitionMismatchError(
+                    f"topics on {bootstrap} exist with other partition counts: {detail}. "
+                    "They were probably auto-created (Tansu/Kafka default count) by a "
+                    "producer or consumer before create_topics ran; delete them or "
+                    "restart the broker, and create topics before starting clients."
+                )
+            if not missing:
+                return
+            if time.monotonic() > deadline:
+                raise BrokerError(
+                    f"topics {missing} not visible in {bootstrap} metadata after {timeout:.0f}s"
+                )
+            time.sleep(0.1)
+
+
+def ensure_topic(bootstrap: str, topic: str, partitions: int, *, timeout: float = 30.0) -> bool:
+    """Create ``topic`` with ``partitions`` if it does not exist (never let the broker
+    auto-create it with its own default count); True when it was created."""
+    if topic_partitions(bootstrap, [topic], timeout=timeout).get(topic):
+        return False
+    create_topics(bootstrap, {topic: partitions}, timeout=timeout)
+    return True

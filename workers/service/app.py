@@ -1,0 +1,73 @@
+"""The Faust service: one App, its topics, and the agents and timers of the roles asked for.
+
+    tweets ──► embed agent ──► Redis running means ──► index timer ──► thesaurus store
+    recommendations ──► score agent ──► scores (+ /metrics)
+    tweets ──► join agent ──┘ (ground truth for events that carry none)
+
+Every role consumes in its own consumer group (``<app_id>-<role>``), so each sees
+the whole stream and can be scaled on its own.  Each role module
+(:mod:`~workers.service.embed`, :mod:`~workers.service.index`,
+:mod:`~workers.service.score`) holds the role's logic and registers its agents.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import faust
+
+from workers.adapters.exporter import Exporter
+from workers.adapters.redis_client import connect
+from workers.service import embed, faust_compat, index, score
+from workers.service.lag import lag_monitor
+from workers.service.runtime import Runtime, Topics
+from workers.settings import Settings
+
+ROLES = ("embed", "index", "score")
+DEFAULT_PORTS = {"embed": 9101, "index": 9102, "score": 9103}
+
+
+def create_app(
+    settings: Settings, roles: Iterable[str], *, exporter: Exporter | None = None, encoder: Any = None
+) -> faust.App:
+    """The App for ``roles`` (any of embed, index, score).
+
+    ``encoder`` lets tests and the demo pass a loaded encoder; by default the
+    embed role loads ``settings.model``.
+    """
+    chosen = sorted(set(roles))
+    unknown = set(chosen) - set(ROLES)
+    if unknown or not chosen:
+        raise ValueError(f"roles must be among {', '.join(ROLES)}; got {', '.join(chosen) or 'none'}")
+    exporter = exporter or Exporter()
+    app_id = f"{settings.app_id}-{'-'.join(chosen)}"
+    datadir = Path(settings.data_dir) / app_id
+    datadir.mkdir(parents=True, exist_ok=True)
+    app = faust.App(
+        app_id,
+        broker=[f"kafka://{host}" for host in settings.broker.split(",")],
+        store="memory://",
+        web_enabled=False,
+        topic_partitions=settings.partitions,
+        topic_replication_factor=settings.replication,
+        consumer_auto_offset_reset="earliest",
+        broker_commit_every=1000,
+        broker_commit_interval=1.0,
+        producer_acks=-1,
+        datadir=str(datadir),
+        broker_session_timeout=settings.session_timeout_s,
+        broker_heartbeat_interval=min(3.0, settings.session_timeout_s / 3),
+        Monitor=lag_monitor(exporter.lag, [settings.topic_tweets, settings.topic_recommendations]),
+        **faust_compat.app_settings(),
+    )
+    topics = Topics.declare(app, settings)
+    rt = Runtime(settings, exporter, connect(settings.redis_url, cluster=settings.redis_cluster), chosen)
+    if "embed" in chosen:
+        embed.register(app, topics, rt, encoder)
+    if "index" in chosen:
+        index.register(app, rt)
+    if "score" in chosen:
+        score.register(app, topics, rt)
+    return app
