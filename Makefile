@@ -19,7 +19,7 @@ services:
 	bash .ci/services.sh
 
 lint: setup
-	$(BIN)/ruff check stream workers tests bench
+	$(BIN)/ruff check stream workers tests bench deploy
 	$(BIN)/mypy stream workers
 
 test: setup services lint

@@ -1,9 +1,14 @@
 """One settings object for the workers: environment variables prefixed ``REVAL_``
-(e.g. ``REVAL_BROKER``, ``REVAL_REDIS_URL``), overridable by CLI flags."""
+(e.g. ``REVAL_BROKER``, ``REVAL_REDIS_URL``), overridable by CLI flags.
+
+No ``.env`` file is read implicitly (a stray file in the working directory must not
+reconfigure a worker): name one with ``--env-file`` or ``REVAL_ENV_FILE``."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+from typing import Any
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -38,7 +43,15 @@ def window_label(seconds: int) -> str:
 class Settings(BaseSettings):
     """Everything a worker needs; every field is ``REVAL_<NAME>`` in the environment."""
 
-    model_config = SettingsConfigDict(env_prefix="REVAL_", env_file=".env", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="REVAL_", extra="ignore")
+
+    @classmethod
+    def load(cls, env_file: str | Path | None = None, **overrides: Any) -> Settings:
+        """The environment (and ``env_file``, else ``$REVAL_ENV_FILE`` when set), then ``overrides``."""
+        chosen = env_file or os.environ.get("REVAL_ENV_FILE") or None
+        if chosen is not None and not Path(chosen).is_file():
+            raise ValueError(f"env file {chosen} does not exist")
+        return cls(_env_file=chosen, **overrides)
 
     # Kafka
     broker: str = Field("127.0.0.1:9092", description="Kafka bootstrap servers, host:port[,...]")
@@ -91,7 +104,9 @@ class Settings(BaseSettings):
 
     # Metrics
     metrics_port: int | None = Field(None, description="Prometheus port (default per role)")
-    metrics_host: str = Field("0.0.0.0", description="Prometheus bind address")
+    metrics_host: str = Field(
+        "127.0.0.1", description="Prometheus bind address (containers set 0.0.0.0 explicitly)"
+    )
 
     @field_validator("ks", "rs", "windows")
     @classmethod

@@ -243,6 +243,9 @@ def worker(
         int | None, typer.Option(help="Prometheus port (embed 9101, index 9102, score 9103)")
     ] = None,
     loglevel: Annotated[str, typer.Option(help="Log level")] = "info",
+    env_file: Annotated[
+        str | None, typer.Option(help="Read REVAL_* settings from this file too [REVAL_ENV_FILE]")
+    ] = None,
 ) -> None:
     """Run worker roles against a Kafka broker and Redis (settings: REVAL_* env, see README)."""
     from workers.commands.worker import run_worker
@@ -255,7 +258,7 @@ def worker(
         "metrics_port": metrics_port,
     }
     try:
-        run_worker(roles, {k: v for k, v in overrides.items() if v is not None}, loglevel)
+        run_worker(roles, {k: v for k, v in overrides.items() if v is not None}, loglevel, env_file)
     except ValueError as exc:
         raise fail(str(exc)) from None
 
@@ -272,7 +275,7 @@ def local_broker(
     from workers.settings import Settings
 
     with LocalBroker(port) as running:
-        create_topics(running.bootstrap, Settings().topics())
+        create_topics(running.bootstrap, Settings.load().topics())
         err.print(f"broker at {running.bootstrap} (Ctrl-C stops it); topics created")
         try:
             while running.running:
@@ -333,7 +336,7 @@ def replay_feeds(
         lower = rp.parse_bound(start) if start else None
         upper = rp.parse_bound(end) if end else None
         chosen = rp.Kind(kind) if kind else None
-        settings = Settings()
+        settings = Settings.load()
         if chosen is None:
             hinted = rp.kind_from_topic(
                 topic, tweets_topic=settings.topic_tweets,
@@ -477,7 +480,7 @@ def recommend_cmd(
     if topic is not None and broker is None:
         from workers.settings import Settings
 
-        broker = Settings().broker
+        broker = Settings.load().broker
 
     errors, skipped, overlap, empty = ErrorLog(), 0, 0, 0
     try:
@@ -644,7 +647,7 @@ def demo(
         pace = parse_speed(speed)
     except ValueError as exc:
         raise fail(str(exc)) from None
-    Demo(Settings(**overrides), duration=duration, model=model).run(sample_feed_events(pace))
+    Demo(Settings.load(**overrides), duration=duration, model=model).run(sample_feed_events(pace))
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -14,12 +14,14 @@ from workers.service.app import DEFAULT_PORTS, ROLES, create_app
 from workers.settings import Settings
 
 
-def run_worker(roles: Sequence[str], overrides: Mapping[str, Any], loglevel: str = "info") -> None:
+def run_worker(
+    roles: Sequence[str], overrides: Mapping[str, Any], loglevel: str = "info", env_file: str | None = None
+) -> None:
     """Blocks until the worker is stopped (SIGTERM / Ctrl-C)."""
     unknown = sorted(set(roles) - set(ROLES))
     if unknown or not roles:
         raise ValueError(f"unknown role(s) {', '.join(unknown) or '(none)'}; use {', '.join(ROLES)}")
-    settings = Settings(**overrides)
+    settings = Settings.load(env_file, **overrides)
     logging.basicConfig(level=loglevel.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
     create_topics(settings.broker.split(",")[0], settings.topics(), replication=settings.replication)
     exporter = Exporter()
