@@ -38,7 +38,7 @@ import regex
 from stream.cleaning import Cleaner, Prepared, clean_text
 from stream.records import ErrorLog, Parsed, Tweet
 
-METHODS = ("mowe", "popular", "popular-users", "least-popular")
+METHODS = ("mowe", "popular", "popular-users", "least-popular", "random")
 
 # Anything hashtag-like, wherever it sits (also glued to a word, full-width ＃, or
 # cut off by truncation): stricter than hashtag extraction, so nothing slips through.
@@ -216,6 +216,57 @@ class LeastPopularRecommender(_FixedListRecommender):
     def _fit(self, tweets: Sequence[Tweet]) -> None:
         self.counts = Counter(h for t in tweets for h in dict.fromkeys(t.hashtags))
         self.ranking = _ranked(self.counts, ascending=True)
+
+
+class RandomRecommender(BaseRecommender):
+    """r distinct training hashtags drawn at random, each with probability proportional
+    to its training popularity (successive sampling without replacement), independently
+    per tweet and reproducibly for a ``seed``.
+
+    It is the null recommender of the chance-corrected #REval (:mod:`stream.chance`),
+    so its corrected score is 0 in expectation: a second canary, and the chance line of
+    every plot.
+
+    >>> from stream.records import parse_tweet
+    >>> train = [parse_tweet({"id": str(i), "text": f"x #{h}"}) for i, h in enumerate("aabbbc")]
+    >>> rec = RandomRecommender(seed=1).fit(train)
+    >>> [sorted(r) for r in rec.recommend_many(train[:2], 2)]
+    [['a', 'b'], ['a', 'b']]
+    """
+
+    method = "random"
+
+    def __init__(self, name: str | None = None, *, seed: int = 0) -> None:
+        super().__init__(name)
+        self.seed = seed
+        self.hashtags: list[str] = []
+        self._weights = np.zeros(0)
+
+    def _fit(self, tweets: Sequence[Tweet]) -> None:
+        counts = Counter(h for t in tweets for h in dict.fromkeys(t.hashtags))
+        self.hashtags = sorted(counts)
+        self._weights = np.array([counts[h] for h in self.hashtags], dtype=np.float64)
+
+    def _recommend(
+        self, tweets: Sequence[Tweet], r: int, progress: Callable[[int], None] | None
+    ) -> list[list[str]]:
+        rng = np.random.default_rng(self.seed)
+        want = min(r, len(self.hashtags))
+        out: list[list[str]] = []
+        chunk = max(1, (1 << 22) // max(len(self.hashtags), 1))
+        for start in range(0, len(tweets), chunk):
+            rows = min(chunk, len(tweets) - start)
+            if want == 0:
+                out.extend([] for _ in range(rows))
+                continue
+            # Exponential clocks: the want smallest Exp(1) / w are a successive weighted sample.
+            keys = rng.exponential(size=(rows, len(self.hashtags))) / self._weights
+            top = np.argpartition(keys, want - 1, axis=1)[:, :want]
+            order = np.take_along_axis(top, np.argsort(np.take_along_axis(keys, top, 1), axis=1), 1)
+            out.extend([self.hashtags[j] for j in row] for row in order.tolist())
+            if progress is not None:
+                progress(rows)
+        return out
 
 
 # --------------------------------------------------------------------------- word vectors
@@ -436,14 +487,18 @@ def make_recommender(
     name: str | None = None,
     threshold: float = 0.5,
     trainer: Callable[[Sequence[Sequence[str]]], Any] | None = None,
+    seed: int = 0,
 ) -> BaseRecommender:
-    """A recommender by its CLI name: ``mowe``, ``popular``, ``popular-users``, ``least-popular``.
+    """A recommender by its CLI name: ``mowe``, ``popular``, ``popular-users``,
+    ``least-popular``, ``random`` (``seed``: its draws).
 
     >>> make_recommender("least-popular", name="canary")
     LeastPopularRecommender(name='canary')
     """
     if method == "mowe":
         return MoweRecommender(name, threshold=threshold, trainer=trainer)
+    if method == "random":
+        return RandomRecommender(name, seed=seed)
     classes: dict[str, type[_FixedListRecommender]] = {
         "popular": PopularRecommender,
         "popular-users": PopularByUsersRecommender,

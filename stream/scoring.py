@@ -14,6 +14,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from stream.chance import ChanceModel, corrected
 from stream.metrics import ExactScores, Mean, exact_from_ranks, rank_matrix, reval_by_k
 from stream.records import Recommendation
 from stream.thesaurus import Thesaurus
@@ -61,12 +62,23 @@ class NeighbourCache:
     rank is <= k -- one look-up answers every k.  Hashtags the thesaurus lacks are
     not cached (Syn(h) = {h}), and the cache is bounded (least recently used go
     first), so a stream of ever-new hashtags cannot grow it without limit.
+
+    ``chance`` is the version's null model (:class:`stream.chance.ChanceModel`); with it,
+    scores carry the chance-corrected #REval-hit-ratio too.
     """
 
-    def __init__(self, thesaurus: Thesaurus, max_k: int, max_entries: int = 200_000) -> None:
+    def __init__(
+        self,
+        thesaurus: Thesaurus,
+        max_k: int,
+        max_entries: int = 200_000,
+        *,
+        chance: ChanceModel | None = None,
+    ) -> None:
         self.thesaurus = thesaurus
         self.max_k = max_k
         self.max_entries = max_entries
+        self.chance = chance
         self._ranks: OrderedDict[str, dict[str, int]] = OrderedDict()
         self.queries = 0
 
@@ -105,6 +117,8 @@ class EventScore:
     thesaurus_version: str
     unscorable: str | None = None  # empty_recommended | empty_ground_truth
     reval: dict[str, dict[int, float]] = field(default_factory=dict)
+    #: Chance-corrected #REval-hit-ratio (:mod:`stream.chance`), when the thesaurus has a null model.
+    corrected: dict[str, dict[int, float]] = field(default_factory=dict)
     exact: dict[str, ExactScores] = field(default_factory=dict)
     unknown_recommended: int = 0  # recommended hashtags the thesaurus lacks
     n_recommended: int = 0
@@ -116,8 +130,9 @@ class EventScore:
             "thesaurus_version": self.thesaurus_version,
             "scorable": self.unscorable is None,
             "unscorable_reason": self.unscorable,
-            "reval_hit_ratio": {
-                r: {str(k): v for k, v in by_k.items()} for r, by_k in self.reval.items()
+            "reval_hit_ratio": {r: {str(k): v for k, v in by_k.items()} for r, by_k in self.reval.items()},
+            "reval_hit_ratio_corrected": {
+                r: {str(k): v for k, v in by_k.items()} for r, by_k in self.corrected.items()
             },
             "exact": {r: scores.as_dict() for r, scores in self.exact.items()},
             "unknown_recommended": self.unknown_recommended,
@@ -152,13 +167,20 @@ def score_event(
         return EventScore(**base, unscorable="empty_ground_truth")  # type: ignore[arg-type]
     matrix = rank_matrix(recommended, truth, cache.ranks)
     reval: dict[str, dict[int, float]] = {}
+    corrected_: dict[str, dict[int, float]] = {}
     exact: dict[str, ExactScores] = {}
     for r in rs:
         rows = matrix[:r] if r is not None else matrix
-        reval[r_label(r)] = dict(zip(ks, reval_by_k(rows, len(truth), ks), strict=True))
+        observed = reval_by_k(rows, len(truth), ks)
+        reval[r_label(r)] = dict(zip(ks, observed, strict=True))
+        if cache.chance is not None:
+            expected = cache.chance.expected(len(rows), truth, ks)
+            corrected_[r_label(r)] = {
+                k: corrected(o, e) for k, o, e in zip(ks, observed, expected, strict=True)
+            }
         exact[r_label(r)] = exact_from_ranks(rows, len(truth))
     unknown = sum(1 for h in recommended if not cache.known(h))
-    return EventScore(**base, reval=reval, exact=exact, unknown_recommended=unknown)  # type: ignore[arg-type]
+    return EventScore(**base, reval=reval, corrected=corrected_, exact=exact, unknown_recommended=unknown)  # type: ignore[arg-type]
 
 
 class Summary:
@@ -171,6 +193,7 @@ class Summary:
         self.events = 0
         self.unscorable = 0
         self.reval: dict[str, dict[int, Mean]] = {}
+        self.corrected: dict[str, dict[int, Mean]] = {}
         self.exact: dict[str, dict[str, Mean]] = {}
 
     def update(self, score: EventScore) -> None:
@@ -178,10 +201,11 @@ class Summary:
         if score.unscorable is not None:
             self.unscorable += 1
             return
-        for r, by_k in score.reval.items():
-            means = self.reval.setdefault(r, {})
-            for k, value in by_k.items():
-                means.setdefault(k, Mean()).update(value)
+        for table, values in ((self.reval, score.reval), (self.corrected, score.corrected)):
+            for r, by_k in values.items():
+                means = table.setdefault(r, {})
+                for k, value in by_k.items():
+                    means.setdefault(k, Mean()).update(value)
         for r, scores in score.exact.items():
             exact = self.exact.setdefault(r, {})
             for name, value in scores.as_dict().items():
@@ -198,7 +222,12 @@ class Summary:
             "events": self.events,
             "unscorable": self.unscorable,
             "by_k": {
-                str(k): {"reval_hit_ratio": mean.get()}
+                str(k): {
+                    "reval_hit_ratio": mean.get(),
+                    "reval_hit_ratio_corrected": (
+                        self.corrected[label][k].get() if k in self.corrected.get(label, {}) else None
+                    ),
+                }
                 for k, mean in sorted(self.reval.get(label, {}).items())
             },
             "exact": {name: mean.get() for name, mean in self.exact.get(label, {}).items()},

@@ -36,19 +36,35 @@ import numpy as np
 import numpy.typing as npt
 
 from stream.hashtags import normalise_hashtag
+from stream.hubness import (
+    Candidates,
+    candidate_count,
+    centred,
+    check_method,
+    exact_rerank,
+    hubness_report,
+    rerank,
+)
 
 
 class ThesaurusFormatError(ValueError):
     """A thesaurus file or directory is malformed (the message says where and how)."""
 
 
-
 # --------------------------------------------------------------------------- metadata
+
+
+#: ``metadata.json``'s ``format`` of directories written by this project (a thesaurus of ours).
+FORMAT = "reval-thesaurus/2"
 
 
 @dataclass(frozen=True)
 class ThesaurusMetadata:
     """What a thesaurus was built from and how; stored as ``metadata.json``.
+
+    ``hubness_method`` is the neighbour ranking (:mod:`stream.hubness`), ``depth`` how
+    many neighbours per hashtag the neighbour table holds, ``hubness`` the k-occurrence
+    report of that table (:class:`stream.hubness.HubnessReport` as a dict).
 
     >>> m = ThesaurusMetadata(model_id="vinai/bertweet-base", dimension=768, count=2,
     ...                       built_at="2024-01-01T00:00:00Z", version="abc", n_trees=50,
@@ -66,6 +82,12 @@ class ThesaurusMetadata:
     metric: str
     min_count: int
     max_distance: float | None = None
+    hubness_method: str = "raw"
+    depth: int = 0
+    hubness: dict[str, Any] | None = None
+    format: str = FORMAT
+    #: SHA-256 of each file of the thesaurus directory, checked before any is used.
+    checksums: dict[str, str] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -80,7 +102,8 @@ class ThesaurusMetadata:
             raise ThesaurusFormatError(
                 f"thesaurus metadata: expected a JSON object, got {type(data).__name__}"
             )
-        missing = [f.name for f in fields(cls) if f.name not in data and f.name != "max_distance"]
+        optional = {"max_distance", "hubness_method", "depth", "hubness", "format", "checksums"}
+        missing = [f.name for f in fields(cls) if f.name not in data and f.name not in optional]
         if missing:
             raise ThesaurusFormatError(f"thesaurus metadata: missing key(s) {', '.join(missing)}")
         values: dict[str, Any] = {}
@@ -92,7 +115,22 @@ class ThesaurusMetadata:
         if max_distance is not None:
             # JSON has one number type; an integral max distance comes back as an int.
             max_distance = float(_expect(max_distance, (int, float), "max_distance"))
-        return cls(**values, max_distance=max_distance)
+        values["max_distance"] = max_distance
+        values["hubness_method"] = _expect(data.get("hubness_method", "raw"), str, "hubness_method")
+        values["depth"] = _expect(data.get("depth", 0), int, "depth")
+        hubness = data.get("hubness")
+        values["hubness"] = None if hubness is None else dict(_expect(hubness, Mapping, "hubness"))
+        values["format"] = _expect(data.get("format", ""), str, "format")
+        checksums = data.get("checksums")
+        if checksums is not None:
+            checksums = _expect(checksums, Mapping, "checksums")
+            if not all(isinstance(k, str) and isinstance(v, str) for k, v in checksums.items()):
+                raise ThesaurusFormatError(
+                    "thesaurus metadata: 'checksums' must map file names to hex digests"
+                )
+            checksums = dict(checksums)
+        values["checksums"] = checksums
+        return cls(**values)
 
     @classmethod
     def from_json(cls, text: str) -> ThesaurusMetadata:
@@ -171,7 +209,6 @@ class BaseThesaurus(ABC):
         return f"{name}(count={m.count}, version={m.version!r}, model={m.model_id!r})"
 
 
-
 # --------------------------------------------------------------------------- vectors
 
 
@@ -211,9 +248,7 @@ def unit_rows(
         seen.add(name)
 
     keep = (
-        np.ones(len(names), dtype=bool)
-        if counts is None
-        else np.asarray(counts, dtype=np.int64) >= min_count
+        np.ones(len(names), dtype=bool) if counts is None else np.asarray(counts, dtype=np.int64) >= min_count
     )
     kept_names = [name for name, k in zip(names, keep, strict=True) if k]
     matrix = matrix[keep]
@@ -226,16 +261,13 @@ def unit_rows(
     return kept_names, matrix / norms[:, None]
 
 
-def content_version(
-    names: Sequence[str], unit: npt.NDArray[np.float64], params: Mapping[str, Any]
-) -> str:
+def content_version(names: Sequence[str], unit: npt.NDArray[np.float64], params: Mapping[str, Any]) -> str:
     """A version derived from the content, so a rebuild from the same data is the same version."""
     digest = hashlib.sha256()
     digest.update(json.dumps(params, sort_keys=True).encode())
     digest.update(json.dumps(list(names), ensure_ascii=False).encode())
     digest.update(np.ascontiguousarray(unit, dtype="<f4").tobytes())
     return digest.hexdigest()[:16]
-
 
 
 # --------------------------------------------------------------------------- exact
@@ -268,9 +300,7 @@ class ExactThesaurus(BaseThesaurus):
         if self._matrix.shape[0] != len(self._names):
             raise ValueError(f"{len(self._names)} hashtags but {self._matrix.shape[0]} vectors")
         rank = np.empty(len(self._names), dtype=np.int64)
-        rank[sorted(range(len(self._names)), key=self._names.__getitem__)] = np.arange(
-            len(self._names)
-        )
+        rank[sorted(range(len(self._names)), key=self._names.__getitem__)] = np.arange(len(self._names))
         self._name_rank = rank
         self._metadata = metadata
 
@@ -293,8 +323,12 @@ class ExactThesaurus(BaseThesaurus):
         max_distance = check_max_distance(max_distance)
         kept, unit = unit_rows(names, vectors, counts, min_count)
         if version is None:
-            params = {"metric": cls.METRIC, "min_count": min_count,
-                      "max_distance": max_distance, "model_id": model_id}
+            params = {
+                "metric": cls.METRIC,
+                "min_count": min_count,
+                "max_distance": max_distance,
+                "model_id": model_id,
+            }
             version = content_version(kept, unit, params)
         metadata = ThesaurusMetadata(
             model_id=model_id,
@@ -339,11 +373,7 @@ class ExactThesaurus(BaseThesaurus):
             candidates = np.flatnonzero(np.isfinite(dist))
         order = candidates[np.lexsort((self._name_rank[candidates], dist[candidates]))][:want]
         limit = self._metadata.max_distance
-        return [
-            (self._names[i], float(dist[i]))
-            for i in order
-            if limit is None or dist[i] <= limit
-        ]
+        return [(self._names[i], float(dist[i])) for i in order if limit is None or dist[i] <= limit]
 
     def neighbours(self, hashtag: str, k: int) -> list[str]:
         return [name for name, _ in self.neighbours_with_distances(hashtag, k)]
@@ -377,8 +407,14 @@ def _normalise_entry(raw: Any, where: str) -> str:
 def json_kind(value: Any) -> str:
     if isinstance(value, JsonPairs):
         return "an object"
-    return {list: "a list", str: "a string", bool: "a boolean", type(None): "null",
-            int: "a number", float: "a number"}.get(type(value), type(value).__name__)
+    return {
+        list: "a list",
+        str: "a string",
+        bool: "a boolean",
+        type(None): "null",
+        int: "a number",
+        float: "a number",
+    }.get(type(value), type(value).__name__)
 
 
 class JsonThesaurus(BaseThesaurus):
@@ -420,8 +456,7 @@ class JsonThesaurus(BaseThesaurus):
                 raw_value, Sequence
             ):
                 raise ThesaurusFormatError(
-                    f"{source}: key {raw_key!r}: expected a list of hashtags, "
-                    f"got {json_kind(raw_value)}"
+                    f"{source}: key {raw_key!r}: expected a list of hashtags, got {json_kind(raw_value)}"
                 )
             synonyms: dict[str, None] = {}
             for position, raw in enumerate(raw_value):
@@ -462,3 +497,175 @@ class JsonThesaurus(BaseThesaurus):
     def __len__(self) -> int:
         return len(self._table)
 
+
+# --------------------------------------------------------------------------- neighbour table
+
+
+class NeighbourTable(BaseThesaurus):
+    """Every hashtag's ``depth`` nearest hashtags, precomputed: what a scorer needs.
+
+    ``neighbours[i]`` are the row ids of hashtag i's nearest hashtags, nearest first
+    (ranked by the build's hubness method), -1 where there are fewer; ``distances[i]``
+    their cosine distances; ``counts[i]`` how many tweets hashtag i's mean averages
+    (its training popularity).  Lookups are memory reads: no index to query.
+
+    >>> unit = np.array([[1.0, 0.0], [0.8, 0.6], [0.0, 1.0]])
+    >>> table = build_neighbour_table(["a", "b", "c"], unit, [5, 2, 1], depth=2, method="raw")
+    >>> table.synonyms("a", 1), table.neighbours("c", 5), table.depth
+    (['a', 'b'], ['b', 'a'], 2)
+    """
+
+    def __init__(
+        self,
+        hashtags: Sequence[str],
+        neighbours: npt.ArrayLike,
+        distances: npt.ArrayLike,
+        counts: npt.ArrayLike,
+        metadata: ThesaurusMetadata,
+        stats: Mapping[str, npt.ArrayLike] | None = None,
+    ) -> None:
+        self._names: tuple[str, ...] = tuple(hashtags)
+        self._ids = {name: i for i, name in enumerate(self._names)}
+        self._neighbours = np.asarray(neighbours, dtype=np.int32)
+        self._distances = np.asarray(distances, dtype=np.float32)
+        self._counts = np.asarray(counts, dtype=np.int64)
+        n = len(self._names)
+        if len(self._ids) != n:
+            raise ThesaurusFormatError("hashtag list contains duplicates")
+        if self._neighbours.ndim != 2 or self._neighbours.shape[0] != n:
+            raise ThesaurusFormatError(f"neighbour table of shape {self._neighbours.shape} for {n} hashtags")
+        if self._distances.shape != self._neighbours.shape or self._counts.shape != (n,):
+            raise ThesaurusFormatError("distances/counts do not match the neighbour table")
+        if self._neighbours.size and (self._neighbours.max() >= n or self._neighbours.min() < -1):
+            raise ThesaurusFormatError("neighbour ids out of range")
+        #: The hubness method's per-hashtag statistics (:func:`stream.hubness.method_stats`).
+        self.stats = {name: np.asarray(value, dtype=np.float32) for name, value in (stats or {}).items()}
+        self._metadata = metadata
+
+    @property
+    def metadata(self) -> ThesaurusMetadata:
+        return self._metadata
+
+    @property
+    def hashtags(self) -> tuple[str, ...]:
+        return self._names
+
+    @property
+    def depth(self) -> int:
+        """Neighbours held per hashtag (the largest k this table answers)."""
+        return int(self._neighbours.shape[1])
+
+    @property
+    def neighbour_ids(self) -> npt.NDArray[np.int32]:
+        return self._neighbours
+
+    @property
+    def distances(self) -> npt.NDArray[np.float32]:
+        return self._distances
+
+    @property
+    def counts(self) -> npt.NDArray[np.int64]:
+        return self._counts
+
+    def index_of(self, hashtag: str) -> int | None:
+        return self._ids.get(hashtag)
+
+    def neighbours_with_distances(self, hashtag: str, k: int) -> list[tuple[str, float]]:
+        """Up to ``k`` nearest other hashtags with their cosine distances, nearest first."""
+        check_k(k)
+        if k > self.depth and self.depth < len(self._names) - 1:
+            raise ValueError(f"this thesaurus holds {self.depth} neighbours per hashtag; k={k} is more")
+        item = self._ids.get(hashtag)
+        if item is None:
+            return []
+        row, dist = self._neighbours[item, :k].tolist(), self._distances[item, :k].tolist()
+        return [(self._names[j], float(d)) for j, d in zip(row, dist, strict=True) if j >= 0]
+
+    def neighbours(self, hashtag: str, k: int) -> list[str]:
+        return [name for name, _ in self.neighbours_with_distances(hashtag, k)]
+
+    def __contains__(self, hashtag: object) -> bool:
+        return hashtag in self._ids
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+
+def build_neighbour_table(
+    names: Sequence[str],
+    vectors: npt.ArrayLike,
+    counts: Sequence[int] | npt.ArrayLike | None = None,
+    *,
+    depth: int,
+    method: str = "center+csls",
+    candidates: Candidates | None = None,
+    max_distance: float | None = None,
+    min_count: int = 1,
+    model_id: str = "",
+    n_trees: int = 0,
+    metric: str = "cosine",
+    version: str | None = None,
+    seed: int = 0,
+) -> NeighbourTable:
+    """The neighbour table of hashtags ``names`` with embeddings ``vectors``.
+
+    Hashtags seen fewer than ``min_count`` times (``counts``) are left out; the counts
+    are also the popularity the null model weighs by (all 1 when not given).  ``method`` ranks the
+    neighbours (:mod:`stream.hubness`), exactly over all pairs by default; for large
+    vocabularies ``candidates(unit, c)`` (an approximate index) supplies each hashtag's
+    c nearest by cosine in the (possibly centred) space and only those are re-ranked.  Neighbours farther than
+    ``max_distance`` (cosine distance of the embeddings) are cut off.  The version is a
+    hash of the content and the parameters.
+    """
+    check_method(method)
+    if depth < 1:
+        raise ValueError(f"depth must be at least 1, got {depth}")
+    max_distance = check_max_distance(max_distance)
+    given = None if counts is None else [int(c) for c in np.asarray(counts).tolist()]
+    kept, unit = unit_rows(names, vectors, given, min_count)
+    row_of = {name: i for i, name in enumerate(names)}
+    kept_counts = np.asarray([given[row_of[name]] if given else 1 for name in kept], dtype=np.int64)
+    n = len(kept)
+    space = centred(unit) if method.startswith("center") and n else unit.astype(np.float32)
+    name_rank = np.empty(n, dtype=np.int64)
+    name_rank[sorted(range(n), key=kept.__getitem__)] = np.arange(n)
+    if candidates is None:
+        ranked = exact_rerank(method, space, depth, name_rank, seed=seed)
+    else:
+        want = min(candidate_count(depth, method), max(n - 1, 0))
+        empty = (np.zeros((n, 0), np.int64), np.zeros((n, 0), np.float32))
+        ids, sims = candidates(space, want) if want else empty
+        ranked = rerank(method, space, ids, sims, depth, name_rank, seed=seed)
+    neighbours = ranked.ids
+    valid = neighbours >= 0
+    cosines = np.einsum("ij,ikj->ik", unit, unit[np.where(valid, neighbours, 0)])
+    distances = np.where(valid, np.clip(1.0 - cosines, 0.0, 2.0), np.inf).astype(np.float32)
+    if max_distance is not None:
+        # Cut each list at the first neighbour beyond the limit (ranks stay contiguous).
+        beyond = np.cumsum(distances > max_distance, axis=1) > 0
+        neighbours = np.where(beyond, -1, neighbours)
+        distances = np.where(beyond, np.inf, distances)
+    params = {
+        "metric": metric,
+        "method": method,
+        "depth": depth,
+        "min_count": min_count,
+        "max_distance": max_distance,
+        "model_id": model_id,
+        "seed": seed,
+    }
+    metadata = ThesaurusMetadata(
+        model_id=model_id,
+        dimension=int(unit.shape[1]),
+        count=n,
+        built_at=utc_now(),
+        version=version or content_version(kept, unit, params),
+        n_trees=n_trees,
+        metric=metric,
+        min_count=min_count,
+        max_distance=max_distance,
+        hubness_method=method,
+        depth=depth,
+        hubness=hubness_report(kept, neighbours).to_dict(),
+    )
+    return NeighbourTable(kept, neighbours.astype(np.int32), distances, kept_counts, metadata, ranked.stats)

@@ -83,7 +83,11 @@ def test_score_json_contract(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     payload = json.loads(result.stdout)
     assert payload["events"] == 3 and payload["unscorable"] == 1
-    assert payload["by_k"] == {"0": {"reval_hit_ratio": 0.5}, "3": {"reval_hit_ratio": 1.0}}
+    # A JSON thesaurus has no popularity to weigh a null recommender by: no chance correction.
+    assert payload["by_k"] == {
+        "0": {"reval_hit_ratio": 0.5, "reval_hit_ratio_corrected": None},
+        "3": {"reval_hit_ratio": 1.0, "reval_hit_ratio_corrected": None},
+    }
     assert payload["exact"] == {"hit_rate": 0.5, "precision": 0.25, "recall": 0.5, "f1": pytest.approx(1 / 3), "hit_ratio": 0.5}
     assert payload["skipped_lines"] == 1
     per_event = [json.loads(line) for line in events.read_text().splitlines()]

@@ -141,7 +141,20 @@ def test_popular_and_least_popular_orderings() -> None:
     with pytest.raises(ValueError, match="positive"):
         PopularRecommender().fit(CORPUS).recommend(query, 0)
     with pytest.raises(ValueError, match="unknown method"):
-        make_recommender("random")
+        make_recommender("oracle")
+
+
+def test_random_recommender_draws_by_popularity_without_repeats() -> None:
+    train = [tweet(i, f"x #{h}") for i, h in enumerate(["a"] * 80 + ["b"] * 15 + ["c"] * 5)]
+    rec = make_recommender("random", seed=3).fit(train)
+    picks = rec.recommend_many([tweet(1000 + i, "q") for i in range(4000)], 1)
+    share = {h: sum(p == [h] for p in picks) / len(picks) for h in "abc"}
+    assert share["a"] == pytest.approx(0.80, abs=0.03) and share["c"] == pytest.approx(0.05, abs=0.015)
+    two = rec.recommend_many([tweet(1, "q")] * 500, 2)
+    assert all(len(set(p)) == 2 for p in two)
+    assert rec.recommend_many([tweet(1, "q")] * 3, 5) == make_recommender("random", seed=3).fit(train).recommend_many(
+        [tweet(1, "q")] * 3, 5)  # seeded: reproducible
+    assert all(sorted(p) == ["a", "b", "c"] for p in rec.recommend_many([tweet(1, "q")] * 3, 5))
 
 
 def test_popular_users_counts_distinct_users() -> None:

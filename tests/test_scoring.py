@@ -58,7 +58,10 @@ def test_summary_means_and_unknown_hashtags() -> None:
     scores = [score_event(e, e.ground_truth or (), cache, ks=(0, 3)) for e in events]
     assert scores[1].unknown_recommended == 1 and scores[0].unknown_recommended == 0
     got = Summary().update_many(scores).get()
-    assert got["by_k"] == {"0": {"reval_hit_ratio": 0.5}, "3": {"reval_hit_ratio": 0.75}}
+    assert got["by_k"] == {  # a JSON thesaurus: no null model, no chance correction
+        "0": {"reval_hit_ratio": 0.5, "reval_hit_ratio_corrected": None},
+        "3": {"reval_hit_ratio": 0.75, "reval_hit_ratio_corrected": None},
+    }
     assert got["exact"]["hit_rate"] == 0.5
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import doctest
+import functools
 import json
 import math
 import os
@@ -25,7 +26,10 @@ from workers.adapters.store import (
     HASHTAGS_FILE,
     INDEX_FILE,
     METADATA_FILE,
+    THESAURUS_FILES,
     AnnoyThesaurus,
+    ThesaurusCorruptError,
+    ThesaurusOverwriteError,
     ThesaurusStore,
     angular_to_cosine,
     cosine_to_angular,
@@ -34,7 +38,8 @@ from workers.adapters.store import (
 )
 
 Builder = Callable[..., AnnoyThesaurus | ExactThesaurus]
-BUILDERS: list[Builder] = [AnnoyThesaurus.build, ExactThesaurus.build]
+# Both rank by plain cosine here ("raw"); the hubness re-rankings are tested in test_hubness.py.
+BUILDERS: list[Builder] = [functools.partial(AnnoyThesaurus.build, method="raw"), ExactThesaurus.build]
 BUILDER_IDS = ["annoy", "exact"]
 
 
@@ -211,7 +216,7 @@ def test_all_thesauri_satisfy_the_protocol(sports: Thesaurus) -> None:
 
 def test_annoy_agrees_with_exact_on_small_data() -> None:
     names, vectors = _clustered(300, 8, 5, 0.8, seed=3)
-    annoy = AnnoyThesaurus.build(names, vectors, n_trees=20, search_k=100_000)
+    annoy = AnnoyThesaurus.build(names, vectors, n_trees=20, search_k=100_000, method="raw", candidates="annoy")
     exact = ExactThesaurus.build(names, vectors)
     for h in names[:60]:
         assert set(annoy.neighbours(h, 10)) == set(exact.neighbours(h, 10))
@@ -232,7 +237,7 @@ def test_syn_k_invariants(n: int, dim: int, k: int, seed: int, duplicates: bool)
         vectors[rng.integers(0, n, n)] = vectors[0]
     names = [f"h{i}" for i in range(n)]
     exact = ExactThesaurus.build(names, vectors)
-    annoy = AnnoyThesaurus.build(names, vectors, n_trees=5, search_k=10_000)
+    annoy = AnnoyThesaurus.build(names, vectors, n_trees=5, search_k=10_000, method="raw", candidates="annoy")
     for th in (exact, annoy):
         for h in names:
             syn = th.synonyms(h, k)
@@ -254,7 +259,8 @@ def test_annoy_recall_at_10_against_exact() -> None:
     """10,000 clustered 64-d vectors (200 clusters, noisy enough that Annoy's own
     default search_k gives recall@10 ~0.72); the default search_k must reach 0.95."""
     names, vectors = _clustered(10_000, 64, 200, 1.5, seed=0)
-    annoy = AnnoyThesaurus.build(names, vectors, n_trees=50)
+    # The table's candidates from Annoy (not exact), ranked by plain cosine.
+    annoy = AnnoyThesaurus.build(names, vectors, n_trees=50, method="raw", candidates="annoy", depth=10)
     assert annoy.effective_search_k(10) == 5_500
     exact = ExactThesaurus.build(names, vectors)
     queries = np.random.default_rng(1).choice(len(names), size=200, replace=False)
@@ -284,9 +290,7 @@ def test_save_load_round_trip_is_identical_and_mmapped(tmp_path: Path) -> None:
     )
     before = {h: th.neighbours_with_distances(h, 10) for h in th.hashtags[:200]}
     target = th.save(tmp_path / "th")
-    assert sorted(p.name for p in target.iterdir()) == sorted(
-        [INDEX_FILE, HASHTAGS_FILE, METADATA_FILE]
-    )
+    assert sorted(p.name for p in target.iterdir()) == sorted(THESAURUS_FILES)
     assert json.loads((target / HASHTAGS_FILE).read_text()) == list(th.hashtags)
 
     loaded = AnnoyThesaurus.load(target)
@@ -330,12 +334,35 @@ def test_save_over_an_existing_thesaurus_replaces_it_whole(
 ) -> None:
     target = tmp_path / "th"
     _sports_annoy(version="old").save(target)
-    (target / "stray.txt").write_text("left from the old version")
     new = AnnoyThesaurus.build(["a", "b"], np.eye(2) + 0.1, version="new")
-    new.save(target)
-    assert not (target / "stray.txt").exists()
+    with pytest.raises(ThesaurusOverwriteError, match="--force"):
+        new.save(target)  # replacing needs replace=True (the CLI's --force)
+    new.save(target, replace=True)
     assert AnnoyThesaurus.load(target).version == "new"
     assert [p.name for p in tmp_path.iterdir()] == ["th"]  # no temp or trash left
+    # Anything but a clean thesaurus of ours is never replaced, not even with replace=True.
+    (target / "keep.txt").write_text("the user's")
+    with pytest.raises(ThesaurusOverwriteError, match="other files"):
+        new.save(target, replace=True)
+    assert (target / "keep.txt").read_text() == "the user's"
+
+
+def test_save_never_replaces_what_is_not_a_thesaurus(tmp_path: Path) -> None:
+    th = _sports_annoy()
+    folder = tmp_path / "mine"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "keep.txt").write_text("keep")
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("notes")
+    for target in (folder, a_file):
+        with pytest.raises(ThesaurusOverwriteError, match="refusing"):
+            th.save(target, replace=True)
+    assert (folder / "keep.txt").read_text() == "keep" and (folder / "sub").is_dir()
+    assert a_file.read_text() == "notes"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine", "notes.txt"]  # nothing hidden left
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert AnnoyThesaurus.load(th.save(empty)).version == th.version  # an empty folder is fine
 
 
 def test_failed_save_leaves_the_old_thesaurus_and_no_temp_dirs(
@@ -352,7 +379,7 @@ def test_failed_save_leaves_the_old_thesaurus_and_no_temp_dirs(
 
     monkeypatch.setattr(thesaurus_module, "_write_json", failing_write)
     with pytest.raises(OSError, match="disk full"):
-        _sports_annoy(version="new").save(target)
+        _sports_annoy(version="new").save(target, replace=True)
     assert [p.name for p in tmp_path.iterdir()] == ["th"]
     assert AnnoyThesaurus.load(target).version == "old"
 
@@ -392,7 +419,7 @@ def test_readers_never_see_a_half_written_thesaurus(tmp_path: Path, replace_mode
     thread.start()
     try:
         for i in range(30):
-            versions[f"v{i % 2}"].save(target)
+            versions[f"v{i % 2}"].save(target, replace=True)
     finally:
         stop.set()
         thread.join()
@@ -426,7 +453,7 @@ def test_load_thesaurus_errors_say_what_is_wrong(tmp_path: Path) -> None:
         load_thesaurus(broken)
     empty = tmp_path / "empty"
     empty.mkdir()
-    with pytest.raises(ThesaurusFormatError, match=r"missing index\.ann, hashtags\.json, metadata"):
+    with pytest.raises(ThesaurusFormatError, match=r"missing metadata\.json"):
         load_thesaurus(empty)
     other = tmp_path / "thesaurus.txt"
     other.write_text("swim dive")
@@ -434,7 +461,7 @@ def test_load_thesaurus_errors_say_what_is_wrong(tmp_path: Path) -> None:
         load_thesaurus(other)
     truncated = _sports_annoy().save(tmp_path / "truncated")
     (truncated / HASHTAGS_FILE).write_text('["swim", "dive"]')
-    with pytest.raises(ThesaurusFormatError, match="2 hashtags but metadata says 8"):
+    with pytest.raises(ThesaurusCorruptError, match="hashtags.json: checksum mismatch"):
         load_thesaurus(truncated)
 
 
@@ -578,7 +605,8 @@ def test_store_load_current_retries_when_pruned_under_it(
     monkeypatch.setattr(AnnoyThesaurus, "load", staticmethod(load_racing_a_writer))
     loaded = store.load_current()
     assert loaded is not None and loaded.version == "second"
-    assert [p.name for p in calls] == ["v000001", "v000002"]
+    # v000001 (pruned under us), then v000002: the publish's own read-back, and ours.
+    assert [p.name for p in calls] == ["v000001", "v000002", "v000002"]
 
 
 def test_concurrent_readers_always_get_a_whole_version(tmp_path: Path) -> None:

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import errno
+import hashlib
+import io
 import json
 import math
 import os
@@ -24,29 +27,39 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 import numpy.typing as npt
 from annoy import AnnoyIndex
 
+from stream.chance import ChanceModel
+from stream.hubness import DEFAULT_METHOD, candidate_count, centred, scores
 from stream.means import HashtagMeans
+from stream.scoring import NeighbourCache
 from stream.thesaurus import (
     BaseThesaurus,
     JsonPairs,
     JsonThesaurus,
+    NeighbourTable,
     Thesaurus,
     ThesaurusFormatError,
     ThesaurusMetadata,
+    build_neighbour_table,
     check_k,
-    check_max_distance,
-    content_version,
     json_kind,
-    unit_rows,
-    utc_now,
 )
 
 INDEX_FILE = "index.ann"
 HASHTAGS_FILE = "hashtags.json"
+TABLE_FILE = "table.npz"
 METADATA_FILE = "metadata.json"
-_THESAURUS_FILES = (INDEX_FILE, HASHTAGS_FILE, METADATA_FILE)
+THESAURUS_FILES = (INDEX_FILE, HASHTAGS_FILE, TABLE_FILE, METADATA_FILE)
+
+#: Neighbours per hashtag in the table (the largest k scorers can ask for; deeper
+#: queries go to the Annoy index).
+DEFAULT_DEPTH = 100
+#: Up to this many hashtags the re-ranking's candidates are found exactly (numpy, a
+#: few seconds); above, the Annoy index supplies them.
+EXACT_CANDIDATES_UP_TO = 20_000
 
 #: Default ``search_k`` is this many times Annoy's own default (``n_trees * n``).
 #: On the clustered 10,000-vector test set (64-d, 50 trees) Annoy's default gave
@@ -95,6 +108,81 @@ def _write_json(path: Path, obj: Any) -> None:
         fh.write("\n")
         fh.flush()
         os.fsync(fh.fileno())
+
+
+def _write_bytes(path: Path, data: bytes) -> None:
+    with open(path, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def _sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _verify(data_digest: str, path: Path, checksums: dict[str, str]) -> None:
+    expected = checksums.get(path.name)
+    if expected is None:
+        raise ThesaurusFormatError(f"{path.parent / METADATA_FILE}: no checksum for {path.name}")
+    if data_digest != expected:
+        raise ThesaurusCorruptError(f"{path}: checksum mismatch (the file is damaged or was changed)")
+
+
+def _verify_fd(fd: int, path: Path, checksums: dict[str, str]) -> None:
+    """Check the checksum of the open file ``fd`` (read through a duplicate, so ``fd``'s
+    own position is untouched)."""
+    digest = hashlib.sha256()
+    with os.fdopen(os.dup(fd), "rb") as fh:
+        fh.seek(0)
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    _verify(digest.hexdigest(), path, checksums)
+
+
+class ThesaurusCorruptError(ThesaurusFormatError):
+    """A thesaurus file does not match the checksum written with it."""
+
+
+class ThesaurusOverwriteError(ThesaurusFormatError):
+    """A thesaurus would replace something that is not a thesaurus of ours (or without --force)."""
+
+
+def is_our_thesaurus(directory: Path) -> bool:
+    """Whether ``directory`` holds a thesaurus written by this project (its metadata says so)."""
+    try:
+        with open(directory / METADATA_FILE, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and str(data.get("format", "")).startswith("reval-thesaurus/")
+
+
+def check_writable_thesaurus_dir(target: Path, *, replace: bool) -> None:
+    """Refuse to write a thesaurus over anything but nothing, an empty directory, or --
+    with ``replace`` -- a thesaurus of ours."""
+    if not target.exists() and not target.is_symlink():
+        return
+    if not target.is_dir() or target.is_symlink():
+        raise ThesaurusOverwriteError(f"{target} exists and is not a directory: refusing to replace it")
+    if not any(target.iterdir()):
+        return
+    if not is_our_thesaurus(target):
+        raise ThesaurusOverwriteError(
+            f"{target} is not empty and holds no thesaurus of ours: refusing to write there "
+            "(choose a new directory)"
+        )
+    foreign = sorted(p.name for p in target.iterdir() if p.name not in THESAURUS_FILES)
+    if foreign:
+        raise ThesaurusOverwriteError(
+            f"{target} holds a thesaurus and other files ({', '.join(foreign[:3])}): refusing to replace it"
+        )
+    if not replace:
+        raise ThesaurusOverwriteError(f"{target} already holds a thesaurus: pass --force to replace it")
 
 
 def _remove_tree(path: Path) -> None:
@@ -200,6 +288,13 @@ class _DirectoryReader:
             return os.open(self.directory / name, os.O_RDONLY)
         return os.open(name, os.O_RDONLY, dir_fd=self._fd)
 
+    def read_verified(self, name: str, checksums: dict[str, str]) -> bytes:
+        """The whole file, after checking it against its checksum."""
+        with os.fdopen(self.open_fd(name), "rb") as fh:
+            data = fh.read()
+        _verify(hashlib.sha256(data).hexdigest(), self.directory / name, checksums)
+        return data
+
     def read_json(self, name: str) -> Any:
         path = self.directory / name
         try:
@@ -220,12 +315,21 @@ class _DirectoryReader:
 
 
 class AnnoyThesaurus(BaseThesaurus):
-    """Approximate nearest hashtags from an Annoy ``angular`` index.
+    """A thesaurus directory: the neighbour table, and the Annoy index behind it.
+
+    The table (:class:`stream.thesaurus.NeighbourTable`) holds every hashtag's
+    ``depth`` nearest hashtags, ranked by the build's hubness method; scorers need
+    nothing else.  The Annoy index (``angular``, over the unit -- and for ``center``
+    methods centred -- hashtag vectors) supplied the table's candidates on large
+    vocabularies and answers queries deeper than the table (``reval synonyms -k
+    200``), re-ranked the same way.  Files: ``index.ann``, ``hashtags.json``,
+    ``table.npz``, ``metadata.json`` (with a SHA-256 of each of the others,
+    checked on load: a damaged file is refused before Annoy's native code sees it).
 
     >>> import numpy as np, tempfile
     >>> names = ["swim", "dive", "sport", "golf"]
     >>> vectors = np.array([[1.0, 0.1, 0.0], [0.9, 0.3, 0.0], [0.6, 0.8, 0.0], [0.0, 1.0, 0.2]])
-    >>> th = AnnoyThesaurus.build(names, vectors, n_trees=10, model_id="demo")
+    >>> th = AnnoyThesaurus.build(names, vectors, n_trees=10, model_id="demo", method="raw", depth=2)
     >>> th.synonyms("swim", 2)
     ['swim', 'dive', 'sport']
     >>> th.synonyms("golf", 0), th.synonyms("unknown", 3)
@@ -234,30 +338,19 @@ class AnnoyThesaurus(BaseThesaurus):
     [('dive', 0.025)]
     >>> with tempfile.TemporaryDirectory() as tmp:
     ...     _ = th.save(f"{tmp}/th")
-    ...     AnnoyThesaurus.load(f"{tmp}/th").neighbours("swim", 3)
+    ...     AnnoyThesaurus.load(f"{tmp}/th").neighbours("swim", 3)  # deeper than the table: Annoy
     ['dive', 'sport', 'golf']
     """
 
     METRIC: Literal["angular"] = "angular"
 
     def __init__(
-        self,
-        index: AnnoyIndex,
-        hashtags: Sequence[str],
-        metadata: ThesaurusMetadata,
-        *,
-        search_k: int | None = None,
+        self, table: NeighbourTable, index: AnnoyIndex | None, *, search_k: int | None = None
     ) -> None:
-        if index.get_n_items() != len(hashtags):
-            raise ThesaurusFormatError(
-                f"index has {index.get_n_items()} items but {len(hashtags)} hashtags"
-            )
+        if index is not None and index.get_n_items() != len(table):
+            raise ThesaurusFormatError(f"index has {index.get_n_items()} items but {len(table)} hashtags")
+        self.table = table
         self._index = index
-        self._names: tuple[str, ...] = tuple(hashtags)
-        self._ids = {name: i for i, name in enumerate(self._names)}
-        if len(self._ids) != len(self._names):
-            raise ThesaurusFormatError("hashtag list contains duplicates")
-        self._metadata = metadata
         #: Nodes Annoy inspects a query; ``None`` means ``DEFAULT_SEARCH_K_FACTOR``
         #: times Annoy's own default.  Higher: better recall, slower queries.
         self.search_k = search_k
@@ -271,6 +364,9 @@ class AnnoyThesaurus(BaseThesaurus):
         counts: Sequence[int] | None = None,
         min_count: int = 1,
         model_id: str = "",
+        method: str = DEFAULT_METHOD,
+        depth: int = DEFAULT_DEPTH,
+        candidates: Literal["auto", "exact", "annoy"] = "auto",
         version: str | None = None,
         n_trees: int = 50,
         max_distance: float | None = None,
@@ -278,45 +374,63 @@ class AnnoyThesaurus(BaseThesaurus):
         search_k: int | None = None,
         n_jobs: int = 1,
     ) -> AnnoyThesaurus:
-        """Index ``vectors[i]`` as hashtag ``names[i]``.
+        """Index ``vectors[i]`` as hashtag ``names[i]`` and rank every hashtag's ``depth``
+        nearest by ``method`` (:mod:`stream.hubness`).
 
-        Hashtags with ``counts[i] < min_count`` are left out (minimum support).
-        ``version`` defaults to a hash of the content and parameters, so the same
-        data gives the same version.  ``n_jobs=1`` keeps the build reproducible for
-        a given ``seed``; more threads build faster.
+        Hashtags with ``counts[i] < min_count`` are left out (minimum support); the counts
+        (all 1 when not given) are the popularity the chance correction weighs by.
+        ``candidates``: where the re-ranking's cosine candidates come from -- ``exact``
+        (numpy), ``annoy`` (the index), or ``auto`` (exact up to
+        :data:`EXACT_CANDIDATES_UP_TO` hashtags).  ``version`` defaults to a hash of the
+        content and parameters, so the same data gives the same version.  ``n_jobs=1``
+        keeps the build reproducible for a given ``seed``; more threads build faster.
         """
         if n_trees < 1:
             raise ValueError(f"n_trees must be at least 1, got {n_trees}")
-        max_distance = check_max_distance(max_distance)
-        kept, unit = unit_rows(names, vectors, counts, min_count)
-        dimension = int(unit.shape[1])
-        index = AnnoyIndex(dimension, cls.METRIC)
-        index.set_seed(seed)
-        for i, row in enumerate(unit):
-            index.add_item(i, row.tolist())
-        index.build(n_trees, n_jobs=n_jobs)
-        if version is None:
-            params = {"metric": cls.METRIC, "n_trees": n_trees, "seed": seed,
-                      "min_count": min_count, "max_distance": max_distance, "model_id": model_id}
-            version = content_version(kept, unit, params)
-        metadata = ThesaurusMetadata(
+        built: list[AnnoyIndex] = []
+
+        def index_of(space: npt.NDArray[np.float32]) -> AnnoyIndex:
+            index = AnnoyIndex(space.shape[1], cls.METRIC)
+            index.set_seed(seed)
+            for i, row in enumerate(space):
+                index.add_item(i, row.tolist())
+            index.build(n_trees, n_jobs=n_jobs)
+            built.append(index)
+            return index
+
+        def find(
+            space: npt.NDArray[np.float32], c: int
+        ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
+            k = search_k or DEFAULT_SEARCH_K_FACTOR * n_trees * (c + 1)
+            return _annoy_candidates(index_of(space), space, c, k)
+
+        use_exact = candidates == "exact" or (candidates == "auto" and len(names) <= EXACT_CANDIDATES_UP_TO)
+        table = build_neighbour_table(
+            names,
+            vectors,
+            counts,
+            depth=depth,
+            method=method,
+            candidates=None if use_exact else find,
+            max_distance=max_distance,
+            min_count=min_count,
             model_id=model_id,
-            dimension=dimension,
-            count=len(kept),
-            built_at=utc_now(),
-            version=version,
             n_trees=n_trees,
             metric=cls.METRIC,
-            min_count=min_count,
-            max_distance=max_distance,
+            version=version,
+            seed=seed,
         )
-        return cls(index, kept, metadata, search_k=search_k)
+        if not built:  # exact ranking: the index is for deeper queries
+            unit = _unit(table.hashtags, names, vectors)
+            index_of(centred(unit) if method.startswith("center") and len(unit) else unit)
+        return cls(table, built[0], search_k=search_k)
 
     @classmethod
     def load(
-        cls, directory: str | Path, *, search_k: int | None = None, prefault: bool = False
+        cls, directory: str | Path, *, search_k: int | None = None, index: bool = True, prefault: bool = False
     ) -> AnnoyThesaurus:
-        """Open a saved thesaurus; the index is memory-mapped, not read into memory."""
+        """Open a saved thesaurus after checking every file's checksum; the index (skipped
+        with ``index=False``, as scorers do) is memory-mapped, not read into memory."""
         directory = Path(directory)
         try:
             # One stat, not exists() then is_dir(): a save in between must not
@@ -328,9 +442,9 @@ class AnnoyThesaurus(BaseThesaurus):
             raise ThesaurusFormatError(f"{directory} is not a directory")
         for _ in range(_LOAD_ATTEMPTS - 1):
             with contextlib.suppress(_ReplacedWhileLoading):
-                return cls._load_once(directory, search_k=search_k, prefault=prefault)
+                return cls._load_once(directory, search_k=search_k, index=index, prefault=prefault)
         try:
-            return cls._load_once(directory, search_k=search_k, prefault=prefault)
+            return cls._load_once(directory, search_k=search_k, index=index, prefault=prefault)
         except _ReplacedWhileLoading as exc:
             if exc.__cause__ is None:  # pragma: no cover - always raised "from" an error
                 raise
@@ -338,11 +452,11 @@ class AnnoyThesaurus(BaseThesaurus):
 
     @classmethod
     def _load_once(
-        cls, directory: Path, *, search_k: int | None, prefault: bool
+        cls, directory: Path, *, search_k: int | None, index: bool, prefault: bool
     ) -> AnnoyThesaurus:
         with _DirectoryReader(directory) as reader:
             try:
-                loaded = cls._read(reader, search_k=search_k, prefault=prefault)
+                loaded = cls._read(reader, search_k=search_k, index=index, prefault=prefault)
             except (OSError, ThesaurusFormatError) as exc:
                 # A save swapped the directory (and is deleting the old one) while
                 # we read it: what we saw was not a broken thesaurus, so try again.
@@ -358,119 +472,238 @@ class AnnoyThesaurus(BaseThesaurus):
 
     @classmethod
     def _read(
-        cls, reader: _DirectoryReader, *, search_k: int | None, prefault: bool
+        cls, reader: _DirectoryReader, *, search_k: int | None, index: bool, prefault: bool
     ) -> AnnoyThesaurus:
         directory = reader.directory
-        missing = [name for name in _THESAURUS_FILES if not reader.is_file(name)]
-        if missing:
-            raise ThesaurusFormatError(
-                f"{directory} is not a thesaurus directory: missing {', '.join(missing)}"
-            )
+        if not reader.is_file(METADATA_FILE):
+            raise ThesaurusFormatError(f"{directory} is not a thesaurus directory: missing {METADATA_FILE}")
         metadata = ThesaurusMetadata.from_dict(reader.read_json(METADATA_FILE))
         if metadata.metric != cls.METRIC:
             raise ThesaurusFormatError(
                 f"{directory / METADATA_FILE}: metric {metadata.metric!r}, expected {cls.METRIC!r}"
             )
-        hashtags = reader.read_json(HASHTAGS_FILE)
+        if not metadata.checksums or not reader.is_file(TABLE_FILE):
+            raise ThesaurusFormatError(
+                f"{directory} was built by an older reval-stream (no {TABLE_FILE} or checksums): rebuild it"
+            )
+        missing = [name for name in THESAURUS_FILES if not reader.is_file(name)]
+        if missing:
+            raise ThesaurusFormatError(
+                f"{directory} is not a thesaurus directory: missing {', '.join(missing)}"
+            )
+        hashtags = json.loads(reader.read_verified(HASHTAGS_FILE, metadata.checksums))
         if not isinstance(hashtags, list) or not all(isinstance(h, str) for h in hashtags):
             raise ThesaurusFormatError(f"{directory / HASHTAGS_FILE}: expected a list of strings")
         if len(hashtags) != metadata.count:
             raise ThesaurusFormatError(
                 f"{directory}: {len(hashtags)} hashtags but metadata says {metadata.count}"
             )
-        index = AnnoyIndex(metadata.dimension, cls.METRIC)
-        fd = reader.open_fd(INDEX_FILE)
+        table_bytes = reader.read_verified(TABLE_FILE, metadata.checksums)
         try:
-            index.load(reader.path_of_fd(INDEX_FILE, fd), prefault=prefault)
-        except OSError as exc:
-            raise ThesaurusFormatError(f"{directory / INDEX_FILE}: cannot load ({exc})") from exc
-        finally:
-            os.close(fd)  # the memory map outlives the descriptor
+            with np.load(io.BytesIO(table_bytes), allow_pickle=False) as npz:
+                arrays = {name: npz[name] for name in npz.files}
+            stats = {
+                name: arrays[name] for name in arrays if name not in ("neighbours", "distances", "counts")
+            }
+            table = NeighbourTable(
+                hashtags, arrays["neighbours"], arrays["distances"], arrays["counts"], metadata, stats
+            )
+        except ThesaurusFormatError:
+            raise
+        except (KeyError, ValueError, OSError) as exc:
+            raise ThesaurusFormatError(f"{directory / TABLE_FILE}: not a neighbour table ({exc})") from exc
+        annoy = None
+        if index:
+            annoy = AnnoyIndex(metadata.dimension, cls.METRIC)
+            fd = reader.open_fd(INDEX_FILE)
+            try:
+                _verify_fd(fd, directory / INDEX_FILE, metadata.checksums)
+                annoy.load(reader.path_of_fd(INDEX_FILE, fd), prefault=prefault)
+            except OSError as exc:
+                raise ThesaurusFormatError(f"{directory / INDEX_FILE}: cannot load ({exc})") from exc
+            finally:
+                os.close(fd)  # the memory map outlives the descriptor
         try:
-            return cls(index, hashtags, metadata, search_k=search_k)
+            return cls(table, annoy, search_k=search_k)
         except ThesaurusFormatError as exc:
             raise ThesaurusFormatError(f"{directory}: {exc}") from exc
 
-    def save(self, directory: str | Path) -> Path:
-        """Write the thesaurus to ``directory`` atomically, replacing any existing one.
+    def save(self, directory: str | Path, *, replace: bool = False) -> Path:
+        """Write the thesaurus to ``directory`` atomically.
 
-        Everything is written into a temporary directory beside the target (same
-        file system) and renamed into place, so a reader never sees a partial
-        thesaurus.  Note: Annoy re-opens its index from the file it saved, so this
-        object then memory-maps ``directory/index.ann``.
+        ``directory`` must not exist, be empty, or -- with ``replace`` -- hold a thesaurus
+        written by this project (never anything else: :class:`ThesaurusOverwriteError`).
+        Everything is written into a temporary directory beside the target (same file
+        system) and renamed into place, so a reader never sees a partial thesaurus.
+        Note: Annoy re-opens its index from the file it saved, so this object then
+        memory-maps ``directory/index.ann``.
         """
         target = Path(directory)
+        check_writable_thesaurus_dir(target, replace=replace)
+        if self._index is None:
+            raise ValueError("a thesaurus loaded without its index cannot be saved")
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
         try:
             index_path = tmp / INDEX_FILE
             if not self._index.save(str(index_path)):
                 raise OSError(f"Annoy could not save {index_path}")
+            _write_json(tmp / HASHTAGS_FILE, list(self.table.hashtags))
+            buffer = io.BytesIO()
+            arrays: dict[str, Any] = {
+                "neighbours": self.table.neighbour_ids,
+                "distances": self.table.distances,
+                "counts": self.table.counts,
+                **self.table.stats,
+            }
+            np.savez(buffer, **arrays)
+            _write_bytes(tmp / TABLE_FILE, buffer.getvalue())
+            checksums = {name: _sha256_file(tmp / name) for name in (INDEX_FILE, HASHTAGS_FILE, TABLE_FILE)}
+            metadata = dataclasses.replace(self.table.metadata, checksums=checksums)
+            _write_json(tmp / METADATA_FILE, metadata.to_dict())
             _fsync_path(index_path)
-            _write_json(tmp / HASHTAGS_FILE, list(self._names))
-            _write_json(tmp / METADATA_FILE, self._metadata.to_dict())
             _fsync_path(tmp)
             _publish_directory(tmp, target)
         except BaseException:
             _remove_tree(tmp)
             raise
+        self.table = NeighbourTable(
+            self.table.hashtags,
+            self.table.neighbour_ids,
+            self.table.distances,
+            self.table.counts,
+            metadata,
+            self.table.stats,
+        )
         return target
 
     @property
     def metadata(self) -> ThesaurusMetadata:
-        return self._metadata
+        return self.table.metadata
 
     @property
     def hashtags(self) -> tuple[str, ...]:
         """All hashtags, in id order."""
-        return self._names
+        return self.table.hashtags
+
+    @property
+    def depth(self) -> int:
+        return self.table.depth
 
     def effective_search_k(self, k: int) -> int:
         """The ``search_k`` a query for ``k`` neighbours (``k + 1`` items) uses."""
         if self.search_k is not None:
             return self.search_k
-        return DEFAULT_SEARCH_K_FACTOR * max(self._metadata.n_trees, 1) * (k + 1)
+        return DEFAULT_SEARCH_K_FACTOR * max(self.table.metadata.n_trees, 1) * (k + 1)
 
     def neighbours_with_distances(
         self, hashtag: str, k: int, *, search_k: int | None = None
     ) -> list[tuple[str, float]]:
-        """Up to ``k`` nearest other hashtags with their cosine distances, nearest first.
-
-        Equal distances are ordered by name, as in :class:`ExactThesaurus`.
-        """
+        """Up to ``k`` nearest other hashtags with their cosine distances, nearest first:
+        from the table up to its depth, beyond it from Annoy, re-ranked the same way."""
         check_k(k)
-        item = self._ids.get(hashtag)
-        if item is None or k == 0:
+        if k <= self.table.depth or len(self.table) - 1 <= self.table.depth:
+            return self.table.neighbours_with_distances(hashtag, min(k, max(self.table.depth, 0)))
+        item = self.table.index_of(hashtag)
+        if item is None:
             return []
+        if self._index is None:
+            raise ValueError(f"this thesaurus was loaded without its index: at most k={self.table.depth}")
+        return self._deep_query(item, k, search_k)
+
+    def _deep_query(self, item: int, k: int, search_k: int | None) -> list[tuple[str, float]]:
+        assert self._index is not None
+        method = self.table.metadata.hubness_method
+        want = candidate_count(k, method)
         ids, dists = self._index.get_nns_by_item(
             item,
-            k + 1,
-            search_k=self.effective_search_k(k) if search_k is None else search_k,
+            want + 1,
+            search_k=self.effective_search_k(want) if search_k is None else search_k,
             include_distances=True,
         )
-        # h is normally its own nearest, but an identical vector or an approximate
-        # search can put it elsewhere or leave it out: drop it wherever it is and
-        # still keep k others.
-        found = sorted(
-            (angular_to_cosine(d), self._names[i]) for i, d in zip(ids, dists, strict=True)
-            if i != item
-        )[:k]
-        limit = self._metadata.max_distance
-        return [(name, d) for d, name in found if limit is None or d <= limit]
+        pairs = [(i, 1.0 - angular_to_cosine(d)) for i, d in zip(ids, dists, strict=True) if i != item][:want]
+        cand = np.array([[i for i, _ in pairs]], dtype=np.int64)
+        sims = np.array([[c for _, c in pairs]], dtype=np.float32)
+        ranked = scores(method, np.array([item]), cand, sims, self.table.stats)[0]
+        names = self.table.hashtags
+        order = sorted(range(len(pairs)), key=lambda j: (-ranked[j], names[pairs[j][0]]))[:k]
+        own = np.asarray(self._index.get_item_vector(item))
+        # The distance reported is the cosine distance of the embeddings (as in the table);
+        # for centred methods Annoy's own distance is in the centred space.
+        found = []
+        for j in order:
+            other = pairs[j][0]
+            found.append((names[other], self._embedding_distance(item, other, own)))
+        limit = self.table.metadata.max_distance
+        out = []
+        for name, d in found:
+            if limit is not None and d > limit:
+                break
+            out.append((name, d))
+        return out
+
+    def _embedding_distance(self, item: int, other: int, own: npt.NDArray[np.float64]) -> float:
+        row = self.table.neighbour_ids[item]
+        hit = np.flatnonzero(row == other)
+        if hit.size:
+            return float(self.table.distances[item, hit[0]])
+        assert self._index is not None
+        vec = np.asarray(self._index.get_item_vector(other))
+        cos = float(own @ vec / (np.linalg.norm(own) * np.linalg.norm(vec) or 1.0))
+        return min(max(1.0 - cos, 0.0), 2.0)
 
     def neighbours(self, hashtag: str, k: int) -> list[str]:
         return [name for name, _ in self.neighbours_with_distances(hashtag, k)]
 
     def close(self) -> None:
-        """Release the memory map; the thesaurus is unusable afterwards."""
-        self._index.unload()
+        """Release the memory map; the index is unusable afterwards."""
+        if self._index is not None:
+            self._index.unload()
 
     def __contains__(self, hashtag: object) -> bool:
-        return hashtag in self._ids
+        return hashtag in self.table
 
     def __len__(self) -> int:
-        return len(self._names)
+        return len(self.table)
 
+
+def _unit(kept: Sequence[str], names: Sequence[str], vectors: npt.ArrayLike) -> npt.NDArray[np.float32]:
+    """The unit vectors of the ``kept`` hashtags, in that order."""
+    row_of = {name: i for i, name in enumerate(names)}
+    matrix = np.asarray(vectors, dtype=np.float64)
+    rows = matrix[[row_of[name] for name in kept]] if kept else np.zeros((0, matrix.shape[1]))
+    norms = np.linalg.norm(rows, axis=1, keepdims=True)
+    return np.divide(rows, norms, out=np.zeros_like(rows), where=norms > 0).astype(np.float32)
+
+
+def _annoy_candidates(
+    index: AnnoyIndex, space: npt.NDArray[np.float32], c: int, search_k: int
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
+    """Each item's ``c`` nearest others from the Annoy index, with exact cosines, sorted."""
+    n = space.shape[0]
+    ids = np.full((n, c), -1, dtype=np.int64)
+    sims = np.full((n, c), -np.inf, dtype=np.float32)
+    for i in range(n):
+        found = [j for j in index.get_nns_by_item(i, c + 1, search_k=search_k) if j != i][:c]
+        if not found:
+            continue
+        row = np.asarray(found, dtype=np.int64)
+        cos = space[row] @ space[i]
+        order = np.lexsort((row, -cos))
+        ids[i, : len(row)] = row[order]
+        sims[i, : len(row)] = cos[order]
+    return ids, sims
+
+
+def neighbour_cache(thesaurus: Thesaurus, max_k: int) -> NeighbourCache:
+    """The scorer's view of a thesaurus: synonym ranks up to ``max_k``, and the null model
+    for the chance-corrected score when the thesaurus has a neighbour table (JSON
+    thesauri have no popularity to weigh by, so they have none)."""
+    table = thesaurus.table if isinstance(thesaurus, AnnoyThesaurus) else thesaurus
+    if isinstance(table, NeighbourTable) and max_k > table.depth and table.depth < len(table) - 1:
+        raise ValueError(f"the thesaurus holds {table.depth} neighbours per hashtag; k={max_k} is more")
+    chance = ChanceModel(table) if isinstance(table, NeighbourTable) else None
+    return NeighbourCache(thesaurus, max_k=max_k, chance=chance)
 
 
 def build_from_means(
@@ -478,6 +711,8 @@ def build_from_means(
     *,
     min_count: int = 1,
     model_id: str = "",
+    method: str = DEFAULT_METHOD,
+    depth: int = DEFAULT_DEPTH,
     n_trees: int = 50,
     seed: int = 42,
 ) -> AnnoyThesaurus | None:
@@ -487,7 +722,15 @@ def build_from_means(
     if not names:
         return None
     return AnnoyThesaurus.build(
-        names, vectors, counts=counts, min_count=min_count, model_id=model_id, n_trees=n_trees, seed=seed
+        names,
+        vectors,
+        counts=counts,
+        min_count=min_count,
+        model_id=model_id,
+        method=method,
+        depth=depth,
+        n_trees=n_trees,
+        seed=seed,
     )
 
 
@@ -520,7 +763,7 @@ def load_thesaurus(path: str | Path) -> Thesaurus:
     if not path.exists():
         raise FileNotFoundError(f"thesaurus path {path} does not exist")
     if path.is_dir():
-        if not (path / INDEX_FILE).exists() and (path / _CURRENT_FILE).is_file():
+        if not (path / METADATA_FILE).exists() and (path / _CURRENT_FILE).is_file():
             loaded = ThesaurusStore(path).load_current()
             if loaded is None:
                 raise ThesaurusFormatError(f"thesaurus store {path} has no current version")
@@ -529,8 +772,7 @@ def load_thesaurus(path: str | Path) -> Thesaurus:
     if path.suffix.lower() == ".json":
         return read_json_thesaurus(path)
     raise ThesaurusFormatError(
-        f"{path} is neither a thesaurus directory ({', '.join(_THESAURUS_FILES)}) "
-        "nor a .json thesaurus file"
+        f"{path} is neither a thesaurus directory ({', '.join(THESAURUS_FILES)}) nor a .json thesaurus file"
     )
 
 
@@ -601,6 +843,8 @@ class ThesaurusStore:
                 number += 1
         try:
             thesaurus.save(self.root / name)
+            # Never publish a version we cannot read back: checksums, index and table.
+            AnnoyThesaurus.load(self.root / name).close()
         except BaseException:
             _remove_tree(self.root / name)
             raise
@@ -643,9 +887,7 @@ class ThesaurusStore:
     def _remove_stale(self) -> None:
         cutoff = time.time() - _STALE_SECONDS
         for entry in self.root.iterdir():
-            if not entry.name.startswith(".") or not (
-                ".tmp-" in entry.name or ".trash-" in entry.name
-            ):
+            if not entry.name.startswith(".") or not (".tmp-" in entry.name or ".trash-" in entry.name):
                 continue
             try:
                 if entry.lstat().st_mtime >= cutoff:
@@ -657,19 +899,20 @@ class ThesaurusStore:
             except FileNotFoundError:
                 continue
 
-    def load(self, version: str, *, search_k: int | None = None) -> AnnoyThesaurus:
+    def load(self, version: str, *, search_k: int | None = None, index: bool = True) -> AnnoyThesaurus:
+        """One version (``index=False``: the neighbour table only, as scorers need)."""
         if not _VERSION_RE.fullmatch(version):
             raise ValueError(f"not a version name: {version!r}")
-        return AnnoyThesaurus.load(self.root / version, search_k=search_k)
+        return AnnoyThesaurus.load(self.root / version, search_k=search_k, index=index)
 
-    def load_current(self, *, search_k: int | None = None) -> AnnoyThesaurus | None:
+    def load_current(self, *, search_k: int | None = None, index: bool = True) -> AnnoyThesaurus | None:
         """The current version, or ``None`` before the first publish."""
         for _ in range(5):
             version = self.current_version()
             if version is None:
                 return None
             try:
-                return self.load(version, search_k=search_k)
+                return self.load(version, search_k=search_k, index=index)
             except (FileNotFoundError, ThesaurusFormatError):
                 # Pruned between reading CURRENT and opening it: a newer version is
                 # current by now, so try again; if CURRENT is unchanged it is a real error.

@@ -14,9 +14,9 @@ from rich.table import Table
 
 from stream.hashtags import normalise_hashtag
 from stream.records import ErrorLog, RecordError, parse_recommendation
-from stream.scoring import ALL, NeighbourCache, Summary, parse_ints, r_label, score_event
+from stream.scoring import ALL, Summary, parse_ints, r_label, score_event
 from workers.adapters.feeds import read_file
-from workers.adapters.store import load_thesaurus
+from workers.adapters.store import load_thesaurus, neighbour_cache
 
 app = typer.Typer(  # the console script ``reval``
     help="#REval: semantic evaluation of hashtag recommenders on tweet feeds.",
@@ -166,7 +166,10 @@ def score(
     if not recs.exists():
         raise fail(f"recommendations file not found: {recs}")
     index = _load(thesaurus)
-    cache = NeighbourCache(index, max_k=max(k_values))
+    try:
+        cache = neighbour_cache(index, max(k_values))
+    except ValueError as exc:
+        raise fail(str(exc)) from None
     summary, errors = Summary(), ErrorLog()
     sink = events_out.open("w", encoding="utf-8") if events_out else None
     try:
@@ -409,7 +412,7 @@ def replay_feeds(
 @app.command("recommend")
 def recommend_cmd(
     method: Annotated[
-        str, typer.Option("--method", "-m", help="mowe | popular | popular-users | least-popular")
+        str, typer.Option("--method", "-m", help="mowe | popular | popular-users | least-popular | random")
     ],
     train: Annotated[list[Path], typer.Option("--train", help="Training feed (repeatable)")],
     feed: Annotated[list[Path], typer.Option("--feed", help="Feed to recommend for (repeatable)")],
@@ -429,7 +432,7 @@ def recommend_cmd(
     recommender_name: Annotated[
         str | None, typer.Option("--recommender-name", help="The events' recommender field")
     ] = None,
-    seed: Annotated[int, typer.Option(help="Seed of mowe's Word2Vec")] = 0,
+    seed: Annotated[int, typer.Option(help="Seed of mowe's Word2Vec and of random's draws")] = 0,
     threshold: Annotated[
         float, typer.Option(help="mowe: cosine for a similar training tweet (paper: 0.5)")
     ] = 0.5,
@@ -460,7 +463,7 @@ def recommend_cmd(
             raise fail(f"feed file not found: {path}")
     try:
         recommender = rec.make_recommender(
-            method, name=recommender_name, threshold=threshold, trainer=trainer(seed=seed)
+            method, name=recommender_name, threshold=threshold, trainer=trainer(seed=seed), seed=seed
         )
     except ValueError as exc:
         raise fail(str(exc)) from None

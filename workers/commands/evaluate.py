@@ -54,10 +54,10 @@ from stream.experiment import (
 )
 from stream.recommenders import MoweRecommender, mean_vectors, recommendation_event
 from stream.records import Recommendation
-from stream.scoring import NeighbourCache, Summary, r_label, score_event
+from stream.scoring import Summary, r_label, score_event
 from workers.adapters.encoder import Encoder
 from workers.adapters.feeds import read_tweets
-from workers.adapters.store import AnnoyThesaurus, build_from_means
+from workers.adapters.store import AnnoyThesaurus, build_from_means, neighbour_cache
 from workers.adapters.word_vectors import train_word_vectors
 
 
@@ -235,7 +235,7 @@ def run_experiment(
             for p, recs in zip(test, recommended, strict=True)
         ]
         for variant, thesaurus in thesauri.items():
-            cache = NeighbourCache(thesaurus, max_k=max(ks))
+            cache = neighbour_cache(thesaurus, max(ks))
             summary = Summary()
             advance = progress(f"scoring ({variant})", len(parsed))
             for event in parsed:

@@ -19,7 +19,7 @@ from stream.thesaurus import JsonThesaurus
 from workers.adapters.exporter import Exporter, LabelGuard, QualityMetrics
 from workers.adapters.redis_client import with_retry
 from workers.adapters.redis_state import RedisJoin
-from workers.adapters.store import ThesaurusStore, version_number
+from workers.adapters.store import ThesaurusStore, neighbour_cache, version_number
 from workers.service.records import Record, dead_letter, parse_or_reject
 from workers.service.runtime import Runtime, Topics, record_of
 from workers.settings import Settings, window_label
@@ -62,8 +62,8 @@ class Scorer:
         current = self.store.current_version()
         if current is None or current == self.index_version:
             return False
-        thesaurus = self.store.load(current)
-        self.cache = NeighbourCache(thesaurus, max_k=max(self.ks))
+        thesaurus = self.store.load(current, index=False)  # the neighbour table is all it needs
+        self.cache = neighbour_cache(thesaurus, max(self.ks))
         self.index_version = current
         self.x.thesaurus_loaded.set(version_number(current))
         log.info("scoring with thesaurus %s (%d hashtags)", current, len(thesaurus))

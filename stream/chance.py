@@ -1,0 +1,147 @@
+"""Chance-corrected #REval: how much better than a popularity-weighted random recommender.
+
+With k synonyms per recommended hashtag, even random recommendations hit: Syn_k(R)
+covers |R| (k + 1) hashtags, and more of them when the thesaurus has hubs.  The
+corrected score compares an event's #REval-hit-ratio with what a *null recommender*
+would expect for the same event::
+
+    corrected = (observed - expected) / (1 - expected)       (Cohen's kappa form)
+
+The null draws the same number m = |R| of distinct hashtags from the thesaurus
+vocabulary, successively and each with probability proportional to its training
+popularity (the tweets its mean averages), given the same ground truth G and k.
+1 means a perfect score, 0 chance level, < 0 worse than chance.  When the expected
+value is 1 no recommender can beat chance: corrected = observed - 1 (0 for a hit).
+
+The expectation is analytic, from per-version statistics, so scoring needs no
+sampling.  With B_k = {h : Syn_k(h) ∩ G ≠ ∅} and A_g(k) = {h : g ∈ Syn_k(h)}:
+
+* |R| <= |G|: E[rho] / m = sum over h in B_k of P(h in R) / m;
+* |R| > |G|:  E[rho] / |G| = mean over g in G of P(R ∩ A_g(k) ≠ ∅).
+
+Successive sampling without replacement has no closed form for these
+probabilities; we use the standard approximation that replaces the mass already
+drawn before draw t by its expectation s_t (computed once per version):
+P(R ∩ A = ∅) ≈ prod_{t<m} (1 - w(A) / (W - s_t)).  Checked against simulation in
+``tests/test_chance.py`` (within 0.01; the bias grows with the set A and m).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from stream.thesaurus import NeighbourTable
+
+
+def corrected(observed: float, expected: float) -> float:
+    """``(observed - expected) / (1 - expected)``; ``observed - 1`` when expected is 1.
+
+    >>> round(corrected(0.5, 0.2), 6), corrected(0.2, 0.2), corrected(1.0, 1.0)
+    (0.375, 0.0, 0.0)
+    """
+    if expected >= 1.0:
+        return observed - 1.0
+    return (observed - expected) / (1.0 - expected)
+
+
+class ChanceModel:
+    """The null recommender's expected #REval-hit-ratio for a thesaurus version.
+
+    Built once per version from its neighbour table (neighbour ranks and the hashtags'
+    popularity); :meth:`expected` then costs a few array reads per ground-truth
+    hashtag (cached for repeated ground truths).
+
+    >>> import numpy as np
+    >>> from stream.thesaurus import build_neighbour_table
+    >>> unit = np.array([[1.0, 0.0], [0.9, 0.1], [0.0, 1.0], [0.1, 0.9]])
+    >>> table = build_neighbour_table(["a", "b", "c", "d"], unit, [1, 1, 1, 1], depth=1, method="raw")
+    >>> model = ChanceModel(table)
+    >>> [round(x, 4) for x in model.expected(1, ["a"], [0, 1])]  # P(draw a), P(draw a or b)
+    [0.25, 0.5]
+    """
+
+    def __init__(self, table: NeighbourTable, *, cache: int = 50_000) -> None:
+        self.depth = table.depth
+        self._ids = {name: i for i, name in enumerate(table.hashtags)}
+        weights = table.counts.astype(np.float64)
+        if weights.size and weights.sum() <= 0:
+            weights = np.ones_like(weights)
+        self._w = weights / weights.sum() if weights.size else weights
+        # Reverse index: for g, the (rank, h) with g among h's neighbours (and (0, g) itself),
+        # sorted by rank, with the cumulative weight of h along that order.
+        nb = table.neighbour_ids
+        n, depth = nb.shape
+        holders = np.repeat(np.arange(n, dtype=np.int64), depth)
+        ranks = np.tile(np.arange(1, depth + 1, dtype=np.int64), n)
+        targets = nb.ravel().astype(np.int64)
+        valid = targets >= 0
+        targets = np.concatenate([targets[valid], np.arange(n)])
+        holders = np.concatenate([holders[valid], np.arange(n)])
+        ranks = np.concatenate([ranks[valid], np.zeros(n, dtype=np.int64)])
+        order = np.lexsort((holders, ranks, targets))
+        self._rev_holders = holders[order]
+        self._rev_ranks = ranks[order]
+        self._starts = np.searchsorted(targets[order], np.arange(n + 1))
+        self._drawn: list[float] = [0.0]  # s_t: expected mass drawn before draw t
+        self._cache: OrderedDict[tuple[int, tuple[str, ...], tuple[int, ...]], list[float]] = OrderedDict()
+        self._cache_size = cache
+
+    def _schedule(self, m: int) -> npt.NDArray[np.float64]:
+        """1 / (1 - s_t) for t < m (the total weight is 1)."""
+        while len(self._drawn) < m:
+            t = len(self._drawn)
+            remaining = np.maximum(1.0 - np.asarray(self._drawn[:t]), 1e-12)
+            # P(h drawn in the first t draws) for every h, then the expected mass drawn.
+            not_drawn = np.prod(1.0 - np.minimum(self._w[:, None] / remaining[None, :], 1.0), axis=1)
+            self._drawn.append(float(np.sum(self._w * (1.0 - not_drawn))))
+        return 1.0 / np.maximum(1.0 - np.asarray(self._drawn[:m]), 1e-12)
+
+    def _untouched(self, mass: npt.NDArray[np.float64], m: int) -> npt.NDArray[np.float64]:
+        """P(no draw of m lands in a set of weight ``mass``), elementwise."""
+        scale = self._schedule(m)
+        return np.prod(np.clip(1.0 - mass[..., None] * scale, 0.0, 1.0), axis=-1)
+
+    def expected(self, m: int, truth: Sequence[str], ks: Sequence[int]) -> list[float]:
+        """Expected #REval-hit-ratio of the null recommender drawing ``m`` hashtags, for
+        ground truth ``truth`` (normalised, distinct), at each k of ``ks`` (k <= depth)."""
+        if m < 1 or not truth:
+            raise ValueError("the null recommender needs m >= 1 and a non-empty ground truth")
+        key = (m, tuple(truth), tuple(ks))
+        found = self._cache.get(key)
+        if found is not None:
+            self._cache.move_to_end(key)
+            return found
+        k_arr = np.asarray(ks, dtype=np.int64)
+        rows = [self._ids[g] for g in truth if g in self._ids]
+        if not rows:
+            result = [0.0] * len(ks)
+        elif m <= len(truth):
+            # Union over g of A_g(k): each holder's smallest rank, then P(h in R) summed.
+            holders = np.concatenate([self._rev_holders[self._starts[g] : self._starts[g + 1]] for g in rows])
+            ranks = np.concatenate([self._rev_ranks[self._starts[g] : self._starts[g + 1]] for g in rows])
+            order = np.lexsort((ranks, holders))
+            holders, ranks = holders[order], ranks[order]
+            first = np.ones(len(holders), dtype=bool)
+            first[1:] = holders[1:] != holders[:-1]
+            holders, ranks = holders[first], ranks[first]
+            inclusion = 1.0 - self._untouched(self._w[holders], m)
+            by_rank = np.argsort(ranks, kind="stable")
+            cumulative = np.concatenate([[0.0], np.cumsum(inclusion[by_rank])])
+            covered = np.searchsorted(ranks[by_rank], k_arr, side="right")
+            result = (cumulative[covered] / m).tolist()
+        else:
+            total = np.zeros(len(ks))
+            for g in rows:
+                lo, hi = self._starts[g], self._starts[g + 1]
+                cumulative = np.concatenate([[0.0], np.cumsum(self._w[self._rev_holders[lo:hi]])])
+                mass = cumulative[np.searchsorted(self._rev_ranks[lo:hi], k_arr, side="right")]
+                total += 1.0 - self._untouched(mass, m)
+            result = (total / len(truth)).tolist()
+        self._cache[key] = result
+        if len(self._cache) > self._cache_size:
+            self._cache.popitem(last=False)
+        return result

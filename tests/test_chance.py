@@ -1,0 +1,101 @@
+"""The chance-corrected #REval: the null model against simulation, and its properties."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from stream.chance import ChanceModel, corrected
+from stream.metrics import rank_matrix, reval_by_k
+from stream.records import Recommendation
+from stream.scoring import NeighbourCache, score_event
+from stream.thesaurus import NeighbourTable, build_neighbour_table
+
+KS = [0, 1, 5, 10, 20]
+
+
+@pytest.fixture(scope="module")
+def table() -> NeighbourTable:
+    rng = np.random.default_rng(7)
+    n = 300
+    counts = np.minimum(rng.zipf(1.7, size=n), 200)  # popularity as skewed as a real feed's
+    vectors = rng.standard_normal((n, 24)) + 0.5
+    return build_neighbour_table([f"h{i:03d}" for i in range(n)], vectors, counts, depth=20, method="center+csls")
+
+
+def simulate(table: NeighbourTable, m: int, truth: list[str], runs: int, seed: int) -> np.ndarray:
+    """The null recommender itself: m distinct hashtags by successive popularity-weighted
+    draws (exponential clocks: the m smallest Exp(1) / w), scored with Eq. 4."""
+    rng = np.random.default_rng(seed)
+    weights = table.counts.astype(float)
+    keys = rng.exponential(size=(runs, len(weights))) / weights
+    drawn = np.argpartition(keys, m - 1, axis=1)[:, :m]
+    cache = NeighbourCache(table, max(KS))
+    names = table.hashtags
+    total = np.zeros(len(KS))
+    for row in drawn:
+        total += reval_by_k(rank_matrix([names[j] for j in row], truth, cache.ranks), len(truth), KS)
+    return total / runs
+
+
+@pytest.mark.parametrize(
+    ("m", "truth"),
+    [
+        (1, ["h000"]),  # |R| <= |G|
+        (2, ["h003", "h150"]),
+        (5, ["h010"]),  # |R| > |G|
+        (10, ["h001", "h002"]),
+        (10, ["h299", "unknown-to-the-thesaurus"]),
+    ],
+)
+def test_expected_value_matches_the_simulated_null_recommender(table: NeighbourTable, m: int, truth: list[str]) -> None:
+    runs = 20_000
+    simulated = simulate(table, m, truth, runs, seed=m)
+    expected = ChanceModel(table).expected(m, truth, KS)
+    # Sampling error of the simulation (3 standard errors, at least 0.003) plus the
+    # analytic approximation of successive sampling.
+    tolerance = 3 * np.sqrt(simulated * (1 - simulated) / runs) + 0.005
+    assert np.all(np.abs(np.asarray(expected) - simulated) <= tolerance), (expected, simulated.tolist())
+
+
+def test_expected_value_grows_with_k_and_stays_a_probability(table: NeighbourTable) -> None:
+    model = ChanceModel(table)
+    for m, truth in [(1, ["h005"]), (3, ["h005", "h006", "h007"]), (10, ["h100"])]:
+        values = model.expected(m, truth, KS)
+        assert all(0.0 <= v <= 1.0 for v in values)
+        assert values == sorted(values)
+
+
+def test_a_ground_truth_nobody_knows_expects_zero(table: NeighbourTable) -> None:
+    assert ChanceModel(table).expected(3, ["nope"], KS) == [0.0] * len(KS)
+    with pytest.raises(ValueError):
+        ChanceModel(table).expected(0, ["h001"], KS)
+
+
+@settings(max_examples=200, deadline=None)
+@given(observed=st.floats(0, 1), expected=st.floats(0, 1))
+def test_corrected_is_kappa_shaped(observed: float, expected: float) -> None:
+    value = corrected(observed, expected)
+    assert value <= 1.0 + 1e-12
+    if expected < 1.0:
+        assert corrected(expected, expected) == 0.0
+        assert corrected(1.0, expected) == pytest.approx(1.0)
+        assert (value > 0) == (observed > expected)
+
+
+def test_scores_carry_the_corrected_value_beside_the_raw_one(table: NeighbourTable) -> None:
+    cache = NeighbourCache(table, 20, chance=ChanceModel(table))
+    event = Recommendation("1", ("h000", "h001", "h002"), ("h005",))
+    score = score_event(event, ["h005"], cache, KS, [1, None])
+    model = ChanceModel(table)
+    for label, rows in (("1", 1), ("all", 3)):
+        expected = model.expected(rows, ["h005"], KS)
+        for k, e in zip(KS, expected, strict=True):
+            assert score.corrected[label][k] == pytest.approx(corrected(score.reval[label][k], e))
+    as_json = score.to_json()
+    assert set(as_json["reval_hit_ratio_corrected"]) == {"1", "all"}
+    # Without a null model (a JSON thesaurus) the raw score is unchanged and nothing is corrected.
+    plain = score_event(event, ["h005"], NeighbourCache(table, 20), KS, [1, None])
+    assert plain.reval == score.reval and plain.corrected == {}
