@@ -461,7 +461,7 @@ def test_load_thesaurus_errors_say_what_is_wrong(tmp_path: Path) -> None:
         load_thesaurus(other)
     truncated = _sports_annoy().save(tmp_path / "truncated")
     (truncated / HASHTAGS_FILE).write_text('["swim", "dive"]')
-    with pytest.raises(ThesaurusCorruptError, match="hashtags.json: checksum mismatch"):
+    with pytest.raises(ThesaurusCorruptError, match=r"hashtags\.json: checksum mismatch"):
         load_thesaurus(truncated)
 
 
