@@ -20,6 +20,7 @@ services:
 
 lint: setup
 	$(BIN)/ruff check stream workers tests bench deploy
+	$(BIN)/ruff format --check stream workers tests bench deploy
 	$(BIN)/mypy stream workers
 
 test: setup services lint

@@ -300,10 +300,7 @@ def main() -> None:
                     s.took.append(send_and_wait(s, producer, batch, broker.pid))
                     s.encoder_took.append(encode_alone(s, texts))
             summaries = {
-                s.name: {
-                    key: value - before[s.name][key]
-                    for key, value in worker_summary(s.worker).items()
-                }
+                s.name: {key: value - before[s.name][key] for key, value in worker_summary(s.worker).items()}
                 for s in settings
                 if s.worker
             }
@@ -365,8 +362,7 @@ def main() -> None:
         )
     lines += [
         "",
-        "CPU time (steadier than wall time on a shared machine) and where the worker's "
-        "time goes:",
+        "CPU time (steadier than wall time on a shared machine) and where the worker's time goes:",
         "",
         "| setting | worker CPU s / 100 tweets | encoder alone CPU s / 100 tweets | "
         "worker CPU beyond the encoder | broker CPU s / 100 tweets | encoder share of "

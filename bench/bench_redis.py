@@ -44,9 +44,7 @@ from workers.adapters.redis_means import Contribution, RedisMeans
 REPO = Path(__file__).resolve().parents[1]
 
 
-def workload(
-    n_tweets: int, n_tags: int, dim: int, partitions: int, seed: int = 0
-) -> list[Contribution]:
+def workload(n_tweets: int, n_tags: int, dim: int, partitions: int, seed: int = 0) -> list[Contribution]:
     rng = np.random.default_rng(seed)
     weights = 1.0 / np.arange(1, n_tags + 1) ** 1.1
     weights /= weights.sum()

@@ -161,9 +161,7 @@ def naive_score(
     out: dict[str, dict[int, float]] = {}
     for r in RS:
         top = list(event.recommended[:r]) if r is not None else list(event.recommended)
-        out[r_label(r)] = {
-            k: reval_hit_ratio(top, truth, lambda h, k=k: syn[h, k]) or 0.0 for k in KS
-        }
+        out[r_label(r)] = {k: reval_hit_ratio(top, truth, lambda h, k=k: syn[h, k]) or 0.0 for k in KS}
         exact_scores(top, truth)  # computed by the real path too
     return out
 
@@ -213,9 +211,7 @@ def main() -> None:
         # Warm state for the warm modes.
         warm = NeighbourCache(thesaurus, max_k=max_k)
         reference = [score_event(ev, t, warm, KS, RS) for ev, t in zip(events, truths, strict=True)]
-        metrics = QualityMetrics(
-            Exporter(), KS, RS, (300, 3600, 86400), LabelGuard(), window_label
-        )
+        metrics = QualityMetrics(Exporter(), KS, RS, (300, 3600, 86400), LabelGuard(), window_label)
         settings = Settings(
             index_dir=Path(tmp) / "index",
             redis_prefix=f"bench-{uuid.uuid4().hex[:8]}",  # no Redis call: events carry truth
@@ -312,12 +308,9 @@ def main() -> None:
     ]
     for m in modes:
         ratio_total = total_rate[m] / total_rate[naive_key]
-        ratio_med = statistics.median(
-            a / b for a, b in zip(rates[m], rates[naive_key], strict=True)
-        )
+        ratio_med = statistics.median(a / b for a, b in zip(rates[m], rates[naive_key], strict=True))
         lines.append(
-            f"| {m} | {total_rate[m]:,.0f} | {max(rates[m]):,.0f} | "
-            f"{ratio_total:,.1f}x; {ratio_med:,.1f}x |"
+            f"| {m} | {total_rate[m]:,.0f} | {max(rates[m]):,.0f} | {ratio_total:,.1f}x; {ratio_med:,.1f}x |"
         )
     lines += [
         "",

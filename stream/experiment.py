@@ -18,6 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from stream.cleaning import Cleaner, Dropped, Prepared
+from stream.hubness import DEFAULT_METHOD, METHODS
 from stream.means import HashtagMeans
 from stream.records import ErrorLog, Parsed, Tweet
 from stream.scoring import DEFAULT_KS
@@ -34,14 +35,26 @@ def no_progress(description: str, total: int | None) -> Callable[[int], None]:
     return lambda n: None
 
 
+RECOMMENDERS = ("mowe", "popular", "least-popular", "random")
+BASELINES = ("popular", "popular-users", "least-popular", "random")
+
+
 @dataclass(frozen=True)
 class ExperimentConfig:
-    """The options of one run (all of them end up in ``results.json``)."""
+    """The options of one run (all of them end up in ``results.json``).
 
-    split: Split = "time"
-    seed: int = 0
+    Each (split, seed) gets its own 90/10 split (``time``: the same for every seed),
+    Word2Vec / FastText models, random draws and thesauri; every recommender is scored
+    on the same thesauri, and every thesaurus is built with each of ``hubness``.
+    """
+
+    splits: tuple[Split, ...] = ("time",)
+    seeds: tuple[int, ...] = (1, 2, 3)
     train_fraction: float = 0.9
     embeddings: tuple[str, ...] = VARIANTS
+    recommenders: tuple[str, ...] = RECOMMENDERS
+    hubness: tuple[str, ...] = (DEFAULT_METHOD,)
+    mowe_thresholds: tuple[float, ...] = (0.5,)
     model: str = "vinai/bertweet-base"
     #: Encoder dtype.  float32 by default: the reference numbers, the same on any CPU;
     #: ``"auto"`` is the core's fast choice (bf16 / int8 where the CPU has them).
@@ -50,42 +63,81 @@ class ExperimentConfig:
     ks: tuple[int, ...] = DEFAULT_KS
     limit: int | None = None
     language_filter: bool = True
-    threshold: float = 0.5
     vector_size: int = 100
     window: int = 2
     epochs: int = 30
     fasttext_bucket: int = 2_000_000
     batch_size: int = 32
     n_trees: int = 50
+    bootstrap: int = 1000
     top_hashtags: int = 8
     n_synonyms: int = 5
 
     def __post_init__(self) -> None:
-        if self.split not in ("time", "random"):
-            raise ValueError(f"split must be 'time' or 'random', got {self.split!r}")
-        unknown = [e for e in self.embeddings if e not in VARIANTS]
-        if unknown or not self.embeddings:
-            raise ValueError(
-                f"embeddings must be among {', '.join(VARIANTS)}, got {', '.join(self.embeddings)}"
-            )
-        if len(set(self.embeddings)) != len(self.embeddings):
-            raise ValueError("an embedding variant is listed twice")
+        if not self.splits or any(s not in ("time", "random") for s in self.splits):
+            raise ValueError(f"splits must be among time, random, got {', '.join(self.splits) or 'none'}")
+        for name, values, allowed in (
+            ("embeddings", self.embeddings, VARIANTS),
+            ("recommenders", self.recommenders, (*RECOMMENDERS, "popular-users")),
+            ("hubness", self.hubness, METHODS),
+        ):
+            unknown = [v for v in values if v not in allowed]
+            if unknown or not values:
+                raise ValueError(
+                    f"{name} must be among {', '.join(allowed)}, got {', '.join(values) or 'none'}"
+                )
+            if len(set(values)) != len(values):
+                raise ValueError(f"{name}: a value is listed twice")
+        if not self.seeds or len(set(self.seeds)) != len(self.seeds):
+            raise ValueError("seeds must be distinct and at least one")
         if not self.rs or any(r < 1 for r in self.rs):
             raise ValueError("r values must be positive")
         if not self.ks or any(k < 0 for k in self.ks):
             raise ValueError("k values must be non-negative")
         if not 0.0 < self.train_fraction < 1.0:
             raise ValueError("train_fraction must be between 0 and 1")
-        if not 0.0 < self.threshold <= 1.0:
-            raise ValueError(f"threshold is a cosine similarity in (0, 1], got {self.threshold}")
+        if not self.mowe_thresholds or any(not 0.0 < t <= 1.0 for t in self.mowe_thresholds):
+            raise ValueError(f"mowe thresholds are cosine similarities in (0, 1], got {self.mowe_thresholds}")
         if self.limit is not None and self.limit < 2:
             raise ValueError("limit must be at least 2 (a training and a test tweet)")
+        if self.bootstrap < 100:
+            raise ValueError("bootstrap needs at least 100 resamples")
+
+    @property
+    def recommender_names(self) -> list[str]:
+        """The recommenders as they are labelled: ``mowe`` at the first threshold,
+        ``mowe@T`` at the others."""
+        out = []
+        for name in self.recommenders:
+            if name == "mowe":
+                out += [mowe_label(t, self.mowe_thresholds[0]) for t in self.mowe_thresholds]
+            else:
+                out.append(name)
+        return out
 
     def to_json(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
-        out["embeddings"] = list(self.embeddings)
-        out["rs"], out["ks"] = list(self.rs), list(self.ks)
+        for name in (
+            "splits",
+            "seeds",
+            "embeddings",
+            "recommenders",
+            "hubness",
+            "mowe_thresholds",
+            "rs",
+            "ks",
+        ):
+            out[name] = list(getattr(self, name))
         return out
+
+
+def mowe_label(threshold: float, default: float) -> str:
+    """``mowe`` at the default threshold, ``mowe@0.8`` at another.
+
+    >>> mowe_label(0.5, 0.5), mowe_label(0.8, 0.5)
+    ('mowe', 'mowe@0.8')
+    """
+    return "mowe" if threshold == default else f"mowe@{threshold:g}"
 
 
 # --------------------------------------------------------------------------- data
@@ -172,11 +224,110 @@ def labelled(p: Prepared) -> Tweet:
 # --------------------------------------------------------------------------- thesauri
 
 
-def hashtag_means(
-    prepared: Sequence[Prepared], vectors: npt.NDArray[np.floating]
-) -> HashtagMeans:
+def hashtag_means(prepared: Sequence[Prepared], vectors: npt.NDArray[np.floating]) -> HashtagMeans:
     """BERTag's per-hashtag running means over tweets embedded as ``vectors``."""
     means = HashtagMeans(dim=int(vectors.shape[1]))
     means.update_batch([p.hashtags for p in prepared], vectors)
     return means
 
+
+# --------------------------------------------------------------------------- statistics
+
+
+def resample_counts(
+    n: int, strata: npt.NDArray[np.int64] | None, draws: int, seed: int
+) -> npt.NDArray[np.float64]:
+    """How often each of ``n`` events is drawn in each of ``draws`` bootstrap resamples
+    (``draws x n``); with ``strata`` the events are resampled within each stratum (a
+    seed's split), so pooled seeds keep their sizes.
+
+    >>> counts = resample_counts(4, None, 3, seed=0)
+    >>> counts.shape, counts.sum(axis=1).tolist()
+    ((3, 4), [4.0, 4.0, 4.0])
+    """
+    rng = np.random.default_rng(seed)
+    out = np.zeros((draws, n))
+    groups = [np.arange(n)] if strata is None else [np.flatnonzero(strata == s) for s in np.unique(strata)]
+    for members in groups:
+        if len(members):
+            out[:, members] = rng.multinomial(
+                len(members), np.full(len(members), 1.0 / len(members)), size=draws
+            )
+    return out
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A mean over events with its percentile-bootstrap 95% interval."""
+
+    mean: float | None
+    low: float | None
+    high: float | None
+    events: int
+    unscorable: int
+
+
+def bootstrap_means(values: npt.NDArray[np.float64], counts: npt.NDArray[np.float64]) -> list[Estimate]:
+    """Means of the columns of ``values`` (events x cells; NaN = unscorable) with 95%
+    intervals from the resamples ``counts`` (:func:`resample_counts`).
+
+    >>> values = np.array([[1.0], [0.0], [np.nan], [1.0]])
+    >>> e = bootstrap_means(values, resample_counts(4, None, 500, seed=1))[0]
+    >>> round(e.mean, 3), e.events, e.unscorable, 0.0 <= e.low <= e.mean <= e.high <= 1.0
+    (0.667, 4, 1, True)
+    """
+    scorable = ~np.isnan(values)
+    filled = np.where(scorable, values, 0.0)
+    n_scored = scorable.sum(axis=0)
+    out = []
+    sums, kept = counts @ filled, counts @ scorable.astype(np.float64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        resampled = sums / kept
+    for j in range(values.shape[1]):
+        if not n_scored[j]:
+            out.append(Estimate(None, None, None, len(values), int(len(values) - n_scored[j])))
+            continue
+        finite = resampled[:, j][np.isfinite(resampled[:, j])]
+        low, high = np.percentile(finite, [2.5, 97.5])
+        out.append(
+            Estimate(
+                float(filled[:, j].sum() / n_scored[j]),
+                float(low),
+                float(high),
+                len(values),
+                int(len(values) - n_scored[j]),
+            )
+        )
+    return out
+
+
+def bootstrap_difference(
+    a: npt.NDArray[np.float64], b: npt.NDArray[np.float64], counts: npt.NDArray[np.float64]
+) -> list[tuple[float | None, float | None, float | None]]:
+    """Paired differences of column means, ``mean(a) - mean(b)``, over the same events and
+    the same resamples: ``(difference, low, high)`` per column (None when either side has
+    no scorable event).
+
+    >>> a = np.array([[1.0], [1.0], [0.0], [1.0]]); b = np.array([[0.0], [1.0], [0.0], [0.0]])
+    >>> d, low, high = bootstrap_difference(a, b, resample_counts(4, None, 500, seed=2))[0]
+    >>> d, low <= d <= high
+    (0.5, True)
+    """
+    out: list[tuple[float | None, float | None, float | None]] = []
+    parts = []
+    for values in (a, b):
+        scorable = ~np.isnan(values)
+        filled = np.where(scorable, values, 0.0)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            parts.append(((counts @ filled) / (counts @ scorable.astype(np.float64)), filled, scorable))
+    (ra, fa, sa), (rb, fb, sb) = parts
+    for j in range(a.shape[1]):
+        if not sa[:, j].any() or not sb[:, j].any():
+            out.append((None, None, None))
+            continue
+        diff = ra[:, j] - rb[:, j]
+        finite = diff[np.isfinite(diff)]
+        point = fa[:, j].sum() / sa[:, j].sum() - fb[:, j].sum() / sb[:, j].sum()
+        low, high = np.percentile(finite, [2.5, 97.5])
+        out.append((float(point), float(low), float(high)))
+    return out

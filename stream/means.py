@@ -135,9 +135,7 @@ class HashtagMeans:
         >>> names, [[round(float(x), 2) for x in row] for row in vectors], counts
         (['a', 'b'], [[0.6, 0.8], [0.6, 0.8]], [1, 1])
         """
-        names = sorted(
-            t for t, s in self.states.items() if s.count >= min_count and np.any(s.total != 0.0)
-        )
+        names = sorted(t for t, s in self.states.items() if s.count >= min_count and np.any(s.total != 0.0))
         vectors = np.zeros((len(names), self.dim), dtype=np.float32)
         for i, name in enumerate(names):
             vectors[i] = self.states[name].get()

@@ -375,10 +375,10 @@ class MoweRecommender(BaseRecommender):
         self._train = np.ascontiguousarray(vectors[usable])
         # (training row, hashtag id) pairs grouped by hashtag: a hashtag's votes are the
         # sum of the similarity indicators of its rows (np.add.reduceat over the groups).
-        rows = np.array([r for r, i in enumerate(usable) for _ in dict.fromkeys(labelled[i].hashtags)],
-                        dtype=np.int64)
-        cols = np.array([ids[h] for i in usable for h in dict.fromkeys(labelled[i].hashtags)],
-                        dtype=np.int64)
+        rows = np.array(
+            [r for r, i in enumerate(usable) for _ in dict.fromkeys(labelled[i].hashtags)], dtype=np.int64
+        )
+        cols = np.array([ids[h] for i in usable for h in dict.fromkeys(labelled[i].hashtags)], dtype=np.int64)
         order = np.argsort(cols, kind="stable")
         self._vote_rows = rows[order]
         self._voted, starts = np.unique(cols[order], return_index=True)  # hashtags with a row

@@ -218,9 +218,7 @@ def parse_tweet(
     entities = extended.get("entities") if isinstance(extended, Mapping) else None
     entity_tags = _entity_hashtags(entities or source.get("entities"))
     if len(entity_tags) > max_hashtags:
-        raise RecordError(
-            "too_many_hashtags", f"{len(entity_tags):,} hashtags (limit {max_hashtags})"
-        )
+        raise RecordError("too_many_hashtags", f"{len(entity_tags):,} hashtags (limit {max_hashtags})")
     hashtags = normalise_all([*entity_tags, *extract_hashtags(text)])
     if len(hashtags) > max_hashtags:
         raise RecordError("too_many_hashtags", f"{len(hashtags):,} hashtags (limit {max_hashtags})")
@@ -260,9 +258,7 @@ def _hashtag_list(obj: Mapping[str, Any], name: str, max_hashtags: int) -> tuple
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise RecordError("bad_type", f"field {name!r} must be a list of strings")
     if len(value) > max_hashtags:
-        raise RecordError(
-            "too_many_hashtags", f"{name!r} has {len(value):,} items (limit {max_hashtags})"
-        )
+        raise RecordError("too_many_hashtags", f"{name!r} has {len(value):,} items (limit {max_hashtags})")
     return tuple(normalise_all(value))
 
 

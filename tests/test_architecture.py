@@ -51,7 +51,9 @@ def layer_of(module: str) -> int | None:
     """The layer of the longest matching prefix."""
     found: tuple[int, int] | None = None
     for prefix, layer in LAYERS:
-        if (module == prefix or module.startswith(prefix + ".")) and (found is None or len(prefix) > found[0]):
+        if (module == prefix or module.startswith(prefix + ".")) and (
+            found is None or len(prefix) > found[0]
+        ):
             found = (len(prefix), layer)
     return None if found is None else found[1]
 
@@ -104,7 +106,9 @@ def test_the_core_touches_no_file() -> None:
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Call):
                 fn = node.func
-                called = fn.id if isinstance(fn, ast.Name) else fn.attr if isinstance(fn, ast.Attribute) else ""
+                called = (
+                    fn.id if isinstance(fn, ast.Name) else fn.attr if isinstance(fn, ast.Attribute) else ""
+                )
                 if called in FILE_CALLS:
                     bad.append(f"{path.relative_to(ROOT)}:{node.lineno} calls {called}()")
     assert not bad, "files are read and written by adapters, not the core:\n" + "\n".join(bad)
@@ -118,7 +122,9 @@ def test_every_import_points_down() -> None:
         for line, module in imports(path):
             target = layer_of(module)
             if target is not None and target > own:
-                bad.append(f"{path.relative_to(ROOT)}:{line} ({name}, layer {own}) imports {module} (layer {target})")
+                bad.append(
+                    f"{path.relative_to(ROOT)}:{line} ({name}, layer {own}) imports {module} (layer {target})"
+                )
     assert not bad, "imports must point down:\n" + "\n".join(bad)
 
 
@@ -127,5 +133,7 @@ def test_every_package_is_importable_and_has_doctests_collected(package: str) ->
     # pytest's testpaths include both packages and --doctest-modules runs their examples.
     import tomllib
 
-    config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["pytest"]["ini_options"]
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["pytest"][
+        "ini_options"
+    ]
     assert package in config["testpaths"] and "--doctest-modules" in config["addopts"]

@@ -22,7 +22,9 @@ def table() -> NeighbourTable:
     n = 300
     counts = np.minimum(rng.zipf(1.7, size=n), 200)  # popularity as skewed as a real feed's
     vectors = rng.standard_normal((n, 24)) + 0.5
-    return build_neighbour_table([f"h{i:03d}" for i in range(n)], vectors, counts, depth=20, method="center+csls")
+    return build_neighbour_table(
+        [f"h{i:03d}" for i in range(n)], vectors, counts, depth=20, method="center+csls"
+    )
 
 
 def simulate(table: NeighbourTable, m: int, truth: list[str], runs: int, seed: int) -> np.ndarray:
@@ -50,7 +52,9 @@ def simulate(table: NeighbourTable, m: int, truth: list[str], runs: int, seed: i
         (10, ["h299", "unknown-to-the-thesaurus"]),
     ],
 )
-def test_expected_value_matches_the_simulated_null_recommender(table: NeighbourTable, m: int, truth: list[str]) -> None:
+def test_expected_value_matches_the_simulated_null_recommender(
+    table: NeighbourTable, m: int, truth: list[str]
+) -> None:
     runs = 20_000
     simulated = simulate(table, m, truth, runs, seed=m)
     expected = ChanceModel(table).expected(m, truth, KS)

@@ -38,7 +38,9 @@ def test_cleaner_drop_reasons() -> None:
     assert cleaner(_tweet(1, "no hashtags here at all")).reason == "no_hashtags"  # type: ignore[union-attr]
     assert cleaner(_tweet(2, "Terremoto in Emilia #terremoto", lang="it")).reason == "not_english"  # type: ignore[union-attr]
     # lang "und" falls back to the identifier
-    assert isinstance(cleaner(_tweet(3, "Houses flooded along the river, please help #flood", "und")), Prepared)
+    assert isinstance(
+        cleaner(_tweet(3, "Houses flooded along the river, please help #flood", "und")), Prepared
+    )
 
 
 def test_retweets_of_seen_content_with_the_same_hashtag_are_removed() -> None:

@@ -34,11 +34,21 @@ def test_thesaurus_build_and_synonyms(small_feed: Path, tiny_bertweet: Path, tmp
     out = tmp_path / "th"
     result = runner.invoke(
         app,
-        ["thesaurus", "build", str(small_feed), "--model", str(tiny_bertweet), "--out", str(out),
-         "--batch-size", "16", "--json"],
+        [
+            "thesaurus",
+            "build",
+            str(small_feed),
+            "--model",
+            str(tiny_bertweet),
+            "--out",
+            str(out),
+            "--batch-size",
+            "16",
+            "--json",
+        ],
     )
     assert result.exit_code == 0, result.output
-    summary = json.loads(result.stdout[result.stdout.index("{"):])
+    summary = json.loads(result.stdout[result.stdout.index("{") :])
     assert summary["tweets_read"] == 600
     assert summary["bad_lines"] == 3
     assert summary["bad_lines_by_reason"] == {"not_json": 1, "missing_field": 1, "bad_time": 1}
@@ -52,20 +62,26 @@ def test_thesaurus_build_and_synonyms(small_feed: Path, tiny_bertweet: Path, tmp
     assert thesaurus.metadata.model_id == str(tiny_bertweet)
     tag = thesaurus.hashtags[0]
 
-    result = runner.invoke(app, ["synonyms", f"#{tag.upper()}", "nosuchtag", "-t", str(out), "-k", "3", "--json"])
+    result = runner.invoke(
+        app, ["synonyms", f"#{tag.upper()}", "nosuchtag", "-t", str(out), "-k", "3", "--json"]
+    )
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout) == {tag: thesaurus.neighbours(tag, 3), "nosuchtag": []}
 
 
 def test_build_reports_missing_feed(tmp_path: Path) -> None:
-    result = runner.invoke(app, ["thesaurus", "build", str(tmp_path / "nope.jsonl"), "--out", str(tmp_path / "o")])
+    result = runner.invoke(
+        app, ["thesaurus", "build", str(tmp_path / "nope.jsonl"), "--out", str(tmp_path / "o")]
+    )
     assert result.exit_code == 2
     assert "not found" in result.output
 
 
 def test_score_json_contract(tmp_path: Path) -> None:
     thesaurus = tmp_path / "th.json"
-    thesaurus.write_text(json.dumps({"hockey": ["bowling", "golf", "sport"], "swim": ["dive", "paddle", "sport"]}))
+    thesaurus.write_text(
+        json.dumps({"hockey": ["bowling", "golf", "sport"], "swim": ["dive", "paddle", "sport"]})
+    )
     recs = tmp_path / "recs.jsonl"
     recs.write_text(
         "\n".join(
@@ -79,7 +95,10 @@ def test_score_json_contract(tmp_path: Path) -> None:
         + "\n"
     )
     events = tmp_path / "events.jsonl"
-    result = runner.invoke(app, ["score", str(recs), "--thesaurus", str(thesaurus), "-k", "0,3", "--json", "--events", str(events)])
+    result = runner.invoke(
+        app,
+        ["score", str(recs), "--thesaurus", str(thesaurus), "-k", "0,3", "--json", "--events", str(events)],
+    )
     assert result.exit_code == 0, result.output
     payload = json.loads(result.stdout)
     assert payload["events"] == 3 and payload["unscorable"] == 1
@@ -88,13 +107,21 @@ def test_score_json_contract(tmp_path: Path) -> None:
         "0": {"reval_hit_ratio": 0.5, "reval_hit_ratio_corrected": None},
         "3": {"reval_hit_ratio": 1.0, "reval_hit_ratio_corrected": None},
     }
-    assert payload["exact"] == {"hit_rate": 0.5, "precision": 0.25, "recall": 0.5, "f1": pytest.approx(1 / 3), "hit_ratio": 0.5}
+    assert payload["exact"] == {
+        "hit_rate": 0.5,
+        "precision": 0.25,
+        "recall": 0.5,
+        "f1": pytest.approx(1 / 3),
+        "hit_ratio": 0.5,
+    }
     assert payload["skipped_lines"] == 1
     per_event = [json.loads(line) for line in events.read_text().splitlines()]
     assert [e["scorable"] for e in per_event] == [True, True, False]
     assert per_event[0]["reval_hit_ratio"]["all"] == {"0": 0.0, "3": 1.0}
 
-    table = runner.invoke(app, ["score", str(recs), "--thesaurus", str(thesaurus), "-k", "0,3", "-r", "1,all"])
+    table = runner.invoke(
+        app, ["score", str(recs), "--thesaurus", str(thesaurus), "-k", "0,3", "-r", "1,all"]
+    )
     assert table.exit_code == 0 and "k=3" in table.output and "hit_ratio" in table.output
 
 

@@ -38,8 +38,12 @@ def _load_render() -> Any:
 
 render = _load_render()
 
-DEBIAN_PACKAGE = {"promtool": "prometheus", "prometheus": "prometheus", "amtool": "prometheus-alertmanager",
-                  "prometheus-alertmanager": "prometheus-alertmanager"}
+DEBIAN_PACKAGE = {
+    "promtool": "prometheus",
+    "prometheus": "prometheus",
+    "amtool": "prometheus-alertmanager",
+    "prometheus-alertmanager": "prometheus-alertmanager",
+}
 
 
 @cache
@@ -101,8 +105,13 @@ def test_promtool_check_config_and_rules(tmp_path: Path) -> None:
     assert "SUCCESS" in out
     assert "SUCCESS" in ok(run(promtool, "check", "rules", PROM / "rules.yml"))
     # the short-window profile the integration test uses, and a custom rendering
-    for name, params in {"test": render.TEST, "custom": render._parse_set(render.DEFAULTS, ["alert_k=5",
-                         "quality_drop_fraction=0.3", "baseline_offsets=1d,1w", "windows=15m,1h,6h,1d"])}.items():
+    for name, params in {
+        "test": render.TEST,
+        "custom": render._parse_set(
+            render.DEFAULTS,
+            ["alert_k=5", "quality_drop_fraction=0.3", "baseline_offsets=1d,1w", "windows=15m,1h,6h,1d"],
+        ),
+    }.items():
         path = tmp_path / f"{name}.yml"
         path.write_text(render.render_rules(params.check()))
         assert "SUCCESS" in ok(run(promtool, "check", "rules", path)), name
@@ -122,13 +131,18 @@ def test_every_alert_has_a_runbook_and_unit_tests() -> None:
         checks = [c for t in tests for c in t.get("alert_rule_test", []) if c["alertname"] == name]
         assert any(c["exp_alerts"] for c in checks), f"{name}: no test where it fires"
         assert any(not c["exp_alerts"] for c in checks), f"{name}: no test where it stays quiet"
+
     # every recording rule (per window: one window of each family) has a value test
     def family(name: str) -> str:
         return re.sub(r"(mean|rate|ratio)\d+[smhd]$", r"\1", name)
 
     recorded = {family(r["record"]) for g in rules["groups"] for r in g["rules"] if "record" in r}
-    tested = {family(n) for t in tests for c in t.get("promql_expr_test", [])
-              for n in re.findall(r"reval:[a-z_]+:[a-z_0-9]+", c["expr"])}
+    tested = {
+        family(n)
+        for t in tests
+        for c in t.get("promql_expr_test", [])
+        for n in re.findall(r"reval:[a-z_]+:[a-z_0-9]+", c["expr"])
+    }
     assert recorded <= tested, f"recording rules without a promql_expr_test: {sorted(recorded - tested)}"
 
 
@@ -165,8 +179,16 @@ def test_unit_tests_catch_alerts_that_never_fire_or_always_fire(tmp_path: Path) 
 def test_render_cli_and_parameter_checks(tmp_path: Path) -> None:
     assert doctest.testmod(render).failed == 0
     out = tmp_path / "rules.yml"
-    done = run(sys.executable, PROM / "render.py", "--set", "quality_drop_fraction=0.5", "--set", "alert_k=20",
-               "-o", out)
+    done = run(
+        sys.executable,
+        PROM / "render.py",
+        "--set",
+        "quality_drop_fraction=0.5",
+        "--set",
+        "alert_k=20",
+        "-o",
+        out,
+    )
     ok(done)
     text = out.read_text()
     assert 'reval:hit_ratio:mean1h{k="20", r="5"}\n      < 0.5 * reval:hit_ratio:baseline' in text
@@ -212,15 +234,29 @@ def test_dashboard_structure() -> None:
         assert {"x", "y", "w", "h"} <= set(panel["gridPos"])
     queries = " ".join(expr for _, expr in panel_queries(board))
     # what the issue asks the dashboard to show
-    for needed in ("reval:hit_ratio:mean", "reval:semantic_gap:mean", 'metric="hit_ratio"', "consumer_lag",
-                   "reval_index_version", "reval_index_age_seconds", "reval_records_rejected_total",
-                   "reval_tweets_embedded_total", '$recommender', '"$k"', '"$r"'):
+    for needed in (
+        "reval:hit_ratio:mean",
+        "reval:semantic_gap:mean",
+        'metric="hit_ratio"',
+        "consumer_lag",
+        "reval_index_version",
+        "reval_index_age_seconds",
+        "reval_records_rejected_total",
+        "reval_tweets_embedded_total",
+        "$recommender",
+        '"$k"',
+        '"$r"',
+    ):
         assert needed in queries, needed
     curve = next(p for p in panels if "against k" in p["title"])
     assert 'k="$k"' not in curve["targets"][0]["expr"] and curve["targets"][0]["instant"]
     # every recorded series a panel uses exists in the rules
-    recorded = {r["record"] for g in yaml.safe_load((PROM / "rules.yml").read_text())["groups"]
-                for r in g["rules"] if "record" in r}
+    recorded = {
+        r["record"]
+        for g in yaml.safe_load((PROM / "rules.yml").read_text())["groups"]
+        for r in g["rules"]
+        if "record" in r
+    }
     for title, expr in panel_queries(board):
         for name in re.findall(r"reval:[a-z_]+:[a-z_0-9]+(?:\$\{window\})?", expr):
             options = [name.replace("${window}", w) for w in render.DEFAULTS.windows]
@@ -263,14 +299,18 @@ def test_compose_services_and_wiring() -> None:
 
     spec = compose()
     services = spec["services"]
-    assert {"kafka", "redis", "embed", "index", "score", "prometheus", "alertmanager", "grafana"} <= set(services)
+    assert {"kafka", "redis", "embed", "index", "score", "prometheus", "alertmanager", "grafana"} <= set(
+        services
+    )
     # Kafka in KRaft mode, one broker that is also the controller
     kafka = services["kafka"]["environment"]
     assert kafka["KAFKA_PROCESS_ROLES"] == "broker,controller"
     assert "zookeeper" not in json.dumps(spec).lower()
     # Redis with AOF persistence on a volume
     redis = services["redis"]
-    assert "--appendonly yes" in " ".join(redis["command"]) and any(v.endswith(":/data") for v in redis["volumes"])
+    assert "--appendonly yes" in " ".join(redis["command"]) and any(
+        v.endswith(":/data") for v in redis["volumes"]
+    )
     # workers: the image from deploy/Dockerfile, the right role, REVAL_* names that Settings knows
     fields = {f"REVAL_{name.upper()}" for name in Settings.model_fields}
     ports = {"embed": 9101, "index": 9102, "score": 9103}
@@ -333,6 +373,12 @@ def test_docker_compose_v2_accepts_the_file_when_available() -> None:
         candidates.append([shutil.which("docker"), "compose"])
     for base in candidates:
         if subprocess.run([*base, "version"], capture_output=True, timeout=60).returncode == 0:
-            ok(subprocess.run([*base, "config", "--quiet"], capture_output=True, text=True, cwd=ROOT, timeout=120))
+            ok(
+                subprocess.run(
+                    [*base, "config", "--quiet"], capture_output=True, text=True, cwd=ROOT, timeout=120
+                )
+            )
             return
-    pytest.skip("no Compose v2 CLI here (docker without the compose plugin); the JSON-schema test always runs")
+    pytest.skip(
+        "no Compose v2 CLI here (docker without the compose plugin); the JSON-schema test always runs"
+    )

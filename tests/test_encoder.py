@@ -128,9 +128,7 @@ def test_max_length_capped_by_position_table(tiny_dir: Path) -> None:
 def test_resolve_model_and_constants() -> None:
     assert DEFAULT_MODEL == "vinai/bertweet-base"
     assert resolve_model(DEFAULT_MODEL) == DEFAULT_MODEL
-    assert resolve_model("vinai/bertweet-covid19-base-uncased") == (
-        "vinai/bertweet-covid19-base-uncased"
-    )
+    assert resolve_model("vinai/bertweet-covid19-base-uncased") == ("vinai/bertweet-covid19-base-uncased")
     path = Path(resolve_model(MINILM))
     assert (path / "config.json").is_file()
     assert resolve_model("MiniLM") == str(path)
@@ -341,8 +339,16 @@ def test_fused_qkv_slices() -> None:
     x1, x2 = torch.randn(3, 5, 16), torch.randn(3, 5, 16)
     with torch.no_grad():
         # Self-attention order, then a different input per slice (cross-attention), then repeats.
-        for name, x in [("query", x1), ("key", x1), ("value", x1), ("query", x1), ("key", x2),
-                        ("value", x2), ("value", x2), ("query", x2)]:
+        for name, x in [
+            ("query", x1),
+            ("key", x1),
+            ("value", x1),
+            ("query", x1),
+            ("key", x2),
+            ("value", x2),
+            ("value", x2),
+            ("query", x2),
+        ]:
             got = getattr(attn, name)(x)
             want = originals[("query", "key", "value").index(name)](x)
             assert got.shape == want.shape

@@ -12,10 +12,10 @@ import pytest
 from typer.testing import CliRunner
 
 from stream.cleaning import Prepared, prepare
+from stream.experiment import ExperimentConfig, split_corpus
 from stream.records import parse_tweet
 from workers.adapters.feeds import sample_feed
 from workers.commands.cli import app
-from workers.commands.evaluate import ExperimentConfig, split_corpus
 
 runner = CliRunner()
 KS = [0, 5, 10, 20, 30, 40, 50, 60, 70]
@@ -33,8 +33,16 @@ def small_feed(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def prepared(n: int) -> list[Prepared]:
     out = []
     for i in range(n):
-        p = prepare(parse_tweet({"id": str(i), "text": f"word{i} #t{i % 3}", "lang": "en",
-                                 "created_at": 1_350_000_000 + (i * 7919) % n}))
+        p = prepare(
+            parse_tweet(
+                {
+                    "id": str(i),
+                    "text": f"word{i} #t{i % 3}",
+                    "lang": "en",
+                    "created_at": 1_350_000_000 + (i * 7919) % n,
+                }
+            )
+        )
         assert isinstance(p, Prepared)
         out.append(p)
     return out
@@ -61,15 +69,54 @@ def test_split_time_and_random() -> None:
 def test_config_is_validated() -> None:
     with pytest.raises(ValueError, match="embeddings"):
         ExperimentConfig(embeddings=("glove",))
-    with pytest.raises(ValueError, match="split"):
-        ExperimentConfig(split="season")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="splits"):
+        ExperimentConfig(splits=("season",))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="recommenders"):
+        ExperimentConfig(recommenders=("oracle",))
+    with pytest.raises(ValueError, match="hubness"):
+        ExperimentConfig(hubness=("magic",))
+    with pytest.raises(ValueError, match="seeds"):
+        ExperimentConfig(seeds=(1, 1))
+    assert ExperimentConfig(mowe_thresholds=(0.5, 0.8)).recommender_names[:2] == ["mowe", "mowe@0.8"]
+
+
+CELL_KEYS = {
+    "variant",
+    "hubness",
+    "recommender",
+    "seed",
+    "r",
+    "k",
+    "reval_hit_ratio",
+    "ci_low",
+    "ci_high",
+    "reval_hit_ratio_corrected",
+    "events",
+    "unscorable",
+}
 
 
 def evaluate(feed: Path, out: Path, model: Path, *extra: str) -> None:
-    result = runner.invoke(app, ["evaluate", str(feed), "--out", str(out), "--model", str(model),
-                                 "--fasttext-bucket", "20000", "--seed", "7", *extra])
+    result = runner.invoke(
+        app,
+        [
+            "evaluate",
+            str(feed),
+            "--out",
+            str(out),
+            "--model",
+            str(model),
+            "--fasttext-bucket",
+            "20000",
+            "--seeds",
+            "7",
+            "--bootstrap",
+            "200",
+            *extra,
+        ],
+    )
     assert result.exit_code == 0, result.output
-    assert "average #REval-hit-ratio" in result.output
+    assert "mean [95% CI]" in result.output
 
 
 def test_evaluate_writes_outputs_deterministically(
@@ -81,7 +128,7 @@ def test_evaluate_writes_outputs_deterministically(
     for name in ("results.json", "results.csv", "curves.png", "synonyms.md", "recommendations.jsonl"):
         assert (first / name).is_file() and (first / name).stat().st_size > 0, name
     assert (first / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    # Same feed, options and seed: the same results, to the byte (timings live elsewhere).
+    # Same feed, options and seeds: the same results, to the byte (timings live elsewhere).
     assert (first / "results.json").read_bytes() == (second / "results.json").read_bytes()
     assert (first / "synonyms.md").read_bytes() == (second / "synonyms.md").read_bytes()
 
@@ -90,47 +137,117 @@ def test_evaluate_writes_outputs_deterministically(
     assert data["lines_read"] == 1500
     assert data["train_tweets"] + data["test_tweets"] == data["tweets_kept"] > 300
     assert data["test_tweets"] == data["tweets_kept"] - int(0.9 * data["tweets_kept"])
-    rows = results["results"]
+    rows = results["results"]  # the paper's table, kept for the tools that read it
     assert len(rows) == 3 * 3 * len(KS)
     by = {(row["variant"], row["r"], row["k"]): row["reval_hit_ratio"] for row in rows}
     assert {row["events"] for row in rows} == {data["test_tweets"]}
-    assert {row["unscorable"] for row in rows} == {data["empty_recommendations"]}
+
+    cells = results["cells"]
+    assert all(set(c) >= CELL_KEYS for c in cells)
+    recommenders = {"mowe", "popular", "least-popular", "random"}
+    assert {c["recommender"] for c in cells} == recommenders
+    assert {c["seed"] for c in cells} == {7, "all"} and {c["r"] for c in cells} == {"1", "5", "10"}
+    assert len(cells) == 2 * 3 * 4 * 3 * len(KS)  # seed 7 and pooled; embeddings; recommenders; r; k
+    cell = {(c["seed"], c["variant"], c["recommender"], c["r"], c["k"]): c for c in cells}
+    for c in cells:
+        if c["reval_hit_ratio"] is not None:
+            assert c["ci_low"] <= c["reval_hit_ratio"] <= c["ci_high"]
+            assert c["events"] == data["test_tweets"] and c["reval_hit_ratio_corrected"] is not None
     for r in (1, 5, 10):
         # k = 0 is exact match: the same for every thesaurus, and what `exact` reports.
         assert by["bertag", r, 0] == by["word2vec", r, 0] == by["fasttext", r, 0]
         assert by["bertag", r, 0] == pytest.approx(results["exact"][str(r)]["hit_ratio"])
         for variant in ("bertag", "word2vec", "fasttext"):
-            curve = [by[variant, r, k] for k in KS]
-            assert curve == sorted(curve), (variant, r)  # more synonyms never hurt
-            assert curve[0] >= 0.0 and curve[-1] <= 1.0
+            for name in recommenders:
+                curve = [cell["all", variant, name, str(r), k]["reval_hit_ratio"] for k in KS]
+                assert curve == sorted(curve), (variant, name, r)  # more synonyms never hurt
+            assert [by[variant, r, k] for k in KS] == [
+                cell["all", variant, "mowe", str(r), k]["reval_hit_ratio"] for k in KS
+            ]
+        # The canary never hits exactly: it recommends hashtags its test tweets do not use.
+        assert cell["all", "bertag", "least-popular", str(r), 0]["reval_hit_ratio"] == 0.0
+    assert {d["compare"] for d in results["differences"]} == {"recommenders", "embeddings"}
+    assert all(
+        d["ci_low"] <= d["difference"] <= d["ci_high"]
+        for d in results["differences"]
+        if d["difference"] is not None
+    )
     with open(first / "results.csv", encoding="utf-8") as fh:
         table = list(csv.DictReader(fh))
-    assert len(table) == len(rows)
-    assert float(table[0]["reval_hit_ratio"]) == pytest.approx(rows[0]["reval_hit_ratio"], abs=1e-6)
+    assert len(table) == len(cells)
     synonyms = (first / "synonyms.md").read_text()
-    top = next(iter(results["synonyms"]["bertag"]))
-    assert f"| #{top} (" in synonyms and "Word2Vec" in synonyms and "FastText" in synonyms
+    top = next(iter(results["synonyms"]["bertag/center+csls"]))
+    assert f"| #{top} (" in synonyms and "Word2Vec" in synonyms and "skewness of N_10" in synonyms
 
     # The same numbers come out of `reval score` on the written events and thesaurus.
-    result = runner.invoke(app, ["score", str(first / "recommendations.jsonl"), "-t",
-                                 str(first / "thesauri" / "bertag"), "-k", ",".join(map(str, KS)),
-                                 "-r", "1,5,10", "--json"])
+    result = runner.invoke(
+        app,
+        [
+            "score",
+            str(first / "recommendations.jsonl"),
+            "-t",
+            str(first / "thesauri" / "bertag-center+csls"),
+            "-k",
+            ",".join(map(str, KS)),
+            "-r",
+            "1,5,10",
+            "--json",
+        ],
+    )
     assert result.exit_code == 0, result.output
     scored = json.loads(result.stdout)
     for r in (1, 5, 10):
         for k in KS:
-            assert scored["by_r"][str(r)]["by_k"][str(k)]["reval_hit_ratio"] == pytest.approx(by["bertag", r, k])
+            got = scored["by_r"][str(r)]["by_k"][str(k)]
+            want = cell[7, "bertag", "mowe", str(r), k]
+            assert got["reval_hit_ratio"] == pytest.approx(want["reval_hit_ratio"])
+            assert got["reval_hit_ratio_corrected"] == pytest.approx(want["reval_hit_ratio_corrected"])
 
 
 def test_evaluate_random_split_and_options(small_feed: Path, tmp_path: Path) -> None:
     out = tmp_path / "w2v"
-    result = runner.invoke(app, ["evaluate", str(small_feed), "--out", str(out), "--split", "random",
-                                 "--embeddings", "word2vec", "-r", "3", "-k", "0,2", "--limit", "120", "--json"])
+    result = runner.invoke(
+        app,
+        [
+            "evaluate",
+            str(small_feed),
+            "--out",
+            str(out),
+            "--split",
+            "random",
+            "--embeddings",
+            "word2vec",
+            "--recommenders",
+            "popular,random",
+            "--hubness",
+            "raw,center+csls",
+            "--seeds",
+            "1,2",
+            "-r",
+            "3",
+            "-k",
+            "0,2",
+            "--limit",
+            "120",
+            "--bootstrap",
+            "200",
+            "--json",
+        ],
+    )
     assert result.exit_code == 0, result.output
-    rows = json.loads(result.stdout)
-    assert [(row["variant"], row["r"], row["k"]) for row in rows] == [("word2vec", 3, 0), ("word2vec", 3, 2)]
+    cells = json.loads(result.stdout)
+    keys = {(c["split"], c["seed"], c["hubness"], c["recommender"], c["r"], c["k"]) for c in cells}
+    assert keys == {
+        ("random", seed, method, name, "3", k)
+        for seed in (1, 2, "all")
+        for method in ("raw", "center+csls")
+        for name in ("popular", "random")
+        for k in (0, 2)
+    }
+    pooled = [c for c in cells if c["seed"] == "all"]
+    assert all(c["events"] == 2 * 12 for c in pooled)  # two seeds' test sets of 12
     results = json.loads((out / "results.json").read_text())
-    assert results["data"]["tweets_kept"] == 120 and results["config"]["split"] == "random"
+    assert results["data"]["tweets_kept"] == 120 and results["config"]["splits"] == ["random"]
 
     result = runner.invoke(app, ["evaluate", str(small_feed), "--out", str(out), "--embeddings", "glove"])
     assert result.exit_code == 2 and "embeddings" in result.output

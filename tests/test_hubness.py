@@ -127,7 +127,10 @@ def test_the_directory_round_trips_the_table_and_answers_deeper_queries(tmp_path
     assert scorer_view.neighbours(names[0], 10) == th.neighbours(names[0], 10)
     meta = json.loads((target / "metadata.json").read_text())
     assert meta["format"].startswith("reval-thesaurus/") and set(meta["checksums"]) == {
-        INDEX_FILE, "hashtags.json", TABLE_FILE}
+        INDEX_FILE,
+        "hashtags.json",
+        TABLE_FILE,
+    }
 
 
 @pytest.mark.parametrize("damaged", [INDEX_FILE, TABLE_FILE])

@@ -75,9 +75,7 @@ def test_exact_metrics() -> None:
 VOCAB = [f"h{i}" for i in range(12)]
 tags = st.lists(st.sampled_from(VOCAB), min_size=1, max_size=6)
 # a thesaurus: each hashtag gets an ordered neighbour list (without itself)
-thesauri = st.fixed_dictionaries(
-    {h: st.permutations([v for v in VOCAB if v != h]) for h in VOCAB}
-)
+thesauri = st.fixed_dictionaries({h: st.permutations([v for v in VOCAB if v != h]) for h in VOCAB})
 
 
 @settings(max_examples=200, deadline=None)

@@ -68,14 +68,20 @@ def test_end_to_end_scores_equal_offline_and_metrics(stack: Stack) -> None:
     tagged = [t for t in tweets if t.hashtags][:60]
     events = []
     for i, tweet in enumerate(tagged):
-        event = {"tweet_id": tweet.id, "recommender": f"rec{i % 2}", "recommended": ["terremoto", "sisma", "news", "emilia"]}
+        event = {
+            "tweet_id": tweet.id,
+            "recommender": f"rec{i % 2}",
+            "recommended": ["terremoto", "sisma", "news", "emilia"],
+        }
         if i % 3:  # a third of the events are joined with their tweet by id
             event["ground_truth"] = list(tweet.hashtags)
         events.append(event)
     events.append({"tweet_id": "nohashtags", "recommended": ["x"], "ground_truth": []})
     stack.send("recommendations", ((e["tweet_id"].encode(), json.dumps(e).encode()) for e in events))
 
-    results = wait_for("every event scored", lambda: (r := stack.read_json("scores")) and len(r) >= len(events) and r, 120)
+    results = wait_for(
+        "every event scored", lambda: (r := stack.read_json("scores")) and len(r) >= len(events) and r, 120
+    )
     assert len(results) == len(events)
     by_id = {r["tweet_id"]: r for r in results}
     truth = {t.id: t.hashtags for t in tweets}
@@ -104,9 +110,15 @@ def test_end_to_end_scores_equal_offline_and_metrics(stack: Stack) -> None:
         assert score.metric("reval_hit_ratio_sum", recommender=rec, k="5", r="5") == pytest.approx(total)
         assert score.metric("reval_exact_match_count", recommender=rec, metric="f1", r="1") == len(mine)
     assert score.metric("reval_events_total", recommender="default", outcome="unscorable") == 1
-    assert score.metric("reval_join_total", outcome="matched") == sum(1 for e in events if "ground_truth" not in e)
+    assert score.metric("reval_join_total", outcome="matched") == sum(
+        1 for e in events if "ground_truth" not in e
+    )
     topic = stack.topics["tweets"]
-    wait_for("the embed worker to consume every tweet", lambda: embed.metric("reval_records_consumed_total", topic=topic) == len(lines), 60)
+    wait_for(
+        "the embed worker to consume every tweet",
+        lambda: embed.metric("reval_records_consumed_total", topic=topic) == len(lines),
+        60,
+    )
     assert index.metric("reval_index_version") >= 1
     lag = wait_for(
         "consumer lag reported",
@@ -120,10 +132,19 @@ def test_end_to_end_scores_equal_offline_and_metrics(stack: Stack) -> None:
     stack.send("tweets", keyed(tweet_lines(sample_feed(), 400, start=600)))
     wait_for("a new index version", lambda: store.current_version() != first, timeout=60)
     newest = store.current_version()
-    again = {"tweet_id": tagged[0].id, "recommender": "rec0", "recommended": ["terremoto"], "ground_truth": list(tagged[0].hashtags)}
-    wait_for("the scorer to load the new version", lambda: score.metric("reval_scoring_thesaurus_version") >= int(newest[1:]), 30)
+    again = {
+        "tweet_id": tagged[0].id,
+        "recommender": "rec0",
+        "recommended": ["terremoto"],
+        "ground_truth": list(tagged[0].hashtags),
+    }
+    wait_for(
+        "the scorer to load the new version",
+        lambda: score.metric("reval_scoring_thesaurus_version") >= int(newest[1:]),
+        30,
+    )
     stack.send("recommendations", [(b"again", json.dumps(again).encode())])
-    later = wait_for("the late event", lambda: [r for r in stack.read_json("scores")[len(events):]], 60)
+    later = wait_for("the late event", lambda: [r for r in stack.read_json("scores")[len(events) :]], 60)
     assert later[0]["index_version"] == store.current_version() or later[0]["index_version"] >= newest
 
 
@@ -158,7 +179,16 @@ def test_bad_input_is_dead_lettered_and_neighbours_survive(stack: Stack) -> None
         (b"b3", json.dumps({"id": ["1"], "text": "wrong id type #x"}).encode()),
         (b"b4", json.dumps({"id": "b4", "text": "a" * 1_000_000}).encode()),
         (b"b5", b'{"id": "b5", "text": "\xff\xfe invalid utf-8 #x"}'),
-        (b"b6", json.dumps({"id": "b6", "text": "#t0 #t1", "entities": {"hashtags": [{"text": f"t{i}"} for i in range(10_000)]}}).encode()),
+        (
+            b"b6",
+            json.dumps(
+                {
+                    "id": "b6",
+                    "text": "#t0 #t1",
+                    "entities": {"hashtags": [{"text": f"t{i}"} for i in range(10_000)]},
+                }
+            ).encode(),
+        ),
     ]
     mixed: list[tuple[bytes | None, bytes]] = []
     for i, record in enumerate(keyed(good)):
@@ -176,7 +206,10 @@ def test_bad_input_is_dead_lettered_and_neighbours_survive(stack: Stack) -> None
         (b"r1", b"[1, 2, 3]"),
         (b"r2", json.dumps({"tweet_id": "r2", "recommended": "notalist"}).encode()),
         (b"r3", json.dumps({"tweet_id": "r3", "recommended": [], "ground_truth": ["a"]}).encode()),
-        (b"r4", json.dumps({"tweet_id": "r4", "recommended": ["a"], "ground_truth": [], "new_field": 1}).encode()),
+        (
+            b"r4",
+            json.dumps({"tweet_id": "r4", "recommended": ["a"], "ground_truth": [], "new_field": 1}).encode(),
+        ),
         (b"r5", json.dumps({"tweet_id": "r5", "recommended": ["a"], "ground_truth": ["a"]}).encode()),
     ]
     stack.send("recommendations", recs)
@@ -186,11 +219,26 @@ def test_bad_input_is_dead_lettered_and_neighbours_survive(stack: Stack) -> None
     assert_same_state(stack, expected)
 
     try:
-        dead = wait_for("dead letters", lambda: (d := stack.read_json("dead_letter")) and len(d) >= 8 and d, 60)
+        dead = wait_for(
+            "dead letters", lambda: (d := stack.read_json("dead_letter")) and len(d) >= 8 and d, 60
+        )
     except TimeoutError:
-        raise AssertionError(f"dead letters: {[(d['reason'], d['detail'][:80]) for d in stack.read_json('dead_letter')]}") from None
+        raise AssertionError(
+            f"dead letters: {[(d['reason'], d['detail'][:80]) for d in stack.read_json('dead_letter')]}"
+        ) from None
     reasons = sorted(d["reason"] for d in dead)
-    assert reasons == sorted(["not_json", "missing_field", "bad_type", "oversize", "invalid_utf8", "too_many_hashtags", "not_object", "bad_type"])
+    assert reasons == sorted(
+        [
+            "not_json",
+            "missing_field",
+            "bad_type",
+            "oversize",
+            "invalid_utf8",
+            "too_many_hashtags",
+            "not_object",
+            "bad_type",
+        ]
+    )
     for letter in dead:
         assert letter["source"]["topic"] in (stack.topics["tweets"], stack.topics["recommendations"])
         assert base64.b64decode(letter["value_base64"])  # the original bytes are kept

@@ -169,8 +169,12 @@ class Traffic(threading.Thread):
                     tweet_id, tags = rng.choice(self.tweets)
                     flaky = rng.sample(self.vocabulary, 3) if self.degraded.is_set() else self.good(rng, tags)
                     for name, recommended in (("steady", self.good(rng, tags)), ("flaky", flaky)):
-                        event = {"tweet_id": tweet_id, "recommender": name, "recommended": recommended,
-                                 "ground_truth": tags}
+                        event = {
+                            "tweet_id": tweet_id,
+                            "recommender": name,
+                            "recommended": recommended,
+                            "ground_truth": tags,
+                        }
                         batch.append((tweet_id.encode(), json.dumps(event).encode()))
                 self.stack.send("recommendations", batch)
                 self.sent += len(batch)
@@ -203,18 +207,31 @@ def test_rules_alerts_and_dashboard_against_real_prometheus(stack: Stack, tmp_pa
     rules = tmp_path / "rules.yml"
     rules.write_text(render.render_rules(render.TEST))
     alertmanager = Alertmanager(alertmanager_bin, tmp_path)
-    targets = {"embed": [f"127.0.0.1:{embed.port}"], "index": [f"127.0.0.1:{index.port}"],
-               "score": [f"127.0.0.1:{score.port}"]}
-    config = render.render_config(targets, rule_files=(str(rules),), scrape_interval="1s",
-                                  evaluation_interval="1s", alertmanagers=(f"127.0.0.1:{alertmanager.port}",))
+    targets = {
+        "embed": [f"127.0.0.1:{embed.port}"],
+        "index": [f"127.0.0.1:{index.port}"],
+        "score": [f"127.0.0.1:{score.port}"],
+    }
+    config = render.render_config(
+        targets,
+        rule_files=(str(rules),),
+        scrape_interval="1s",
+        evaluation_interval="1s",
+        alertmanagers=(f"127.0.0.1:{alertmanager.port}",),
+    )
     prometheus = Prometheus(prometheus_bin, tmp_path, config)
     traffic: Traffic | None = None
     try:
         stack.wait_ready(embed, index, score, timeout=180)
 
         # Tweets through the product's own replay command (key = id, event-time timestamps).
-        replayed = subprocess.run([REVAL, "replay", str(sample_feed()), "--limit", "1500", "--json"],
-                                  env=stack.env, capture_output=True, text=True, timeout=180)
+        replayed = subprocess.run(
+            [REVAL, "replay", str(sample_feed()), "--limit", "1500", "--json"],
+            env=stack.env,
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
         assert replayed.returncode == 0, replayed.stderr[-3000:]
         # ... and some bad records, for the dead-letter panels
         stack.send("tweets", [(b"bad1", b"{not json"), (b"bad2", b'{"text": "no id #x"}')])
@@ -223,13 +240,19 @@ def test_rules_alerts_and_dashboard_against_real_prometheus(stack: Stack, tmp_pa
         store = ThesaurusStore(stack.index_dir)
         wait_for("a thesaurus version", store.current_version, 120)
         wait_for("the scorer to load it", lambda: score.metric("reval_scoring_thesaurus_version") >= 1, 60)
-        wait_for("all tweets embedded", lambda: embed.metric(
-            "reval_records_consumed_total", topic=stack.topics["tweets"]) >= 1502, 120)
+        wait_for(
+            "all tweets embedded",
+            lambda: embed.metric("reval_records_consumed_total", topic=stack.topics["tweets"]) >= 1502,
+            120,
+        )
         version = store.current_version()
         time.sleep(3)  # the index catches up with the last embedded tweets
         thesaurus = store.load(store.current_version() or version)
-        tweets = [(t.id, list(t.hashtags)) for t in map(parse_tweet, tweet_lines(sample_feed(), 1500))
-                  if t.hashtags and all(h in thesaurus for h in t.hashtags)]
+        tweets = [
+            (t.id, list(t.hashtags))
+            for t in map(parse_tweet, tweet_lines(sample_feed(), 1500))
+            if t.hashtags and all(h in thesaurus for h in t.hashtags)
+        ]
         assert len(tweets) > 100
         vocabulary = sorted({tag for _, tags in tweets for tag in tags})
         traffic = Traffic(stack, tweets, vocabulary)
@@ -276,23 +299,32 @@ def test_rules_alerts_and_dashboard_against_real_prometheus(stack: Stack, tmp_pa
 
         # The recording rules have values (every window; k=0 is the exact hit ratio).
         for window in render.TEST.windows:
-            for expr in (f"reval:hit_ratio:mean{window}", f"reval:exact_match:mean{window}",
-                         f"reval:semantic_gap:mean{window}", f"reval:scored_events:rate{window}",
-                         f"reval:unknown_hashtag_share:ratio{window}"):
+            for expr in (
+                f"reval:hit_ratio:mean{window}",
+                f"reval:exact_match:mean{window}",
+                f"reval:semantic_gap:mean{window}",
+                f"reval:scored_events:rate{window}",
+                f"reval:unknown_hashtag_share:ratio{window}",
+            ):
                 assert {"steady", "flaky"} <= set(prometheus.value(expr)), expr
         gap0 = prometheus.value(f'reval:semantic_gap:mean5m{{k="0", r="{R}"}}')
         assert all(abs(v) < 1e-9 for v in gap0.values()), gap0
         assert prometheus.value(f'reval:semantic_gap:mean5m{{k="{K}", r="{R}"}}')["flaky"] >= 0
-        for expr in ("reval:consumer_lag:sum", f"reval:tweets_embedded:rate{render.TEST.embed_window}",
-                     f"reval:dead_letter_ratio:ratio{render.TEST.dead_letter_window}",
-                     "reval:exact_match:baseline"):
+        for expr in (
+            "reval:consumer_lag:sum",
+            f"reval:tweets_embedded:rate{render.TEST.embed_window}",
+            f"reval:dead_letter_ratio:ratio{render.TEST.dead_letter_window}",
+            "reval:exact_match:baseline",
+        ):
             assert prometheus.query(expr), f"{expr}: no data"
         quiet_for_steady()
 
         # Alertmanager got it from Prometheus.
         def received() -> bool:
-            return any(a["labels"].get("alertname") == ALERT and a["labels"].get("recommender") == "flaky"
-                       for a in alertmanager.received())
+            return any(
+                a["labels"].get("alertname") == ALERT and a["labels"].get("recommender") == "flaky"
+                for a in alertmanager.received()
+            )
 
         wait_for("the alert at Alertmanager", received, 30, 0.5)
 
@@ -308,8 +340,14 @@ def test_rules_alerts_and_dashboard_against_real_prometheus(stack: Stack, tmp_pa
                 variables[var["name"]] = values
         assert {"steady", "flaky"} <= set(variables["recommender"])
         assert K in variables["k"] and R in variables["r"]
-        substitutions = {"recommender": "(steady|flaky)", "k": K, "r": R, "window": "5m",
-                         "__rate_interval": "15s", "datasource": "prometheus"}
+        substitutions = {
+            "recommender": "(steady|flaky)",
+            "k": K,
+            "r": R,
+            "window": "5m",
+            "__rate_interval": "15s",
+            "datasource": "prometheus",
+        }
         empty = []
         for title, expr in panel_queries(board):
             query = substitute(expr, substitutions)
@@ -317,8 +355,10 @@ def test_rules_alerts_and_dashboard_against_real_prometheus(stack: Stack, tmp_pa
                 empty.append(f"{title}: {query}")
         assert not empty, "dashboard queries without data:\n" + "\n".join(empty)
         quiet_for_steady()
-        print(f"\nalert fired {fired_after:.1f}s after the switch; events sent: {traffic.sent}; "
-              f"test took {time.monotonic() - started:.0f}s")
+        print(
+            f"\nalert fired {fired_after:.1f}s after the switch; events sent: {traffic.sent}; "
+            f"test took {time.monotonic() - started:.0f}s"
+        )
     finally:
         if traffic is not None:
             traffic.halt.set()

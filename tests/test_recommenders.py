@@ -37,8 +37,12 @@ runner = CliRunner()
 
 
 def tweet(i: int | str, text: str, user: str | None = None) -> Tweet:
-    raw: dict[str, object] = {"id": str(i), "text": text, "lang": "en",
-                              "created_at": 1_350_000_000 + int(i) % 1_000_000}
+    raw: dict[str, object] = {
+        "id": str(i),
+        "text": text,
+        "lang": "en",
+        "created_at": 1_350_000_000 + int(i) % 1_000_000,
+    }
     if user is not None:
         raw["user_id"] = user
     return parse_tweet(raw)
@@ -88,10 +92,14 @@ class Spy(BaseRecommender):
 
 
 def test_hidden_hashtags_never_reach_the_recommender(sample_tweets: list[Tweet]) -> None:
-    v1 = parse_tweet({
-        "id_str": "5", "text": "Stay safe x#glued ＃東京 and #Flood… http://t.co/x", "lang": "en",
-        "entities": {"hashtags": [{"text": "Flood"}, {"text": "Entityonly"}]},
-    })
+    v1 = parse_tweet(
+        {
+            "id_str": "5",
+            "text": "Stay safe x#glued ＃東京 and #Flood… http://t.co/x",
+            "lang": "en",
+            "entities": {"hashtags": [{"text": "Flood"}, {"text": "Entityonly"}]},
+        }
+    )
     tweets = [*[t for t in sample_tweets if t.hashtags][:300], v1]
     assert len(tweets) > 250
     spy = Spy().fit(tweets)
@@ -152,17 +160,26 @@ def test_random_recommender_draws_by_popularity_without_repeats() -> None:
     assert share["a"] == pytest.approx(0.80, abs=0.03) and share["c"] == pytest.approx(0.05, abs=0.015)
     two = rec.recommend_many([tweet(1, "q")] * 500, 2)
     assert all(len(set(p)) == 2 for p in two)
-    assert rec.recommend_many([tweet(1, "q")] * 3, 5) == make_recommender("random", seed=3).fit(train).recommend_many(
-        [tweet(1, "q")] * 3, 5)  # seeded: reproducible
+    assert rec.recommend_many([tweet(1, "q")] * 3, 5) == make_recommender("random", seed=3).fit(
+        train
+    ).recommend_many([tweet(1, "q")] * 3, 5)  # seeded: reproducible
     assert all(sorted(p) == ["a", "b", "c"] for p in rec.recommend_many([tweet(1, "q")] * 3, 5))
 
 
 def test_popular_users_counts_distinct_users() -> None:
     tweets = [
-        tweet(1, "#spam", "u1"), tweet(2, "#spam", "u1"), tweet(3, "#spam", "u1"), tweet(4, "#spam", "u1"),
-        tweet(5, "#flood", "u1"), tweet(6, "#flood", "u2"), tweet(7, "#flood", "u3"),
-        tweet(8, "#rain", "u4"), tweet(9, "#rain", "u5"), tweet(10, "#rain", "u5"),
-        tweet(11, "#help", "u6"), tweet(12, "#help", "u7"),
+        tweet(1, "#spam", "u1"),
+        tweet(2, "#spam", "u1"),
+        tweet(3, "#spam", "u1"),
+        tweet(4, "#spam", "u1"),
+        tweet(5, "#flood", "u1"),
+        tweet(6, "#flood", "u2"),
+        tweet(7, "#flood", "u3"),
+        tweet(8, "#rain", "u4"),
+        tweet(9, "#rain", "u5"),
+        tweet(10, "#rain", "u5"),
+        tweet(11, "#help", "u6"),
+        tweet(12, "#help", "u7"),
     ]
     query = tweet(99, "x")
     assert PopularRecommender().fit(tweets).recommend(query, 4) == ["spam", "flood", "rain", "help"]
@@ -185,8 +202,14 @@ def hand_made_vectors() -> object:
     from gensim.models import KeyedVectors
 
     kv = KeyedVectors(vector_size=2)
-    words = {"flood": [1.0, 0.1], "river": [1.0, 0.0], "rain": [0.9, 0.2],
-             "blaze": [0.0, 1.0], "smoke": [0.1, 1.0], "bushland": [0.2, 0.9]}
+    words = {
+        "flood": [1.0, 0.1],
+        "river": [1.0, 0.0],
+        "rain": [0.9, 0.2],
+        "blaze": [0.0, 1.0],
+        "smoke": [0.1, 1.0],
+        "bushland": [0.2, 0.9],
+    }
     kv.add_vectors(list(words), np.array(list(words.values()), dtype=np.float32))
     return kv
 
@@ -261,8 +284,23 @@ def test_recommend_cli_writes_events_reval_score_accepts_and_the_canary(
     scores = {}
     for method in ("popular", "least-popular", "mowe"):
         out = tmp_path / f"{method}.jsonl"
-        result = runner.invoke(app, ["recommend", "--method", method, "--train", str(train), "--feed", str(feed),
-                                     "-r", "5", "--out", str(out), "--with-truth"])
+        result = runner.invoke(
+            app,
+            [
+                "recommend",
+                "--method",
+                method,
+                "--train",
+                str(train),
+                "--feed",
+                str(feed),
+                "-r",
+                "5",
+                "--out",
+                str(out),
+                "--with-truth",
+            ],
+        )
         assert result.exit_code == 0, result.output
         events = read_events(out)
         assert [e["tweet_id"] for e in events] == [t.id for t in hashtagged]
@@ -285,8 +323,25 @@ def test_recommend_cli_writes_events_reval_score_accepts_and_the_canary(
 def test_recommend_cli_options(train_and_feed: tuple[Path, Path], tmp_path: Path) -> None:
     train, feed = train_and_feed
     out = tmp_path / "recs.jsonl"
-    result = runner.invoke(app, ["recommend", "-m", "popular-users", "--train", str(train), "--feed", str(feed),
-                                 "-r", "3", "--out", str(out), "--recommender-name", "baseline-1", "--all-tweets"])
+    result = runner.invoke(
+        app,
+        [
+            "recommend",
+            "-m",
+            "popular-users",
+            "--train",
+            str(train),
+            "--feed",
+            str(feed),
+            "-r",
+            "3",
+            "--out",
+            str(out),
+            "--recommender-name",
+            "baseline-1",
+            "--all-tweets",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert "no user ids" in result.output  # the sample feed has none: warned, then by tweet count
     events = read_events(out)
@@ -296,11 +351,24 @@ def test_recommend_cli_options(train_and_feed: tuple[Path, Path], tmp_path: Path
 
     result = runner.invoke(app, ["recommend", "-m", "popular", "--train", str(train), "--feed", str(feed)])
     assert result.exit_code == 2 and "--out" in result.output
-    result = runner.invoke(app, ["recommend", "-m", "best", "--train", str(train), "--feed", str(feed),
-                                 "--out", str(out)])
+    result = runner.invoke(
+        app, ["recommend", "-m", "best", "--train", str(train), "--feed", str(feed), "--out", str(out)]
+    )
     assert result.exit_code == 2 and "unknown method" in result.output
-    result = runner.invoke(app, ["recommend", "-m", "popular", "--train", str(tmp_path / "nope.jsonl"),
-                                 "--feed", str(feed), "--out", str(out)])
+    result = runner.invoke(
+        app,
+        [
+            "recommend",
+            "-m",
+            "popular",
+            "--train",
+            str(tmp_path / "nope.jsonl"),
+            "--feed",
+            str(feed),
+            "--out",
+            str(out),
+        ],
+    )
     assert result.exit_code == 2 and "not found" in result.output
 
 
@@ -321,16 +389,37 @@ def test_recommend_cli_produces_to_kafka(broker: str, train_and_feed: tuple[Path
     train, feed = train_and_feed
     topic = f"recommendations-{uuid.uuid4().hex[:8]}"
     create_topics(broker, {topic: 2})
-    result = runner.invoke(app, ["recommend", "-m", "popular", "--train", str(train), "--feed", str(feed),
-                                 "-r", "2", "--topic", topic, "--broker", broker, "--with-truth"])
+    result = runner.invoke(
+        app,
+        [
+            "recommend",
+            "-m",
+            "popular",
+            "--train",
+            str(train),
+            "--feed",
+            str(feed),
+            "-r",
+            "2",
+            "--topic",
+            topic,
+            "--broker",
+            broker,
+            "--with-truth",
+        ],
+    )
     assert result.exit_code == 0, result.output
     expected = {t.id: t for p in read_tweets([feed]) if (t := p.value) is not None and t.hashtags}
 
     async def consume() -> list[object]:
         consumer = AIOKafkaConsumer(
-            topic, bootstrap_servers=broker, group_id=f"g-{uuid.uuid4().hex[:8]}",
-            auto_offset_reset="earliest", enable_auto_commit=False,
-            session_timeout_ms=2000, heartbeat_interval_ms=500,
+            topic,
+            bootstrap_servers=broker,
+            group_id=f"g-{uuid.uuid4().hex[:8]}",
+            auto_offset_reset="earliest",
+            enable_auto_commit=False,
+            session_timeout_ms=2000,
+            heartbeat_interval_ms=500,
         )
         await consumer.start()
         records: list[object] = []

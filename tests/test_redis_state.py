@@ -59,12 +59,17 @@ def test_join_in_either_order_and_redelivery(client: redis.Redis, redis_prefix: 
     assert join.put_events([("1", "0:10", '{"e": 1}')], now=100.0) == [("wait", None)]
     assert join.pending() == 1
     answered = join.put_tweets([("1", ["flood", "help"])])
-    assert [(a.tweet_id, a.event_id, a.payload, a.truth) for a in answered] == [("1", "0:10", '{"e": 1}', ["flood", "help"])]
+    assert [(a.tweet_id, a.event_id, a.payload, a.truth) for a in answered] == [
+        ("1", "0:10", '{"e": 1}', ["flood", "help"])
+    ]
     assert join.pending() == 0
     # tweet first, then the event; a redelivered event is a duplicate
     assert join.put_tweets([("2", [])]) == []
     assert join.put_events([("2", "0:11", "{}")], now=100.0) == [("match", [])]
-    assert join.put_events([("2", "0:11", "{}"), ("1", "0:10", "{}")], now=100.0) == [("dup", None), ("dup", None)]
+    assert join.put_events([("2", "0:11", "{}"), ("1", "0:10", "{}")], now=100.0) == [
+        ("dup", None),
+        ("dup", None),
+    ]
 
 
 def test_expiry_pops_each_event_once(client: redis.Redis, redis_prefix: str) -> None:

@@ -185,9 +185,7 @@ def bert_like(rng: np.random.Generator, n: int, dim: int = 768) -> np.ndarray:
     return (mu + rng.normal(scale=0.3, size=(n, dim))).astype(np.float32)
 
 
-def zipf_stream(
-    rng: np.random.Generator, n: int, dim: int = 768, n_tags: int = 200
-) -> list[Contribution]:
+def zipf_stream(rng: np.random.Generator, n: int, dim: int = 768, n_tags: int = 200) -> list[Contribution]:
     """Tweets over 2 topics x 3 partitions, interleaved, with 1-3 Zipf-drawn hashtags each."""
     pids = [("tweets", 0), ("tweets", 1), ("tweets", 2), ("archive", 0), ("archive", 1)]
     next_offset = dict.fromkeys(pids, 1000)
@@ -277,9 +275,7 @@ def test_precision_against_a_float64_batch_recomputation(store: RedisMeans) -> N
     rng = np.random.default_rng(2)
     vectors = bert_like(rng, 3000)
     for start in range(0, 3000, 3):
-        store.apply(
-            [Contribution("t", 0, start + i, ["hot"], vectors[start + i]) for i in range(3)]
-        )
+        store.apply([Contribution("t", 0, start + i, ["hot"], vectors[start + i]) for i in range(3)])
     expected = in_memory([Contribution("t", 0, i, ["hot"], v) for i, v in enumerate(vectors)], 768)
     assert_matches(store.read_all(), expected, tol=1e-7)
 
@@ -294,9 +290,7 @@ def test_several_topics_and_partitions_keep_separate_watermarks(store: RedisMean
         ]
     )
     # offsets at or below another partition's watermark are still new for their own
-    result = store.apply(
-        [Contribution("tweets", 1, 6, ["a"], v), Contribution("t", 0, 1, ["a"], v)]
-    )
+    result = store.apply([Contribution("tweets", 1, 6, ["a"], v), Contribution("t", 0, 1, ["a"], v)])
     assert (result.applied, result.skipped) == (2, 0)
     assert store.watermarks("a") == {
         ("tweets", 0): 10,
@@ -480,9 +474,7 @@ def simulate(client: redis.Redis | RedisCluster, log: list[Contribution], data: 
         RedisMeans(client, prefix=prefix).clear()
 
 
-@settings(
-    max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
-)
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(log=kafka_logs(), data=st.data())
 def test_crashes_rebalances_and_redelivery_give_the_batch_result(
     client: redis.Redis, log: list[Contribution], data: st.DataObject
@@ -654,9 +646,7 @@ def test_redis_cluster(cluster: RedisCluster) -> None:
     assert s.read_all() == {}
 
 
-@settings(
-    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
-)
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(log=kafka_logs(), data=st.data())
 def test_redis_cluster_crashes_and_redelivery(
     cluster: RedisCluster, log: list[Contribution], data: st.DataObject

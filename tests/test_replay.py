@@ -125,7 +125,9 @@ def test_speed_max_never_sleeps(paced_feed: Path) -> None:
 
 
 def test_out_of_order_events_are_not_paced_backwards(tmp_path: Path) -> None:
-    feed = write(tmp_path / "f.jsonl", [tweet_line(1, 0), tweet_line(2, 30), tweet_line(3, 20), tweet_line(4, 40)])
+    feed = write(
+        tmp_path / "f.jsonl", [tweet_line(1, 0), tweet_line(2, 30), tweet_line(3, 20), tweet_line(4, 40)]
+    )
     clock = FakeClock()
     replay([feed], Recorder(clock), speed=1, clock=clock, sleep=clock.sleep)
     assert clock.sleeps == pytest.approx([30, 10])
@@ -143,9 +145,7 @@ def test_parse_speed() -> None:
 
 def test_start_end_is_half_open(paced_feed: Path) -> None:
     sink = Recorder()
-    summary = replay(
-        [paced_feed], sink, start=T0 + timedelta(seconds=10), end=T0 + timedelta(seconds=60)
-    )
+    summary = replay([paced_feed], sink, start=T0 + timedelta(seconds=10), end=T0 + timedelta(seconds=60))
     assert sink.keys == ["1", "2", "3"]
     assert summary.skipped == {"before_start": 1, "after_end": 2}
     assert summary.first_event == T0 + timedelta(seconds=10)
@@ -209,7 +209,11 @@ def test_csv_rows_go_as_json(tmp_path: Path) -> None:
     path.write_text('id,created_at,text\n5,2013-01-01T00:00:00Z,"a, b #c"\n', encoding="utf-8")
     sink = Recorder()
     replay([path], sink)
-    assert json.loads(sink.sent[0].value) == {"id": "5", "created_at": "2013-01-01T00:00:00Z", "text": "a, b #c"}
+    assert json.loads(sink.sent[0].value) == {
+        "id": "5",
+        "created_at": "2013-01-01T00:00:00Z",
+        "text": "a, b #c",
+    }
     assert sink.sent[0].key == b"5" and sink.sent[0].timestamp_ms == timestamp_ms(T0)
 
 
@@ -488,8 +492,23 @@ def test_cli_selection_strict_and_new_topic(broker: str, crisis_feed: tuple[Path
     # A topic that does not exist is created with the workers' partition count.
     topic = f"replay-new-{uuid.uuid4().hex[:8]}"
     start = json.loads(lines[10])["created_at"]
-    result = _invoke([str(path), "--topic", topic, "--broker", broker, "--start", start,
-                      "--limit", "20", "--speed", "1000000", "--kind", "tweets"])
+    result = _invoke(
+        [
+            str(path),
+            "--topic",
+            topic,
+            "--broker",
+            broker,
+            "--start",
+            start,
+            "--limit",
+            "20",
+            "--speed",
+            "1000000",
+            "--kind",
+            "tweets",
+        ]
+    )
     assert result.exit_code == 0, result.output
     assert "produced" in result.stdout and "limit" in result.stdout
     assert topic_partitions(broker, [topic])[topic] == Settings().partitions

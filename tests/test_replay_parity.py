@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -54,8 +55,18 @@ def popular_events(lines: list[str], r: int = 10) -> list[dict[str, object]]:
 
 def replay(stack: Stack, path: Path, topic: str) -> None:
     subprocess.run(
-        [REVAL, "replay", str(path), "--topic", stack.topics[topic], "--broker", stack.bootstrap,
-         "--speed", "max", "--json"],
+        [
+            REVAL,
+            "replay",
+            str(path),
+            "--topic",
+            stack.topics[topic],
+            "--broker",
+            stack.bootstrap,
+            "--speed",
+            "max",
+            "--json",
+        ],
         check=True,
         capture_output=True,
         env=stack.env,
@@ -76,15 +87,26 @@ def test_replay_matches_offline_scoring_and_event_time_windows(stack: Stack, tmp
     means = RedisMeans.from_url(stack.redis_url, prefix=stack.prefix)
     store = ThesaurusStore(stack.index_dir)
 
+    seen: dict[str, float] = {}
+
     def settled() -> bool:
         done = embed.metric("reval_records_consumed_total", topic=stack.topics["tweets"]) == len(lines)
         current = store.current_version()
-        return bool(
+        ready = bool(
             done
             and means.changed_count() == 0
             and current
             and score.metric("reval_scoring_thesaurus_version") == int(current[1:])
         )
+        # The changed set empties when a build *starts*: the version must also stay current
+        # for a few index intervals, so that no build that began before it is still running.
+        if not ready or current is None:
+            seen.clear()
+            return False
+        if current not in seen:
+            seen.clear()
+            seen[current] = time.monotonic()
+        return time.monotonic() - seen[current] >= 4.0
 
     wait_for("the index to settle on the whole feed", settled, 120, 1.0)
     version = store.current_version()
@@ -99,9 +121,24 @@ def test_replay_matches_offline_scoring_and_event_time_windows(stack: Stack, tmp
 
     offline_events = tmp_path / "offline.jsonl"
     offline = subprocess.run(
-        [REVAL, "score", str(recs), "-t", str(stack.index_dir / version), "-k", ",".join(map(str, KS)),
-         "-r", "1,5,10", "--json", "--events", str(offline_events)],
-        check=True, capture_output=True, text=True, env=stack.env,
+        [
+            REVAL,
+            "score",
+            str(recs),
+            "-t",
+            str(stack.index_dir / version),
+            "-k",
+            ",".join(map(str, KS)),
+            "-r",
+            "1,5,10",
+            "--json",
+            "--events",
+            str(offline_events),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        env=stack.env,
     )
     summary = json.loads(offline.stdout)
     by_id = {r["tweet_id"]: r for r in results}
@@ -136,6 +173,8 @@ def test_replay_matches_offline_scoring_and_event_time_windows(stack: Stack, tmp
         for r in ("1", "5", "10"):
             for k in (0, 10, 70):
                 expected_mean = sum(res["reval_hit_ratio"][r][str(k)] for res in inside) / len(inside)
-                key = ("reval_hit_ratio_rolling", tuple(sorted(
-                    {"recommender": "popular", "k": str(k), "r": r, "window": label}.items())))
+                key = (
+                    "reval_hit_ratio_rolling",
+                    tuple(sorted({"recommender": "popular", "k": str(k), "r": r, "window": label}.items())),
+                )
                 assert metrics[key] == pytest.approx(expected_mean, abs=1e-9), (label, r, k)

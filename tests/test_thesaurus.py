@@ -52,8 +52,14 @@ def _angles(degrees: dict[str, float]) -> tuple[list[str], npt.NDArray[np.float6
 
 # swim is nearest to sport, but sport has two nearer hashtags (paper 3.2's example).
 SPORTS = {
-    "swim": 0.0, "dive": 8.0, "sport": 20.0, "sports": 23.0, "exercise": 27.0,
-    "golf": 60.0, "hockey": 70.0, "bowling": 75.0,
+    "swim": 0.0,
+    "dive": 8.0,
+    "sport": 20.0,
+    "sports": 23.0,
+    "exercise": 27.0,
+    "golf": 60.0,
+    "hockey": 70.0,
+    "bowling": 75.0,
 }
 
 
@@ -216,7 +222,9 @@ def test_all_thesauri_satisfy_the_protocol(sports: Thesaurus) -> None:
 
 def test_annoy_agrees_with_exact_on_small_data() -> None:
     names, vectors = _clustered(300, 8, 5, 0.8, seed=3)
-    annoy = AnnoyThesaurus.build(names, vectors, n_trees=20, search_k=100_000, method="raw", candidates="annoy")
+    annoy = AnnoyThesaurus.build(
+        names, vectors, n_trees=20, search_k=100_000, method="raw", candidates="annoy"
+    )
     exact = ExactThesaurus.build(names, vectors)
     for h in names[:60]:
         assert set(annoy.neighbours(h, 10)) == set(exact.neighbours(h, 10))
@@ -265,8 +273,7 @@ def test_annoy_recall_at_10_against_exact() -> None:
     exact = ExactThesaurus.build(names, vectors)
     queries = np.random.default_rng(1).choice(len(names), size=200, replace=False)
     recall = [
-        len(set(annoy.neighbours(names[q], 10)) & set(exact.neighbours(names[q], 10))) / 10
-        for q in queries
+        len(set(annoy.neighbours(names[q], 10)) & set(exact.neighbours(names[q], 10))) / 10 for q in queries
     ]
     assert float(np.mean(recall)) >= 0.95, f"recall@10 = {np.mean(recall):.4f}"
 
@@ -277,7 +284,11 @@ def test_annoy_recall_at_10_against_exact() -> None:
 def _sports_annoy(version: str | None = None, max_distance: float | None = None) -> AnnoyThesaurus:
     names, vectors = _angles(SPORTS)
     return AnnoyThesaurus.build(
-        names, vectors, model_id="test-model", n_trees=10, version=version,
+        names,
+        vectors,
+        model_id="test-model",
+        n_trees=10,
+        version=version,
         max_distance=max_distance,
     )
 
@@ -285,8 +296,13 @@ def _sports_annoy(version: str | None = None, max_distance: float | None = None)
 def test_save_load_round_trip_is_identical_and_mmapped(tmp_path: Path) -> None:
     names, vectors = _clustered(2000, 32, 40, 1.0, seed=5)
     th = AnnoyThesaurus.build(
-        names, vectors, counts=[1 + i % 4 for i in range(2000)], min_count=2,
-        model_id="m", n_trees=20, max_distance=0.8,
+        names,
+        vectors,
+        counts=[1 + i % 4 for i in range(2000)],
+        min_count=2,
+        model_id="m",
+        n_trees=20,
+        max_distance=0.8,
     )
     before = {h: th.neighbours_with_distances(h, 10) for h in th.hashtags[:200]}
     target = th.save(tmp_path / "th")
@@ -329,9 +345,7 @@ def replace_mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
     return mode
 
 
-def test_save_over_an_existing_thesaurus_replaces_it_whole(
-    tmp_path: Path, replace_mode: str
-) -> None:
+def test_save_over_an_existing_thesaurus_replaces_it_whole(tmp_path: Path, replace_mode: str) -> None:
     target = tmp_path / "th"
     _sports_annoy(version="old").save(target)
     new = AnnoyThesaurus.build(["a", "b"], np.eye(2) + 0.1, version="new")
@@ -471,11 +485,13 @@ def test_load_thesaurus_errors_say_what_is_wrong(tmp_path: Path) -> None:
 def test_json_thesaurus_normalises_and_orders(tmp_path: Path) -> None:
     path = tmp_path / "mine.json"
     path.write_text(
-        json.dumps({
-            "#Swim": ["#Dive", "SPORT", "swim", "dive", "#paddle"],
-            "sport": ["sports", "exercise"],
-            "Café": [],
-        }),
+        json.dumps(
+            {
+                "#Swim": ["#Dive", "SPORT", "swim", "dive", "#paddle"],
+                "sport": ["sports", "exercise"],
+                "Café": [],
+            }
+        ),
         encoding="utf-8",
     )
     th = read_json_thesaurus(path)
@@ -485,8 +501,12 @@ def test_json_thesaurus_normalises_and_orders(tmp_path: Path) -> None:
     assert th.synonyms("swim", 0) == ["swim"]
     assert th.synonyms("dive", 3) == ["dive"]  # listed as a synonym but has no entry
     assert th.metadata.metric == "user" and th.metadata.count == 3
-    assert th.version == JsonThesaurus({"swim": ["dive", "sport", "paddle"],
-                                        "sport": ["sports", "exercise"], "café": []}).version
+    assert (
+        th.version
+        == JsonThesaurus(
+            {"swim": ["dive", "sport", "paddle"], "sport": ["sports", "exercise"], "café": []}
+        ).version
+    )
 
 
 @pytest.mark.parametrize(
@@ -677,7 +697,9 @@ def test_reader_in_another_process_sees_whole_versions(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     reader = subprocess.Popen(
         [sys.executable, "-c", _READER_SCRIPT, str(root), sizes],
-        stdout=subprocess.PIPE, env=env, text=True,
+        stdout=subprocess.PIPE,
+        env=env,
+        text=True,
     )
     try:
         deadline = time.monotonic() + 30

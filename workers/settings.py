@@ -13,6 +13,7 @@ from typing import Any
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from stream.hubness import DEFAULT_METHOD, METHODS
 from stream.scoring import DEFAULT_KS, DEFAULT_RS, parse_ints
 
 
@@ -92,6 +93,9 @@ class Settings(BaseSettings):
     index_keep: int = Field(3, ge=1, description="Versions kept")
     index_min_count: int = Field(1, ge=1, description="Min tweets per indexed hashtag")
     index_n_trees: int = Field(50, ge=1, description="Annoy trees")
+    index_hubness: str = Field(
+        DEFAULT_METHOD, description="Neighbour ranking: raw, center, csls, center+csls, mp (see README)"
+    )
 
     # Scoring
     ks: str = Field(",".join(map(str, DEFAULT_KS)), description="Synonym counts k")
@@ -107,6 +111,13 @@ class Settings(BaseSettings):
     metrics_host: str = Field(
         "127.0.0.1", description="Prometheus bind address (containers set 0.0.0.0 explicitly)"
     )
+
+    @field_validator("index_hubness")
+    @classmethod
+    def _check_hubness(cls, value: str) -> str:
+        if value not in METHODS:
+            raise ValueError(f"must be one of {', '.join(METHODS)}")
+        return value
 
     @field_validator("ks", "rs", "windows")
     @classmethod

@@ -298,7 +298,9 @@ def alert_rules(p: Params) -> list[dict[str, Any]]:
             "Recommender {{ $labels.recommender }}: #REval-hit-ratio@k={{ $labels.k }} dropped",
             (
                 "The #REval-hit-ratio (k={{ $labels.k }}, r={{ $labels.r }}) of recommender "
-                "{{ $labels.recommender }} over the last " + qw + " is more than "
+                "{{ $labels.recommender }} over the last "
+                + qw
+                + " is more than "
                 + pct(p.quality_drop_fraction)
                 + " below its baseline (the same window "
                 + ", ".join(p.baseline_offsets)
@@ -339,9 +341,14 @@ def alert_rules(p: Params) -> list[dict[str, Any]]:
             "warning",
             "Recommender {{ $labels.recommender }}: many recommended hashtags unknown to the thesaurus",
             (
-                "Over the last " + p.unknown_window + " more than " + pct(p.unknown_share_max)
+                "Over the last "
+                + p.unknown_window
+                + " more than "
+                + pct(p.unknown_share_max)
                 + " of the hashtags recommended by {{ $labels.recommender }} are not in the thesaurus, "
-                + pct(p.unknown_share_rise) + " more than over the last " + p.unknown_baseline_window
+                + pct(p.unknown_share_rise)
+                + " more than over the last "
+                + p.unknown_baseline_window
                 + ". Unknown hashtags only match themselves (Syn(h) = {h})."
             ),
         ),
@@ -358,7 +365,8 @@ def alert_rules(p: Params) -> list[dict[str, Any]]:
             (
                 "The scoring workers scored no recommendation event"
                 "{{ with $labels.recommender }} of recommender {{ . }}{{ end }} in the last "
-                + p.no_scores_window + "."
+                + p.no_scores_window
+                + "."
             ),
         ),
         alert(
@@ -371,9 +379,11 @@ def alert_rules(p: Params) -> list[dict[str, Any]]:
             "warning",
             "{{ $labels.job }} is falling behind on {{ $labels.topic }}",
             (
-                "Consumer group of {{ $labels.job }} is more than " + str(p.lag_max_records)
+                "Consumer group of {{ $labels.job }} is more than "
+                + str(p.lag_max_records)
                 + " records behind on topic {{ $labels.topic }} and the lag grew over the last "
-                + p.lag_growth_window + "."
+                + p.lag_growth_window
+                + "."
             ),
         ),
         alert(
@@ -386,7 +396,8 @@ def alert_rules(p: Params) -> list[dict[str, Any]]:
             "warning",
             "The thesaurus index is stale",
             (
-                "No new thesaurus version was published for more than " + p.index_max_age
+                "No new thesaurus version was published for more than "
+                + p.index_max_age
                 + " (or none was ever built): new hashtags get no synonyms."
             ),
         ),
@@ -416,7 +427,8 @@ def alert_rules(p: Params) -> list[dict[str, Any]]:
             "warning",
             "Many records of {{ $labels.topic }} go to the dead-letter topic",
             (
-                "More than " + pct(p.dead_letter_ratio_max)
+                "More than "
+                + pct(p.dead_letter_ratio_max)
                 + " of the records consumed from {{ $labels.topic }} "
                 "were rejected over the last " + p.dead_letter_window + "."
             ),
@@ -434,16 +446,19 @@ def alert_rules(p: Params) -> list[dict[str, Any]]:
             "warning",
             "Embedding throughput collapsed",
             (
-                "The embed workers embedded fewer than " + pct(p.embed_collapse_fraction)
-                + " as many tweets per second over the last " + p.embed_window
-                + " as over the " + p.embed_baseline_window + " before."
+                "The embed workers embedded fewer than "
+                + pct(p.embed_collapse_fraction)
+                + " as many tweets per second over the last "
+                + p.embed_window
+                + " as over the "
+                + p.embed_baseline_window
+                + " before."
             ),
         ),
         alert(
             "RevalWorkerDown",
             # absent(): with DNS discovery a stopped service has no target at all
-            'up{job=~"reval-.*"} == 0'
-            + "".join(f'\nor\nabsent(up{{job="{JOBS[role]}"}})' for role in ROLES),
+            'up{job=~"reval-.*"} == 0' + "".join(f'\nor\nabsent(up{{job="{JOBS[role]}"}})' for role in ROLES),
             p.worker_down_for,
             "critical",
             "{{ $labels.job }}{{ with $labels.instance }} at {{ . }}{{ end }} is down",

@@ -471,4 +471,3 @@ def packed_forward(
         out = layer.output
         h = out.LayerNorm(out.dense(x).add_(a))
     return unpack(h).view(batch, length, width)
-

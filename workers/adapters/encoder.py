@@ -75,6 +75,7 @@ _DTYPES: dict[str, torch.dtype] = {
     "qint8": torch.int8,
 }
 
+
 def resolve_model(name: str) -> str:
     """Map an alias to something ``from_pretrained`` loads; other names pass through.
 

@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from itertools import chain
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -130,6 +131,26 @@ class Exporter:
         self.index_build_seconds = Gauge(
             "reval_index_build_seconds", "Duration of the last index build", registry=r
         )
+        # Hubness of the current thesaurus (stream.hubness): never a label per hashtag.
+        self.index_hubness_skewness = Gauge(
+            "reval_index_hubness_skewness", "Skewness of N_10, the 10-occurrence distribution", registry=r
+        )
+        self.index_hubness_max_share = Gauge(
+            "reval_index_hubness_max_share",
+            "Largest N_10 as a share of all hashtags (the biggest hub's reach)",
+            registry=r,
+        )
+        self.index_hubness_hub_share = Gauge(
+            "reval_index_hubness_lists_with_hub_ratio",
+            "Share of hashtags whose 10 nearest hold one of the 10 largest hubs",
+            registry=r,
+        )
+        self.thesaurus_rejected = Counter(
+            "reval_thesaurus_versions_rejected",
+            "Thesaurus versions refused (damaged files, unreadable): the last good one stays in use",
+            ["role"],
+            registry=r,
+        )
         self.thesaurus_loaded = Gauge(
             "reval_scoring_thesaurus_version",
             "Thesaurus version number the scorer uses",
@@ -154,14 +175,34 @@ class Exporter:
         start_http_server(port, addr=host, registry=self.registry)
 
 
+class _Accumulator:
+    """Count, sums and event-time rolling means of one vector of per-event values."""
+
+    def __init__(self, width: int, windows: Sequence[int]) -> None:
+        self.count = 0
+        self.sums = np.zeros(width)
+        self.rolling = [RollingMean(w, size=width) for w in windows]
+
+    def update(self, values: npt.NDArray[np.float64], event_time: float) -> None:
+        self.count += 1
+        self.sums += values
+        for window in self.rolling:
+            window.update(event_time, values)
+
+    def snapshot(self) -> tuple[int, npt.NDArray[np.float64], list[Any]]:
+        return self.count, self.sums.copy(), [window.get() for window in self.rolling]
+
+
 class QualityMetrics:
     """Feeds scored events into the quality metrics, at thousands of events per second.
 
-    Every scorable event adds to every (k, r) cell of its recommender, so one count
-    and one vector of sums per recommender are the whole state of the
-    ``reval_hit_ratio`` / ``reval_exact_match`` summaries; they and the event-time
-    rolling means are turned into metric families only when Prometheus scrapes
-    (this object is a custom collector), not on every event.
+    Every scorable event adds to every (k, r) cell of its recommender, so a count and a
+    vector of sums per recommender are the whole state of the ``reval_hit_ratio``,
+    ``reval_hit_ratio_corrected`` and ``reval_exact_match`` summaries; they and the
+    event-time rolling means are turned into metric families only when Prometheus
+    scrapes (this object is a custom collector), not on every event.  The corrected
+    families count only events scored with a null model (every published thesaurus
+    has one; the empty thesaurus before the first version has none).
     """
 
     def __init__(
@@ -175,15 +216,15 @@ class QualityMetrics:
     ) -> None:
         self.x = exporter
         self.ks = [str(k) for k in ks]
+        self._k_ints = list(ks)
         self.rs = [r_label(r) for r in rs]
         self.windows = list(windows)
         self.guard = guard
         self.window_label = window_label
-        # value layout: for each r, the k values then the exact metrics
+        # main layout: for each r, the k values then the exact metrics; corrected: k values per r
         self.width = len(self.rs) * (len(self.ks) + len(ExactScores.NAMES))
-        self._counts: dict[str, int] = {}
-        self._sums: dict[str, npt.NDArray[np.float64]] = {}
-        self._rolling: dict[str, list[RollingMean]] = {}
+        self._main: dict[str, _Accumulator] = {}
+        self._corrected: dict[str, _Accumulator] = {}
         self._lock = threading.Lock()  # observe runs in the scorer thread, collect in the HTTP one
         exporter.registry.register(self)
 
@@ -202,23 +243,50 @@ class QualityMetrics:
             dtype=np.float64,
             count=self.width,
         )
+        corrected = None
+        if score.corrected:
+            corrected = np.fromiter(
+                chain.from_iterable(score.corrected[r].values() for r in self.rs),
+                dtype=np.float64,
+                count=len(self.rs) * len(self.ks),
+            )
         with self._lock:
-            if name not in self._sums:
-                self._counts[name] = 0
-                self._sums[name] = np.zeros(self.width)
-                self._rolling[name] = [RollingMean(w, size=self.width) for w in self.windows]
-            self._counts[name] += 1
-            self._sums[name] += values
-            for window in self._rolling[name]:
-                window.update(event_time, values)
+            main = self._main.get(name)
+            if main is None:
+                main = self._main[name] = _Accumulator(self.width, self.windows)
+            main.update(values, event_time)
+            if corrected is not None:
+                acc = self._corrected.get(name)
+                if acc is None:
+                    acc = self._corrected[name] = _Accumulator(len(corrected), self.windows)
+                acc.update(corrected, event_time)
 
     def describe(self) -> list[Metric]:
         return []
 
     def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            main = {name: acc.snapshot() for name, acc in self._main.items()}
+            corrected = {name: acc.snapshot() for name, acc in self._corrected.items()}
+        hit_ratio = SummaryMetricFamily(
+            "reval_hit_ratio", "#REval-hit-ratio of scored events", labels=["recommender", "k", "r"]
+        )
+        hit_corrected = SummaryMetricFamily(
+            "reval_hit_ratio_corrected",
+            "Chance-corrected #REval-hit-ratio of scored events (0 = popularity-weighted random)",
+            labels=["recommender", "k", "r"],
+        )
+        exact_match = SummaryMetricFamily(
+            "reval_exact_match", "Exact-match metric of scored events", labels=["recommender", "metric", "r"]
+        )
         reval = GaugeMetricFamily(
             "reval_hit_ratio_rolling",
             "#REval-hit-ratio mean over a window of event time",
+            labels=["recommender", "k", "r", "window"],
+        )
+        reval_corrected = GaugeMetricFamily(
+            "reval_hit_ratio_corrected_rolling",
+            "Chance-corrected #REval-hit-ratio mean over a window of event time",
             labels=["recommender", "k", "r", "window"],
         )
         exact = GaugeMetricFamily(
@@ -226,43 +294,29 @@ class QualityMetrics:
             "Exact-match metric mean over a window of event time",
             labels=["recommender", "metric", "r", "window"],
         )
-        hit_ratio = SummaryMetricFamily(
-            "reval_hit_ratio", "#REval-hit-ratio of scored events", labels=["recommender", "k", "r"]
-        )
-        exact_match = SummaryMetricFamily(
-            "reval_exact_match", "Exact-match metric of scored events", labels=["recommender", "metric", "r"]
-        )
-        with self._lock:
-            counts = dict(self._counts)
-            sums = {name: total.copy() for name, total in self._sums.items()}
-            rolling_means = {
-                name: [window.get() for window in windows] for name, windows in self._rolling.items()
-            }
-        for name, total in sums.items():
+        labels = [self.window_label(seconds) for seconds in self.windows]
+        for name, (count, total, means) in main.items():
             i = 0
             for r in self.rs:
                 for k in self.ks:
-                    hit_ratio.add_metric([name, k, r], count_value=counts[name], sum_value=float(total[i]))
+                    hit_ratio.add_metric([name, k, r], count_value=count, sum_value=float(total[i]))
+                    for label, window in zip(labels, means, strict=True):
+                        if window is not None:
+                            reval.add_metric([name, k, r, label], float(window[i]))
                     i += 1
                 for metric in ExactScores.NAMES:
-                    exact_match.add_metric(
-                        [name, metric, r], count_value=counts[name], sum_value=float(total[i])
-                    )
+                    exact_match.add_metric([name, metric, r], count_value=count, sum_value=float(total[i]))
+                    for label, window in zip(labels, means, strict=True):
+                        if window is not None:
+                            exact.add_metric([name, metric, r, label], float(window[i]))
                     i += 1
-        yield hit_ratio
-        yield exact_match
-        for name, all_means in rolling_means.items():
-            for seconds, means in zip(self.windows, all_means, strict=True):
-                if means is None:
-                    continue
-                label = self.window_label(seconds)
-                i = 0
-                for r in self.rs:
-                    for k in self.ks:
-                        reval.add_metric([name, k, r, label], float(means[i]))
-                        i += 1
-                    for metric in ExactScores.NAMES:
-                        exact.add_metric([name, metric, r, label], float(means[i]))
-                        i += 1
-        yield reval
-        yield exact
+        for name, (count, total, means) in corrected.items():
+            i = 0
+            for r in self.rs:
+                for k in self.ks:
+                    hit_corrected.add_metric([name, k, r], count_value=count, sum_value=float(total[i]))
+                    for label, window in zip(labels, means, strict=True):
+                        if window is not None:
+                            reval_corrected.add_metric([name, k, r, label], float(window[i]))
+                    i += 1
+        yield from (hit_ratio, hit_corrected, exact_match, reval, reval_corrected, exact)

@@ -95,9 +95,7 @@ class KafkaSink:
             self._pending_bytes -= size
             if isinstance(result, BaseException):
                 if self._failure is None:
-                    self._failure = ProduceError(
-                        where, f"producing to {self.topic!r} failed: {result!r}"
-                    )
+                    self._failure = ProduceError(where, f"producing to {self.topic!r} failed: {result!r}")
             else:
                 self.acked += 1
             self._done.notify_all()
@@ -112,11 +110,13 @@ class KafkaSink:
         size = len(out.value) + len(out.key or b"")
         with self._done:
             ready = self._done.wait_for(
-                lambda: self._failure is not None
-                or self._pending == 0
-                or (
-                    self._pending < self.max_pending
-                    and self._pending_bytes + size <= self.max_pending_bytes
+                lambda: (
+                    self._failure is not None
+                    or self._pending == 0
+                    or (
+                        self._pending < self.max_pending
+                        and self._pending_bytes + size <= self.max_pending_bytes
+                    )
                 ),
                 timeout=self.max_block_s,
             )

@@ -85,9 +85,7 @@ class RedisSeen:
     def claim_many(self, requests: Sequence[tuple[Sequence[str], str]]) -> list[list[bool]]:
         """Claims for a whole batch in one round trip."""
         calls = [
-            (f"{self.prefix}:seen:{key}", (claimant, self.ttl))
-            for keys, claimant in requests
-            for key in keys
+            (f"{self.prefix}:seen:{key}", (claimant, self.ttl)) for keys, claimant in requests for key in keys
         ]
         owners = iter(eval_many(self.client, self._claim, calls) if calls else [])
         return [[_text(next(owners)) == claimant for _ in keys] for keys, claimant in requests]
@@ -137,9 +135,7 @@ class RedisJoin:
             tweets, eval_many(self.client, self._put_tweet, calls), strict=True
         ):
             for i in range(0, len(reply), 2):
-                answered.append(
-                    Answered(tweet_id, _text(reply[i]), _text(reply[i + 1]), list(hashtags))
-                )
+                answered.append(Answered(tweet_id, _text(reply[i]), _text(reply[i + 1]), list(hashtags)))
         if answered:
             self.client.zrem(self.deadlines, *(f"{a.tweet_id}\0{a.event_id}" for a in answered))
         return answered

@@ -62,8 +62,6 @@ def train_word_vectors(
     return model.wv
 
 
-
-
 def trainer(**options: Any) -> Callable[[Sequence[Sequence[str]]], Any]:
     """A ``docs -> KeyedVectors`` function with fixed options (what :class:`MoweRecommender`
     takes to train its own Word2Vec)."""

@@ -13,10 +13,11 @@ from rich.progress import MofNCompleteColumn, Progress, SpinnerColumn, TextColum
 from rich.table import Table
 
 from stream.hashtags import normalise_hashtag
+from stream.hubness import DEFAULT_METHOD, check_method
 from stream.records import ErrorLog, RecordError, parse_recommendation
 from stream.scoring import ALL, Summary, parse_ints, r_label, score_event
 from workers.adapters.feeds import read_file
-from workers.adapters.store import load_thesaurus, neighbour_cache
+from workers.adapters.store import DEFAULT_DEPTH, load_thesaurus, neighbour_cache
 
 app = typer.Typer(  # the console script ``reval``
     help="#REval: semantic evaluation of hashtag recommenders on tweet feeds.",
@@ -51,35 +52,46 @@ def _progress() -> Progress:
 @thesaurus_app.command("build")
 def thesaurus_build(
     feeds: Annotated[list[Path], typer.Argument(help="Tweet files: .jsonl, .jsonl.gz or .csv")],
-    out_dir: Annotated[Path, typer.Option("--out", help="Directory to write the thesaurus to")],
+    out_dir: Annotated[Path, typer.Option("--out", help="New (or empty) directory for the thesaurus")],
     model: Annotated[
-        str, typer.Option(help="Hub id or local path; 'minilm' = the packaged MiniLM")
+        str,
+        typer.Option(help="Hub id (needs the network once) or local path; 'minilm' = packaged, offline"),
     ] = "vinai/bertweet-base",
-    min_count: Annotated[int, typer.Option(help="Leave out hashtags seen fewer times")] = 1,
-    batch_size: Annotated[int, typer.Option(help="Encoder batch size")] = 32,
-    n_trees: Annotated[int, typer.Option(help="Annoy trees")] = 50,
-    language_filter: Annotated[
-        bool, typer.Option(help="Drop non-English tweets (paper 3.1.1)")
-    ] = True,
+    min_count: Annotated[int, typer.Option(help="Leave out hashtags seen fewer times", min=1)] = 1,
+    batch_size: Annotated[int, typer.Option(help="Encoder batch size", min=1)] = 32,
+    n_trees: Annotated[int, typer.Option(help="Annoy trees", min=1)] = 50,
+    hubness: Annotated[
+        str,
+        typer.Option(help="Neighbour ranking: center+csls (default), raw (the paper's), center, csls, mp"),
+    ] = DEFAULT_METHOD,
+    depth: Annotated[
+        int, typer.Option(help="Neighbours per hashtag in the table (deeper queries use the index)", min=1)
+    ] = DEFAULT_DEPTH,
+    language_filter: Annotated[bool, typer.Option(help="Drop non-English tweets (paper 3.1.1)")] = True,
+    force: Annotated[bool, typer.Option("--force", help="Replace a thesaurus already in --out")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON")] = False,
 ) -> None:
-    """Clean → embed → per-hashtag running means → Annoy thesaurus."""
+    """Clean → embed → per-hashtag running means → thesaurus (neighbour table + Annoy index)."""
     from stream.cleaning import Cleaner
     from workers.adapters.encoder import Encoder
+    from workers.adapters.feeds import check_paths, iter_raw
+    from workers.adapters.store import ThesaurusOverwriteError, check_writable_thesaurus_dir
     from workers.commands.offline import build_thesaurus
 
-    for feed in feeds:
-        if not feed.exists():
-            raise fail(f"feed file not found: {feed}")
+    try:  # everything that can be checked is checked before the model loads
+        check_paths(feeds)
+        check_method(hubness)
+        check_writable_thesaurus_dir(out_dir, replace=force)
+    except (OSError, ValueError, ThesaurusOverwriteError) as exc:
+        raise fail(str(exc)) from None
     try:
         encoder = Encoder(model, batch_size=batch_size)
     except OSError as exc:
         raise fail(f"cannot load model {model!r}: {exc}") from None
-    err.print(
-        f"encoder: {encoder.model_id} on {encoder.device} ({encoder.dtype}), dim {encoder.dim}"
-    )
+    err.print(f"encoder: {encoder.model_id} on {encoder.device} ({encoder.dtype}), dim {encoder.dim}")
+    total = sum(1 for feed in feeds for _ in iter_raw(feed))  # a quick pass: the bar gets a total and ETA
     with _progress() as progress:
-        task = progress.add_task("embedding", total=None, rate="")
+        task = progress.add_task("embedding", total=total, rate="")
         done = [0]
 
         def tick(n: int) -> None:
@@ -95,14 +107,25 @@ def thesaurus_build(
                 encoder,
                 min_count=min_count,
                 n_trees=n_trees,
+                method=hubness,
+                depth=depth,
                 cleaner=Cleaner(language_filter=language_filter),
                 on_progress=tick,
             )
         except ValueError as exc:
             raise fail(str(exc)) from None
         progress.update(task, completed=done[0])
-    thesaurus.save(out_dir)
-    summary = {**report.as_dict(), "out": str(out_dir), "version": thesaurus.version}
+    try:
+        thesaurus.save(out_dir, replace=force)
+    except (OSError, ThesaurusOverwriteError) as exc:
+        raise fail(f"cannot write {out_dir}: {exc}") from None
+    summary = {
+        **report.as_dict(),
+        "out": str(out_dir),
+        "version": thesaurus.version,
+        "hubness_method": hubness,
+        "hubness": thesaurus.metadata.hubness,
+    }
     if as_json:
         print(json.dumps(summary, indent=2))
         return
@@ -110,8 +133,58 @@ def thesaurus_build(
     for key, value in summary.items():
         if key == "first_bad_lines":
             value = "\n".join(value) if value else "-"  # type: ignore[arg-type]
+        if key == "hubness":
+            continue
         table.add_row(key, str(value))
     out.print(table)
+    _print_hubness(thesaurus.metadata.hubness or {}, hubness)
+
+
+def _print_hubness(report: dict[str, Any], method: str) -> None:
+    if not report:
+        out.print("no hubness report (a thesaurus built by an older version)")
+        return
+    out.print(
+        f"hubness ({method}): N_{report['k']} skewness {report['skewness']:.2f}, largest "
+        f"{report['max']} ({100 * report['max_share']:.1f}% of {report['hashtags']:,} hashtags); "
+        f"{100 * report['share_with_hub']:.1f}% of the lists hold one of these hubs:"
+    )
+    out.print("  " + ", ".join(f"#{h} ({n})" for h, n in report["hubs"]))
+
+
+@thesaurus_app.command("inspect")
+def thesaurus_inspect(
+    directory: Annotated[
+        Path, typer.Argument(help="A thesaurus directory (or a store: its current version)")
+    ],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the metadata as JSON")] = False,
+) -> None:
+    """What a thesaurus was built from, and its hubness (the hashtags near everything)."""
+    from workers.adapters.store import AnnoyThesaurus
+
+    th = _load(str(directory))
+    if not isinstance(th, AnnoyThesaurus):
+        raise fail(f"{directory} is not a thesaurus directory")
+    meta = th.metadata.to_dict()
+    if as_json:
+        print(json.dumps(meta, indent=2, ensure_ascii=False))
+        return
+    table = Table(title=f"thesaurus {directory}", show_header=False)
+    for key in (
+        "version",
+        "model_id",
+        "count",
+        "dimension",
+        "hubness_method",
+        "depth",
+        "min_count",
+        "max_distance",
+        "n_trees",
+        "built_at",
+    ):
+        table.add_row(key, str(meta[key]))
+    out.print(table)
+    _print_hubness(meta.get("hubness") or {}, th.metadata.hubness_method)
 
 
 def _load(thesaurus: str) -> Any:
@@ -209,9 +282,7 @@ def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.4f}"
 
 
-def _print_scores(
-    payload: dict[str, Any], ks: list[int], rs: list[int | None], summary: Summary
-) -> None:
+def _print_scores(payload: dict[str, Any], ks: list[int], rs: list[int | None], summary: Summary) -> None:
     out.print(
         f"events {payload['events']}  unscorable {payload['unscorable']}  "
         f"thesaurus {payload['thesaurus_version']}"
@@ -341,10 +412,15 @@ def replay_feeds(
         chosen = rp.Kind(kind) if kind else None
         settings = Settings.load()
         if chosen is None:
-            hinted = rp.kind_from_topic(
-                topic, tweets_topic=settings.topic_tweets,
-                recommendations_topic=settings.topic_recommendations,
-            ) if topic else None
+            hinted = (
+                rp.kind_from_topic(
+                    topic,
+                    tweets_topic=settings.topic_tweets,
+                    recommendations_topic=settings.topic_recommendations,
+                )
+                if topic
+                else None
+            )
             chosen = detect_file_kind(feeds, from_line=from_line) or hinted or rp.Kind.tweets
             if hinted is not None and hinted != chosen:
                 err.print(f"[yellow]warning:[/] topic {topic!r} looks like {hinted}, the feed holds {chosen}")
@@ -365,7 +441,9 @@ def replay_feeds(
             "{task.fields[produced]} produced · {task.fields[rate]} rec/s · "
             "event time {task.fields[position]} · {task.fields[lines]} lines"
         ),
-        Elapsed(), console=err, transient=False,
+        Elapsed(),
+        console=err,
+        transient=False,
     )
     task = progress.add_task(
         "replay", total=None, topic=topic, produced="0", rate="-", position="-", lines="0"
@@ -376,16 +454,27 @@ def replay_feeds(
         state[:] = [summary]
         position = f"{summary.position:%Y-%m-%dT%H:%M:%SZ}" if summary.position else "-"
         progress.update(
-            task, produced=f"{summary.produced:,}", rate=f"{summary.rate:,.0f}",
-            position=position, lines=f"{summary.lines_read:,}",
+            task,
+            produced=f"{summary.produced:,}",
+            rate=f"{summary.rate:,.0f}",
+            position=position,
+            lines=f"{summary.lines_read:,}",
         )
 
     code, message = 0, None
     try:
         with progress:
             rp.replay(
-                read_feeds(feeds, chosen, from_line=from_line), sink, kind=chosen, speed=pace,
-                start=lower, end=upper, limit=limit, strict=strict, flush=sink.flush, on_progress=report,
+                read_feeds(feeds, chosen, from_line=from_line),
+                sink,
+                kind=chosen,
+                speed=pace,
+                start=lower,
+                end=upper,
+                limit=limit,
+                strict=strict,
+                flush=sink.flush,
+                on_progress=report,
             )
     except rp.ReplayError as exc:
         code, message = exc.exit_code, str(exc)
@@ -417,15 +506,11 @@ def recommend_cmd(
     train: Annotated[list[Path], typer.Option("--train", help="Training feed (repeatable)")],
     feed: Annotated[list[Path], typer.Option("--feed", help="Feed to recommend for (repeatable)")],
     r: Annotated[int, typer.Option("-r", min=1, help="Hashtags per tweet (at most)")] = 10,
-    out_path: Annotated[
-        Path | None, typer.Option("--out", help="Write the events here (JSON lines)")
-    ] = None,
+    out_path: Annotated[Path | None, typer.Option("--out", help="Write the events here (JSON lines)")] = None,
     topic: Annotated[
         str | None, typer.Option("--topic", help="Produce the events to this Kafka topic")
     ] = None,
-    broker: Annotated[
-        str | None, typer.Option(help="Kafka bootstrap host:port [REVAL_BROKER]")
-    ] = None,
+    broker: Annotated[str | None, typer.Option(help="Kafka bootstrap host:port [REVAL_BROKER]")] = None,
     with_truth: Annotated[
         bool, typer.Option("--with-truth", help="Put each tweet's hashtags in ground_truth")
     ] = False,
@@ -469,9 +554,7 @@ def recommend_cmd(
         raise fail(str(exc)) from None
     train_errors = ErrorLog()
     with err.status(f"training {method} on {', '.join(map(str, train))}"):
-        tweets = rec.labelled_tweets(
-            read_tweets(train), language_filter=language_filter, errors=train_errors
-        )
+        tweets = rec.labelled_tweets(read_tweets(train), language_filter=language_filter, errors=train_errors)
         if not tweets:
             raise fail("no hashtagged training tweets left after pre-processing")
         with warnings.catch_warnings(record=True) as caught:
@@ -497,8 +580,7 @@ def recommend_cmd(
             nonlocal empty
             for tweet, recs in zip(batch, recommender.recommend_many(batch, r), strict=True):
                 empty += not recs
-                sink.write(rec.recommendation_event(
-                    tweet, recs, recommender.name, with_truth=with_truth))
+                sink.write(rec.recommendation_event(tweet, recs, recommender.name, with_truth=with_truth))
             batch.clear()
 
         for item in read_tweets(feed):
@@ -514,8 +596,9 @@ def recommend_cmd(
             if len(batch) >= 2048:
                 flush()
         flush()
-    where = " and ".join(x for x in (str(out_path) if out_path else "",
-                                     f"topic {topic} ({broker})" if topic else "") if x)
+    where = " and ".join(
+        x for x in (str(out_path) if out_path else "", f"topic {topic} ({broker})" if topic else "") if x
+    )
     err.print(
         f"{recommender.name}: {sink.count} events to {where}; {empty} with no recommendation; "
         f"skipped {skipped} tweets without hashtags, {errors.total + train_errors.total} bad lines"
@@ -528,11 +611,22 @@ def recommend_cmd(
 def evaluate_cmd(
     feeds: Annotated[list[Path], typer.Argument(help="Tweet files: .jsonl, .jsonl.gz or .csv")],
     out_dir: Annotated[Path, typer.Option("--out", help="Directory for the results")],
-    split: Annotated[str, typer.Option(help="time (earliest 90% train) | random")] = "time",
-    seed: Annotated[int, typer.Option(help="Seed: random split, gensim, Annoy")] = 0,
+    split: Annotated[
+        str, typer.Option(help="time (earliest 90% train), random, or both: time,random")
+    ] = "time",
+    seeds: Annotated[str, typer.Option(help="Seeds (random split, gensim, random draws), pooled")] = "1,2,3",
+    recommenders: Annotated[
+        str, typer.Option(help="Comma-separated: mowe, popular, least-popular, random, popular-users")
+    ] = "mowe,popular,least-popular,random",
     embeddings: Annotated[
         str, typer.Option(help="Comma-separated: bertag, word2vec, fasttext")
     ] = "bertag,word2vec,fasttext",
+    hubness: Annotated[
+        str, typer.Option(help="Thesaurus rankings to compare: raw, center, csls, center+csls, mp")
+    ] = "center+csls",
+    mowe_threshold: Annotated[
+        str, typer.Option(help="MOWE: cosine for a similar tweet, comma-separated to sweep (paper: 0.5)")
+    ] = "0.5",
     model: Annotated[
         str, typer.Option(help="BERTag encoder: hub id or local path; 'minilm' = packaged MiniLM")
     ] = "vinai/bertweet-base",
@@ -543,9 +637,7 @@ def evaluate_cmd(
     limit: Annotated[
         int | None, typer.Option(help="Use only the first N tweets left after pre-processing")
     ] = None,
-    language_filter: Annotated[
-        bool, typer.Option(help="Drop non-English tweets (paper 3.1.1)")
-    ] = True,
+    language_filter: Annotated[bool, typer.Option(help="Drop non-English tweets (paper 3.1.1)")] = True,
     batch_size: Annotated[int, typer.Option(help="Encoder batch size")] = 32,
     dtype: Annotated[
         str, typer.Option(help="Encoder dtype: float32 (reference numbers) or auto (core's choice)")
@@ -553,16 +645,15 @@ def evaluate_cmd(
     fasttext_bucket: Annotated[
         int, typer.Option(help="FastText n-gram buckets (gensim's default 2,000,000)")
     ] = 2_000_000,
-    threshold: Annotated[
-        float, typer.Option(help="MOWE recommender: cosine for a similar tweet (paper: 0.5)")
-    ] = 0.5,
+    bootstrap: Annotated[int, typer.Option(help="Bootstrap resamples for the 95% intervals")] = 1000,
     save_thesauri: Annotated[
-        bool, typer.Option("--save-thesauri", help="Also save each thesaurus under OUT/thesauri/")
+        bool, typer.Option("--save-thesauri", help="Also save the first seed's thesauri under OUT/thesauri/")
     ] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print results.json's rows as JSON")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print results.json's cells as JSON")] = False,
 ) -> None:
-    """Rerun the paper's experiment (4.2): MOWE recommender, thesauri from BERTag /
-    Word2Vec / FastText, average #REval-hit-ratio per (embedding, r, k)."""
+    """The paper's experiment (4.2) with baselines and confidence intervals: recommenders
+    (MOWE, popular, the least-popular canary, the random null) scored on BERTag / Word2Vec /
+    FastText thesauri, raw and chance-corrected #REval-hit-ratio per (r, k), 95% intervals."""
     from rich.progress import BarColumn, TimeRemainingColumn
 
     from workers.commands import evaluate as ev
@@ -570,11 +661,18 @@ def evaluate_cmd(
     for feed in feeds:
         if not feed.exists():
             raise fail(f"feed file not found: {feed}")
+
+    def names(text: str) -> tuple[str, ...]:
+        return tuple(x.strip().lower() for x in text.split(",") if x.strip())
+
     try:
         config = ev.ExperimentConfig(
-            split=split,  # type: ignore[arg-type]
-            seed=seed,
-            embeddings=tuple(e.strip().lower() for e in embeddings.split(",") if e.strip()),
+            splits=names(split),  # type: ignore[arg-type]
+            seeds=tuple(int(x) for x in parse_ints(seeds) if x is not None),
+            recommenders=names(recommenders),
+            embeddings=names(embeddings),
+            hubness=names(hubness),
+            mowe_thresholds=tuple(float(x) for x in names(mowe_threshold)),
             model=model,
             rs=tuple(int(x) for x in parse_ints(rs) if x is not None),
             ks=tuple(int(x) for x in parse_ints(ks) if x is not None),
@@ -583,13 +681,19 @@ def evaluate_cmd(
             batch_size=batch_size,
             dtype=dtype,
             fasttext_bucket=fasttext_bucket,
-            threshold=threshold,
+            bootstrap=bootstrap,
         )
     except ValueError as exc:
         raise fail(str(exc)) from None
     progress = Progress(
-        SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-        TimeElapsedColumn(), TimeRemainingColumn(), console=err, transient=False,
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=err,
+        transient=False,
     )
 
     def track(description: str, total: int | None) -> Any:
@@ -603,27 +707,41 @@ def evaluate_cmd(
         raise fail(str(exc)) from None
     ev.write_outputs(experiment, out_dir, save_thesauri=save_thesauri)
     if as_json:
-        print(json.dumps(experiment.rows))
+        print(json.dumps(experiment.cells))
         return
     d = experiment.data
     out.print(
-        f"{d['train_tweets']:,} training / {d['test_tweets']:,} test tweets ({config.split} split), "
-        f"{d['empty_recommendations']} test tweets with no recommendation (unscorable); "
-        f"{experiment.timings['total']:.0f} s; results in {out_dir}"
+        f"{d['train_tweets']:,} training / {d['test_tweets']:,} test tweets ({config.splits[0]} split, "
+        f"seeds {', '.join(map(str, config.seeds))}); {experiment.timings['total']:.0f} s; "
+        f"results in {out_dir}"
     )
-    short = {"bertag": "BERTag", "word2vec": "W2V", "fasttext": "FT"}
-    table = Table(
-        title="average #REval-hit-ratio",
-        caption=", ".join(f"{short[v]} = {experiment.labels[v]}" for v in experiment.thesauri),
-    )
-    table.add_column("k", justify="right")
-    columns = [(r, v) for r in config.rs for v in experiment.thesauri]
-    for r, variant in columns:
-        table.add_column(f"{short[variant]}\nr={r}", justify="right")
-    for k in config.ks:
-        values = (experiment.value(variant, r, k) for r, variant in columns)
-        table.add_row(str(k), *("-" if x is None else f"{x:.3f}" for x in values))
-    out.print(table)
+    first = config.embeddings[0]
+    for metric, title in (
+        ("reval_hit_ratio", "#REval-hit-ratio"),
+        ("reval_hit_ratio_corrected", "chance-corrected #REval-hit-ratio"),
+    ):
+        low, high = (
+            ("ci_low", "ci_high")
+            if metric == "reval_hit_ratio"
+            else ("corrected_ci_low", "corrected_ci_high")
+        )
+        table = Table(title=f"{title}, {experiment.labels[first]}, {config.hubness[0]}: mean [95% CI]")
+        table.add_column("r, k")
+        for name in config.recommender_names:
+            table.add_column(name, justify="right")
+        for r in config.rs:
+            for k in config.ks:
+                cells = [
+                    experiment.cell(variant=first, recommender=n, r=r, k=k) for n in config.recommender_names
+                ]
+                table.add_row(
+                    f"{r}, {k}",
+                    *(
+                        "-" if c[metric] is None else f"{c[metric]:.3f} [{c[low]:.3f}, {c[high]:.3f}]"
+                        for c in cells
+                    ),
+                )
+        out.print(table)
 
 
 @app.command()

@@ -1,30 +1,29 @@
-"""The paper's experiment (section 4.2), rerun on any feed: ``reval evaluate``.
+"""``reval evaluate``: the paper's experiment (section 4.2), with baselines, seeds and
+confidence intervals, on any feed.
 
 1. Pre-process the feed with the core (:class:`stream.cleaning.Cleaner`: hashtagged,
-   English, duplicate retweets removed) and split it 90/10 into training and
-   test tweets (``time``: the earliest 90% train; ``random``: a seeded shuffle).
-2. Train the MOWE recommender (:class:`stream.recommenders.MoweRecommender`) on the
-   training tweets and recommend the top max(r) hashtags for each test tweet,
-   whose own hashtags it never sees; they are the ground truth.
-3. Build one thesaurus per embedding variant from the *training* tweets:
+   English, duplicate retweets removed) and embed every kept tweet once (BERTag).
+2. For each split (``time``: the earliest 90% train; ``random``: a seeded shuffle) and
+   seed: train Word2Vec (the MOWE recommender's, and the ``word2vec`` variant's) and
+   FastText on the training tweets; recommend the top max(r) hashtags for every test
+   tweet with each recommender -- ``mowe`` (:class:`stream.recommenders.MoweRecommender`,
+   at each threshold), ``popular``, ``least-popular`` (the canary) and ``random`` (the
+   null of the chance correction) -- which never sees the test tweet's hashtags: they
+   are the ground truth.
+3. Build one thesaurus per embedding variant (``bertag``: the core path, mean BERTag
+   embedding per hashtag; ``word2vec`` / ``fasttext``: the unit mean of the tweets' MOWE
+   vectors, so the variants differ only in the tweet embedding) from the *training*
+   tweets, with each hubness method (:mod:`stream.hubness`), through the one builder
+   the CLI and the index job use (:func:`workers.adapters.store.build_from_means`).
+4. Score every event with :func:`stream.scoring.score_event` -- the code path of ``reval
+   score`` and the scoring worker -- raw and chance-corrected, for every (r, k).
+5. Means with percentile-bootstrap 95% intervals (events resampled; pooled seeds
+   resampled within each seed), and paired differences between recommenders and
+   between embeddings on the same resamples.
 
-   * ``bertag``: the core path -- clean -> :class:`workers.adapters.encoder.Encoder` ->
-     :class:`stream.means.HashtagMeans` -> :class:`workers.adapters.store.AnnoyThesaurus`;
-   * ``word2vec`` / ``fasttext``: gensim (window 2, min_count 1, 30 epochs) on the
-     same cleaned text; a tweet is the unit mean of its word vectors (MOWE) and a
-     hashtag the unit mean of its tweets, exactly as BERTag averages tweets, so
-     the variants differ only in the tweet embedding.  The Word2Vec model is the
-     recommender's own (same data, same settings).
-
-4. Score every (variant, r, k) with :func:`stream.scoring.score_event` and
-   :class:`stream.scoring.Summary` -- the code path of ``reval score`` and the
-   scoring worker -- and write ``results.json``, ``results.csv``, ``curves.png``
-   (the paper's Figure 3), ``synonyms.md`` (its Table 5), the scored
-   ``recommendations.jsonl`` (``reval score`` input) and ``timings.json``.
-
-Everything that depends on chance takes the seed (the split, gensim with one
-worker and a process-independent word hash, Annoy), so ``results.json`` is the
-same for the same feed, options and seed.  Timings live in ``timings.json``.
+Outputs: ``results.json`` (with ``cells``), ``results.csv``, ``curves.png``,
+``synonyms.md``, ``recommendations.jsonl``, ``timings.json``.  Everything that depends
+on chance takes the seeds, so ``results.json`` is the same for the same feed and options.
 """
 
 from __future__ import annotations
@@ -35,30 +34,78 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+from gensim.models.callbacks import CallbackAny2Vec
 
 from stream.cleaning import Prepared
 from stream.experiment import (
     ExperimentConfig,
     ProgressFactory,
+    bootstrap_difference,
+    bootstrap_means,
     hashtag_means,
     labelled,
     load_corpus,
+    mowe_label,
     no_progress,
+    resample_counts,
     split_corpus,
 )
-from stream.recommenders import MoweRecommender, mean_vectors, recommendation_event
+from stream.hubness import DEFAULT_METHOD
+from stream.recommenders import (
+    BaseRecommender,
+    MoweRecommender,
+    make_recommender,
+    mean_vectors,
+    recommendation_event,
+)
 from stream.records import Recommendation
-from stream.scoring import Summary, r_label, score_event
+from stream.scoring import r_label, score_event
 from workers.adapters.encoder import Encoder
 from workers.adapters.feeds import read_tweets
 from workers.adapters.store import AnnoyThesaurus, build_from_means, neighbour_cache
 from workers.adapters.word_vectors import train_word_vectors
+
+#: The paired differences reported, as (better, worse): the good recommenders against the
+#: canary and the null, and MOWE against popularity.
+RECOMMENDER_PAIRS = (
+    ("popular", "least-popular"),
+    ("popular", "random"),
+    ("mowe", "popular"),
+    ("mowe", "random"),
+)
+EMBEDDING_PAIRS = (("bertag", "word2vec"), ("bertag", "fasttext"))
+LABELS = {"word2vec": "Word2Vec", "fasttext": "FastText"}
+
+
+def variant_label(variant: str, model: str) -> str:
+    if variant == "bertag":
+        return f"BERTag ({Path(model).name or model})"
+    return LABELS[variant]
+
+
+class _EpochTicker(CallbackAny2Vec):
+    """A gensim callback that advances a progress bar once per epoch."""
+
+    def __init__(self, advance: Callable[[int], None]) -> None:
+        self.advance = advance
+
+    def on_epoch_end(self, model: Any) -> None:
+        self.advance(1)
+
+
+@contextmanager
+def _timed(timings: dict[str, float], name: str) -> Iterator[None]:
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        timings[name] = round(timings.get(name, 0.0) + time.perf_counter() - started, 2)
 
 
 def bertag_vectors(
@@ -70,7 +117,7 @@ def bertag_vectors(
     chunk: int = 512,
     progress: ProgressFactory = no_progress,
 ) -> tuple[npt.NDArray[np.float32], str]:
-    """Tweet embeddings of the cleaned texts with the core :class:`~workers.adapters.encoder.Encoder`."""
+    """Tweet embeddings of the cleaned texts with :class:`~workers.adapters.encoder.Encoder`."""
     encoder = Encoder(model, dtype=dtype, batch_size=batch_size)
     out = np.zeros((len(prepared), encoder.dim), dtype=np.float32)
     advance = progress(f"embedding ({Path(model).name or model})", len(prepared))
@@ -81,22 +128,156 @@ def bertag_vectors(
     return out, encoder.model_id
 
 
-class _EpochTicker:
-    """A gensim callback that advances a progress bar once per epoch."""
-
-    def __init__(self, advance: Callable[[int], None]) -> None:
-        self.advance = advance
-
-    def on_epoch_end(self, model: Any) -> None:
-        self.advance(1)
-
-    def __getattr__(self, name: str) -> Callable[..., None]:
-        if name.startswith("on_"):  # on_train_begin, on_epoch_begin, ... do nothing
-            return lambda *args, **kwargs: None
-        raise AttributeError(name)
+# --------------------------------------------------------------------------- one split
 
 
-# --------------------------------------------------------------------------- experiment
+@dataclass
+class Scored:
+    """Per-event scores of one recommender on one thesaurus: events x (r, k) cells, NaN
+    where the event is unscorable."""
+
+    raw: npt.NDArray[np.float64]
+    corrected: npt.NDArray[np.float64]
+    exact_hit_ratio: npt.NDArray[np.float64]  # events x r
+
+
+@dataclass
+class Run:
+    """One (split, seed): its events and every recommender's scores on every thesaurus."""
+
+    split: str
+    seed: int
+    train: list[Prepared]
+    test: list[Prepared]
+    recommended: dict[str, list[list[str]]]
+    thesauri: dict[tuple[str, str], AnnoyThesaurus]  # (variant, hubness)
+    scored: dict[tuple[str, str, str], Scored] = field(default_factory=dict)  # (variant, hubness, rec)
+    similar_median: float | None = None
+
+
+def _recommenders(config: ExperimentConfig, seed: int, w2v: Any) -> dict[str, BaseRecommender]:
+    out: dict[str, BaseRecommender] = {}
+    for name in config.recommenders:
+        if name == "mowe":
+            for t in config.mowe_thresholds:
+                label = mowe_label(t, config.mowe_thresholds[0])
+                out[label] = MoweRecommender(label, threshold=t, word_vectors=w2v)
+        else:
+            out[name] = make_recommender(name, seed=seed)
+    return out
+
+
+def run_split(
+    config: ExperimentConfig,
+    split: str,
+    seed: int,
+    prepared: list[Prepared],
+    bertag: tuple[npt.NDArray[np.float32], str] | None,
+    timings: dict[str, float],
+    progress: ProgressFactory,
+) -> Run:
+    """Recommend, build the thesauri and score, for one split and seed."""
+    train, test = split_corpus(prepared, split, seed=seed, train_fraction=config.train_fraction)  # type: ignore[arg-type]
+    where = {id(p): i for i, p in enumerate(prepared)}
+    train_tweets = [labelled(p) for p in train]
+    train_docs = [p.text.split() for p in train]
+    gensim_kw: dict[str, Any] = {
+        "vector_size": config.vector_size,
+        "window": config.window,
+        "min_count": 1,
+        "epochs": config.epochs,
+        "seed": seed,
+        "workers": 1,
+    }
+    tag = f"{split} split, seed {seed}"
+    with _timed(timings, "train_word2vec"):
+        tick = progress(f"Word2Vec, {tag} (epochs)", config.epochs)
+        w2v = train_word_vectors(train_docs, "word2vec", callbacks=[_EpochTicker(tick)], **gensim_kw)
+    recommended: dict[str, list[list[str]]] = {}
+    similar: list[int] = []
+    with _timed(timings, "recommend"):
+        for name, recommender in _recommenders(config, seed, w2v).items():
+            advance = progress(f"recommending ({name}), {tag}", len(test))
+            recommender.fit(train_tweets)
+            recommended[name] = recommender.recommend_many(
+                [p.tweet for p in test], max(config.rs), progress=advance
+            )
+            if isinstance(recommender, MoweRecommender) and name == "mowe":
+                similar = recommender.last_similar_counts
+    thesauri: dict[tuple[str, str], AnnoyThesaurus] = {}
+    for variant in config.embeddings:
+        with _timed(timings, f"thesaurus_{variant}"):
+            if variant == "bertag":
+                assert bertag is not None
+                vectors, model_id = bertag[0][[where[id(p)] for p in train]], bertag[1]
+            else:
+                if variant == "word2vec":
+                    words = w2v
+                else:
+                    tick = progress(f"FastText, {tag} (epochs)", config.epochs)
+                    words = train_word_vectors(
+                        train_docs,
+                        "fasttext",
+                        bucket=config.fasttext_bucket,
+                        callbacks=[_EpochTicker(tick)],
+                        **gensim_kw,
+                    )
+                vectors, model_id = mean_vectors(train_docs, words), variant
+            means = hashtag_means(train, vectors)
+            for method in config.hubness:
+                built = build_from_means(
+                    means,
+                    model_id=model_id,
+                    method=method,
+                    depth=max(max(config.ks), 1),
+                    n_trees=config.n_trees,
+                    seed=seed,
+                )
+                if built is None:
+                    raise ValueError(f"no hashtag of the training tweets has a {variant} embedding")
+                thesauri[variant, method] = built
+    run = Run(
+        split,
+        seed,
+        train,
+        test,
+        recommended,
+        thesauri,
+        similar_median=float(np.median(similar)) if similar else None,
+    )
+    with _timed(timings, "score"):
+        score_run(config, run, progress)
+    return run
+
+
+def score_run(config: ExperimentConfig, run: Run, progress: ProgressFactory) -> None:
+    """Every recommender on every thesaurus of ``run``: per-event raw and corrected scores."""
+    ks, rs = list(config.ks), list(config.rs)
+    truths = [p.hashtags for p in run.test]
+    for (variant, method), thesaurus in run.thesauri.items():
+        cache = neighbour_cache(thesaurus, max(ks))
+        advance = progress(
+            f"scoring ({variant}, {method}), {run.split} split, seed {run.seed}", len(run.recommended)
+        )
+        for name, lists in run.recommended.items():
+            raw = np.full((len(run.test), len(rs) * len(ks)), np.nan)
+            corrected = np.full_like(raw, np.nan)
+            exact = np.full((len(run.test), len(rs)), np.nan)
+            for i, (p, recs) in enumerate(zip(run.test, lists, strict=True)):
+                event = Recommendation(p.tweet.id, tuple(recs), truths[i], name, p.tweet.created_at)
+                score = score_event(event, truths[i], cache, ks, rs)
+                if score.unscorable is not None:
+                    continue
+                for j, r in enumerate(rs):
+                    label = r_label(r)
+                    raw[i, j * len(ks) : (j + 1) * len(ks)] = [score.reval[label][k] for k in ks]
+                    corrected[i, j * len(ks) : (j + 1) * len(ks)] = [score.corrected[label][k] for k in ks]
+                    exact[i, j] = score.exact[label].hit_ratio
+            run.scored[variant, method, name] = Scored(raw, corrected, exact)
+            advance(1)
+
+
+# --------------------------------------------------------------------------- the whole run
 
 
 @dataclass
@@ -106,55 +287,100 @@ class Experiment:
     config: ExperimentConfig
     feeds: list[str]
     data: dict[str, Any]
-    rows: list[dict[str, Any]]
-    exact: dict[str, dict[str, float | None]]
-    thesauri: dict[str, AnnoyThesaurus]
+    cells: list[dict[str, Any]]
+    differences: list[dict[str, Any]]
+    thesauri: dict[str, dict[str, Any]]
     labels: dict[str, str]
     synonyms: dict[str, dict[str, list[str]]]
+    hubs: dict[str, list[tuple[str, int]]]
     top_hashtags: list[tuple[str, int]]
     events: list[dict[str, Any]]
     timings: dict[str, float]
+    #: The first split's and seed's thesauri, by "variant-method" (``--save-thesauri``).
+    built: dict[str, AnnoyThesaurus] = field(default_factory=dict)
 
-    def value(self, variant: str, r: int, k: int) -> float | None:
-        for row in self.rows:
-            if (row["variant"], row["r"], row["k"]) == (variant, r, k):
-                value: float | None = row["reval_hit_ratio"]
-                return value
-        raise KeyError((variant, r, k))
+    def cell(
+        self,
+        *,
+        variant: str,
+        recommender: str,
+        r: int,
+        k: int,
+        split: str | None = None,
+        hubness: str | None = None,
+        seed: int | str = "all",
+    ) -> dict[str, Any]:
+        split = split or self.config.splits[0]
+        hubness = hubness or self.config.hubness[0]
+        for c in self.cells:
+            if (c["split"], c["variant"], c["hubness"], c["recommender"], c["seed"], c["r"], c["k"]) == (
+                split,
+                variant,
+                hubness,
+                recommender,
+                seed,
+                str(r),
+                k,
+            ):
+                return c
+        raise KeyError((split, variant, hubness, recommender, seed, r, k))
+
+    def value(self, variant: str, r: int, k: int, recommender: str = "mowe") -> float | None:
+        """The pooled mean #REval-hit-ratio of a cell (first split, first hubness method)."""
+        value: float | None = self.cell(variant=variant, recommender=recommender, r=r, k=k)["reval_hit_ratio"]
+        return value
+
+    @property
+    def rows(self) -> list[dict[str, Any]]:
+        """``results.json``'s ``results``: the paper's table -- the default recommender (mowe),
+        first split and hubness method, seeds pooled."""
+        main = self.config.recommender_names[0]
+        return [
+            {
+                "variant": c["variant"],
+                "r": int(c["r"]),
+                "k": c["k"],
+                "reval_hit_ratio": c["reval_hit_ratio"],
+                "events": c["events"],
+                "unscorable": c["unscorable"],
+            }
+            for c in self.cells
+            if c["recommender"] == main
+            and c["seed"] == "all"
+            and c["split"] == self.config.splits[0]
+            and c["hubness"] == self.config.hubness[0]
+        ]
 
     def results_json(self) -> dict[str, Any]:
+        main = self.config.recommender_names[0]
+        first = self.config.embeddings[0]
+        exact = {
+            str(r): {"hit_ratio": self.cell(variant=first, recommender=main, r=r, k=0)["exact_hit_ratio"]}
+            for r in self.config.rs
+        }
         return {
             "config": self.config.to_json(),
             "feeds": self.feeds,
             "data": self.data,
-            "recommender": {"method": "mowe", "threshold": self.config.threshold,
-                            "word2vec": {"vector_size": self.config.vector_size,
-                                         "window": self.config.window, "min_count": 1,
-                                         "epochs": self.config.epochs, "seed": self.config.seed}},
-            "thesauri": {
-                v: {"label": self.labels[v], "model_id": th.metadata.model_id,
-                    "hashtags": len(th), "version": th.version}
-                for v, th in self.thesauri.items()
+            "recommender": {
+                "method": main,
+                "thresholds": list(self.config.mowe_thresholds),
+                "word2vec": {
+                    "vector_size": self.config.vector_size,
+                    "window": self.config.window,
+                    "min_count": 1,
+                    "epochs": self.config.epochs,
+                    "seeds": list(self.config.seeds),
+                },
             },
+            "thesauri": self.thesauri,
             "results": self.rows,
-            "exact": self.exact,
+            "exact": exact,
             "synonyms": self.synonyms,
+            "hubs": {key: [[h, n] for h, n in hubs] for key, hubs in self.hubs.items()},
+            "cells": self.cells,
+            "differences": self.differences,
         }
-
-
-@contextmanager
-def _timed(timings: dict[str, float], name: str) -> Iterator[None]:
-    started = time.perf_counter()
-    try:
-        yield
-    finally:
-        timings[name] = round(time.perf_counter() - started, 2)
-
-
-def variant_label(variant: str, model: str) -> str:
-    if variant == "bertag":
-        return f"BERTag ({Path(model).name or model})"
-    return {"word2vec": "Word2Vec", "fasttext": "FastText"}[variant]
 
 
 def run_experiment(
@@ -163,143 +389,227 @@ def run_experiment(
     *,
     progress: ProgressFactory = no_progress,
 ) -> Experiment:
-    """Run the paper's experiment (4.2) on ``feeds``; see the module docstring."""
+    """Run the experiment on ``feeds``; see the module docstring."""
     config = config or ExperimentConfig()
     timings: dict[str, float] = {}
     started = time.perf_counter()
-
     with _timed(timings, "read_and_clean"):
         corpus = load_corpus(
             read_tweets(feeds), limit=config.limit, language_filter=config.language_filter, progress=progress
         )
-    train, test = split_corpus(
-        corpus.prepared, config.split, seed=config.seed, train_fraction=config.train_fraction
-    )
-    train_tweets = [labelled(p) for p in train]
-    train_docs = [p.text.split() for p in train]
-    gensim_kw: dict[str, Any] = {
-        "vector_size": config.vector_size, "window": config.window, "min_count": 1,
-        "epochs": config.epochs, "seed": config.seed, "workers": 1,
-    }
-
-    # The recommender (its Word2Vec is also the word2vec variant's).
-    with _timed(timings, "train_word2vec"):
-        tick = progress("training Word2Vec (epochs)", config.epochs)
-        w2v = train_word_vectors(train_docs, "word2vec", callbacks=[_EpochTicker(tick)], **gensim_kw)
-    with _timed(timings, "recommend"):
-        recommender = MoweRecommender(threshold=config.threshold, word_vectors=w2v).fit(train_tweets)
-        advance = progress("recommending (MOWE)", len(test))
-        recommended = recommender.recommend_many(
-            [p.tweet for p in test], max(config.rs), progress=advance
-        )
-    events = [
-        recommendation_event(p.tweet, recs, "mowe", with_truth=True)
-        for p, recs in zip(test, recommended, strict=True)
+    if len(corpus.prepared) < 2:
+        raise ValueError(f"only {len(corpus.prepared)} tweets left after pre-processing: nothing to split")
+    bertag = None
+    if "bertag" in config.embeddings:
+        with _timed(timings, "embed_bertag"):  # once per run, reused by every split and seed
+            bertag = bertag_vectors(
+                corpus.prepared,
+                config.model,
+                dtype=config.dtype,
+                batch_size=config.batch_size,
+                progress=progress,
+            )
+    runs = [
+        run_split(config, split, seed, corpus.prepared, bertag, timings, progress)
+        for split in config.splits
+        for seed in config.seeds
     ]
-
-    thesauri: dict[str, AnnoyThesaurus] = {}
-    for variant in config.embeddings:
-        with _timed(timings, f"thesaurus_{variant}"):
-            if variant == "bertag":
-                vectors, model_id = bertag_vectors(
-                    train, config.model, dtype=config.dtype, batch_size=config.batch_size,
-                    progress=progress,
-                )
-            else:
-                if variant == "word2vec":
-                    word_vectors = w2v
-                else:
-                    tick = progress("training FastText (epochs)", config.epochs)
-                    word_vectors = train_word_vectors(
-                        train_docs, "fasttext", bucket=config.fasttext_bucket,
-                        callbacks=[_EpochTicker(tick)], **gensim_kw,
-                    )
-                vectors, model_id = mean_vectors(train_docs, word_vectors), variant
-            built = build_from_means(
-                hashtag_means(train, vectors), model_id=model_id, n_trees=config.n_trees, seed=config.seed
-            )
-            if built is None:
-                raise ValueError(f"no hashtag of the training tweets has a {variant} embedding")
-            thesauri[variant] = built
-
-    # Score: the code path of `reval score` and the scoring worker.
-    ks, rs = list(config.ks), list(config.rs)
-    rows: list[dict[str, Any]] = []
-    summaries: dict[str, Summary] = {}
-    with _timed(timings, "score"):
-        parsed = [
-            Recommendation(
-                tweet_id=p.tweet.id, recommended=tuple(recs), ground_truth=p.tweet.hashtags,
-                recommender="mowe", ts=p.tweet.created_at,
-            )
-            for p, recs in zip(test, recommended, strict=True)
-        ]
-        for variant, thesaurus in thesauri.items():
-            cache = neighbour_cache(thesaurus, max(ks))
-            summary = Summary()
-            advance = progress(f"scoring ({variant})", len(parsed))
-            for event in parsed:
-                assert event.ground_truth is not None
-                summary.update(score_event(event, event.ground_truth, cache, ks, rs))
-                advance(1)
-            summaries[variant] = summary
-            for r in rs:
-                by_k = summary.get(r)["by_k"]
-                for k in ks:
-                    rows.append({
-                        "variant": variant, "r": r, "k": k,
-                        "reval_hit_ratio": by_k[str(k)]["reval_hit_ratio"] if str(k) in by_k else None,
-                        "events": summary.events, "unscorable": summary.unscorable,
-                    })
-    first = summaries[config.embeddings[0]]
-    exact = {r_label(r): first.get(r)["exact"] for r in rs}
-
-    popularity = Counter(h for p in train for h in p.hashtags)
+    with _timed(timings, "bootstrap"):
+        cells = summarise(config, runs)
+        differences = compare(config, runs)
+    first = runs[0]
+    popularity = Counter(h for p in first.train for h in p.hashtags)
     top = sorted(popularity.items(), key=lambda kv: (-kv[1], kv[0]))[: config.top_hashtags]
-    synonyms = {
-        variant: {h: th.neighbours(h, config.n_synonyms) for h, _ in top}
-        for variant, th in thesauri.items()
-    }
-    test_tags = [h for p in test for h in p.tweet.hashtags]
+    thesauri_info: dict[str, dict[str, Any]] = {}
+    synonyms: dict[str, dict[str, list[str]]] = {}
+    hubs: dict[str, list[tuple[str, int]]] = {}
+    for (variant, method), th in first.thesauri.items():
+        key = f"{variant}/{method}"
+        report = th.metadata.hubness or {}
+        thesauri_info[key] = {
+            "label": variant_label(variant, config.model),
+            "variant": variant,
+            "hubness_method": method,
+            "model_id": th.metadata.model_id,
+            "hashtags": len(th),
+            "version": th.version,
+            "hubness": report,
+        }
+        synonyms[key] = {h: th.neighbours(h, config.n_synonyms) for h, _ in top}
+        hubs[key] = [(str(h), int(n)) for h, n in report.get("hubs", [])]
+    main = config.recommender_names[0]
+    events = [
+        recommendation_event(p.tweet, recs, main, with_truth=True)
+        for p, recs in zip(first.test, first.recommended[main], strict=True)
+    ]
+    test_tags = [h for p in first.test for h in p.tweet.hashtags]
     data = {
         "lines_read": corpus.lines_read,
         "bad_lines": corpus.errors.total,
         "dropped": dict(sorted(corpus.dropped.items())),
         "tweets_kept": len(corpus.prepared),
-        "train_tweets": len(train),
-        "test_tweets": len(test),
+        "splits": {
+            f"{run.split}/{run.seed}": {
+                "train_tweets": len(run.train),
+                "test_tweets": len(run.test),
+                "train_period": _period(run.train),
+                "test_period": _period(run.test),
+                "empty_recommendations": {
+                    n: sum(1 for x in lists if not x) for n, lists in run.recommended.items()
+                },
+                "similar_training_tweets_median": run.similar_median,
+            }
+            for run in runs
+        },
+        "train_tweets": len(first.train),
+        "test_tweets": len(first.test),
         "train_hashtags": len(popularity),
         "test_hashtag_uses": len(test_tags),
         "test_hashtag_uses_seen_in_training": sum(1 for h in test_tags if h in popularity),
-        "train_period": _period(train),
-        "test_period": _period(test),
-        "empty_recommendations": sum(1 for recs in recommended if not recs),
-        "training_tweets_indexed": recommender.n_indexed,
-        "similar_training_tweets_median": (
-            float(np.median(recommender.last_similar_counts)) if test else None
-        ),
     }
     timings["total"] = round(time.perf_counter() - started, 2)
     return Experiment(
         config=config,
         feeds=[str(f) for f in feeds],
         data=data,
-        rows=rows,
-        exact=exact,
-        thesauri=thesauri,
-        labels={v: variant_label(v, config.model) for v in thesauri},
+        cells=cells,
+        differences=differences,
+        thesauri=thesauri_info,
+        labels={v: variant_label(v, config.model) for v in config.embeddings},
         synonyms=synonyms,
+        hubs=hubs,
         top_hashtags=top,
         events=events,
         timings=timings,
+        built={f"{variant}-{method}": th for (variant, method), th in first.thesauri.items()},
     )
 
 
 def _period(prepared: Sequence[Prepared]) -> list[str | None]:
     times = [p.tweet.created_at for p in prepared if p.tweet.created_at is not None]
-    if not times:
-        return [None, None]
-    return [min(times).isoformat(), max(times).isoformat()]
+    return [min(times).isoformat(), max(times).isoformat()] if times else [None, None]
+
+
+def _grouped(config: ExperimentConfig, runs: list[Run]) -> Iterator[tuple[str, int | str, list[Run]]]:
+    """(split, seed, runs): each run alone, and each split's seeds pooled (seed "all")."""
+    for split in config.splits:
+        of_split = [run for run in runs if run.split == split]
+        for run in of_split:
+            yield split, run.seed, [run]
+        if len(of_split) > 1:
+            yield split, "all", of_split
+    if len(config.seeds) == 1:  # one seed: its cells are also the pooled ones
+        for split in config.splits:
+            yield split, "all", [run for run in runs if run.split == split]
+
+
+def _stack(runs: list[Run], key: tuple[str, str, str]) -> tuple[Scored, npt.NDArray[np.int64]]:
+    parts = [run.scored[key] for run in runs]
+    strata = np.concatenate([np.full(len(run.test), i, dtype=np.int64) for i, run in enumerate(runs)])
+    return Scored(
+        np.vstack([p.raw for p in parts]),
+        np.vstack([p.corrected for p in parts]),
+        np.vstack([p.exact_hit_ratio for p in parts]),
+    ), strata
+
+
+def summarise(config: ExperimentConfig, runs: list[Run]) -> list[dict[str, Any]]:
+    """One cell per (split, seed or "all", embedding, hubness, recommender, r, k)."""
+    cells = []
+    ks, rs = list(config.ks), list(config.rs)
+    for split, seed, group in _grouped(config, runs):
+        keys = list(group[0].scored)
+        n = sum(len(run.test) for run in group)
+        for key in keys:
+            scored, strata = _stack(group, key)
+            counts = resample_counts(n, strata if len(group) > 1 else None, config.bootstrap, seed=17)
+            raw = bootstrap_means(scored.raw, counts)
+            corrected = bootstrap_means(scored.corrected, counts)
+            exact = bootstrap_means(scored.exact_hit_ratio, counts)
+            variant, method, name = key
+            for j, r in enumerate(rs):
+                for i, k in enumerate(ks):
+                    e, c = raw[j * len(ks) + i], corrected[j * len(ks) + i]
+                    cells.append(
+                        {
+                            "split": split,
+                            "seed": seed,
+                            "variant": variant,
+                            "hubness": method,
+                            "recommender": name,
+                            "r": str(r),
+                            "k": k,
+                            "reval_hit_ratio": e.mean,
+                            "ci_low": e.low,
+                            "ci_high": e.high,
+                            "reval_hit_ratio_corrected": c.mean,
+                            "corrected_ci_low": c.low,
+                            "corrected_ci_high": c.high,
+                            "exact_hit_ratio": exact[j].mean,
+                            "events": e.events,
+                            "unscorable": e.unscorable,
+                        }
+                    )
+    return cells
+
+
+def compare(config: ExperimentConfig, runs: list[Run]) -> list[dict[str, Any]]:
+    """Paired bootstrap differences, seeds pooled: recommenders on the same thesaurus,
+    embeddings for the same recommender (raw and corrected)."""
+    out = []
+    ks, rs = list(config.ks), list(config.rs)
+    names = set(config.recommender_names)
+    for split, seed, group in _grouped(config, runs):
+        if seed != "all":
+            continue
+        n = sum(len(run.test) for run in group)
+        counts = resample_counts(
+            n,
+            np.concatenate([np.full(len(run.test), i, dtype=np.int64) for i, run in enumerate(group)]),
+            config.bootstrap,
+            seed=23,
+        )
+        pairs: list[tuple[str, tuple[str, str, str], tuple[str, str, str]]] = []
+        for variant in config.embeddings:
+            for method in config.hubness:
+                pairs += [
+                    ("recommenders", (variant, method, a), (variant, method, b))
+                    for a, b in RECOMMENDER_PAIRS
+                    if a in names and b in names
+                ]
+        for method in config.hubness:
+            for name in config.recommender_names:
+                pairs += [
+                    ("embeddings", (a, method, name), (b, method, name))
+                    for a, b in EMBEDDING_PAIRS
+                    if a in config.embeddings and b in config.embeddings
+                ]
+        for what, a, b in pairs:
+            sa, _ = _stack(group, a)
+            sb, _ = _stack(group, b)
+            for metric, va, vb in (
+                ("reval_hit_ratio", sa.raw, sb.raw),
+                ("reval_hit_ratio_corrected", sa.corrected, sb.corrected),
+            ):
+                diffs = bootstrap_difference(va, vb, counts)
+                for j, r in enumerate(rs):
+                    for i, k in enumerate(ks):
+                        d, low, high = diffs[j * len(ks) + i]
+                        out.append(
+                            {
+                                "split": split,
+                                "compare": what,
+                                "metric": metric,
+                                "a": "/".join(a),
+                                "b": "/".join(b),
+                                "r": str(r),
+                                "k": k,
+                                "difference": d,
+                                "ci_low": low,
+                                "ci_high": high,
+                            }
+                        )
+    return out
 
 
 # --------------------------------------------------------------------------- outputs
@@ -310,16 +620,36 @@ def write_outputs(experiment: Experiment, out_dir: str | Path, *, save_thesauri:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(
-        json.dumps(experiment.results_json(), indent=2, ensure_ascii=False) + "\n", encoding="utf-8"
+        json.dumps(experiment.results_json(), indent=1, ensure_ascii=False) + "\n", encoding="utf-8"
     )
+    columns = [
+        "split",
+        "seed",
+        "variant",
+        "hubness",
+        "recommender",
+        "r",
+        "k",
+        "reval_hit_ratio",
+        "ci_low",
+        "ci_high",
+        "reval_hit_ratio_corrected",
+        "corrected_ci_low",
+        "corrected_ci_high",
+        "exact_hit_ratio",
+        "events",
+        "unscorable",
+    ]
     with open(out / "results.csv", "w", encoding="utf-8", newline="") as fh:
         writer = csv.writer(fh)
-        writer.writerow(["variant", "r", "k", "reval_hit_ratio", "events", "unscorable"])
-        for row in experiment.rows:
-            value = row["reval_hit_ratio"]
-            writer.writerow([row["variant"], row["r"], row["k"],
-                             "" if value is None else f"{value:.6f}",
-                             row["events"], row["unscorable"]])
+        writer.writerow(columns)
+        for cell in experiment.cells:
+            writer.writerow(
+                [
+                    "" if cell[c] is None else (f"{cell[c]:.6f}" if isinstance(cell[c], float) else cell[c])
+                    for c in columns
+                ]
+            )
     with open(out / "recommendations.jsonl", "w", encoding="utf-8") as fh:
         for event in experiment.events:
             fh.write(json.dumps(event, ensure_ascii=False) + "\n")
@@ -327,58 +657,112 @@ def write_outputs(experiment: Experiment, out_dir: str | Path, *, save_thesauri:
     plot_curves(experiment, out / "curves.png")
     (out / "timings.json").write_text(json.dumps(experiment.timings, indent=2) + "\n", encoding="utf-8")
     if save_thesauri:
-        for variant, thesaurus in experiment.thesauri.items():
-            thesaurus.save(out / "thesauri" / variant)
+        for name, thesaurus in experiment.built.items():
+            thesaurus.save(out / "thesauri" / name, replace=True)
     return out
 
 
 def synonyms_markdown(experiment: Experiment) -> str:
-    """The paper's Table 5 for the most used training hashtags."""
+    """The paper's Table 5 for the most used training hashtags, and each thesaurus's hubs."""
     n = experiment.config.n_synonyms
-    variants = list(experiment.thesauri)
+    keys = list(experiment.synonyms)
     lines = [
-        f"# The {n} nearest synonyms of the {len(experiment.top_hashtags)} most used "
-        "training hashtags",
+        f"# The {n} nearest synonyms of the {len(experiment.top_hashtags)} most used training hashtags",
         "",
-        "| Hashtag (training tweets) | " + " | ".join(experiment.labels[v] for v in variants) + " |",
-        "|---|" + "---|" * len(variants),
+        f"First split and seed ({experiment.config.splits[0]}, {experiment.config.seeds[0]}).",
+        "",
+        "| Hashtag (training tweets) | " + " | ".join(_key_label(experiment, k) for k in keys) + " |",
+        "|---|" + "---|" * len(keys),
     ]
     for tag, count in experiment.top_hashtags:
-        cells = [", ".join(f"#{s}" for s in experiment.synonyms[v][tag]) for v in variants]
+        cells = [", ".join(f"#{s}" for s in experiment.synonyms[k][tag]) for k in keys]
         lines.append(f"| #{tag} ({count}) | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "## Hubs: the hashtags among the 10 nearest of the most others (N_10)",
+        "",
+        "| thesaurus | skewness of N_10 | largest N_10 (share) | lists reaching a top-10 hub | top hubs |",
+        "|---|---:|---:|---:|---|",
+    ]
+    for key in keys:
+        report = experiment.thesauri[key]["hubness"]
+        hubs = ", ".join(f"#{h} ({c})" for h, c in experiment.hubs[key][:10])
+        lines.append(
+            f"| {_key_label(experiment, key)} | {report['skewness']:.2f} | {report['max']} "
+            f"({100 * report['max_share']:.1f}%) | {100 * report['share_with_hub']:.1f}% | {hubs} |"
+        )
     return "\n".join(lines) + "\n"
 
 
-_COLOURS = {"bertag": "tab:blue", "word2vec": "tab:green", "fasttext": "tab:orange"}
-_MARKERS = {"bertag": "o", "word2vec": "s", "fasttext": "^"}
+def _key_label(experiment: Experiment, key: str) -> str:
+    info = experiment.thesauri[key]
+    return f"{info['label']}, {info['hubness_method']}"
+
+
+_STYLE = {"bertag": ("tab:blue", "o"), "word2vec": ("tab:green", "s"), "fasttext": ("tab:orange", "^")}
+_BASELINE_STYLE = {"popular": ("black", "-"), "least-popular": ("tab:red", ":"), "random": ("tab:gray", "--")}
+
+
+def _series(
+    experiment: Experiment, variant: str, recommender: str, r: int, fields: tuple[str, str, str]
+) -> list[list[float]]:
+    """The mean, low and high of a curve over k (NaN where unscorable)."""
+    cells = [
+        experiment.cell(variant=variant, recommender=recommender, r=r, k=k) for k in experiment.config.ks
+    ]
+    return [[np.nan if c[name] is None else c[name] for c in cells] for name in fields]
 
 
 def plot_curves(experiment: Experiment, path: str | Path) -> None:
-    """Average #REval-hit-ratio against k: one panel per r, one line per embedding."""
+    """#REval-hit-ratio (top row) and its chance-corrected value (bottom row) against k,
+    one panel per r: the main recommender per embedding with 95% bands, and on the first
+    embedding the baselines -- popular, the least-popular canary, the random null."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rs, ks = list(experiment.config.rs), list(experiment.config.ks)
-    fig, axes = plt.subplots(1, len(rs), figsize=(4.2 * len(rs), 3.8), sharey=True, squeeze=False)
-    for ax, r in zip(axes[0], rs, strict=True):
-        for variant in experiment.thesauri:
-            ys = [experiment.value(variant, r, k) for k in ks]
-            ax.plot(ks, [np.nan if y is None else y for y in ys], marker=_MARKERS[variant],
-                    color=_COLOURS[variant], label=experiment.labels[variant])
-        ax.set_title(f"top-{r} recommendations")
-        ax.set_xlabel("k (number of synonyms)")
-        ax.set_xticks(ks)
-        ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("average #REval-hit-ratio")
-    axes[0][0].set_ylim(bottom=0)
-    axes[0][-1].legend(loc="lower right", fontsize="small")
+    config = experiment.config
+    rs, ks = list(config.rs), list(config.ks)
+    main = config.recommender_names[0]
+    fig, axes = plt.subplots(2, len(rs), figsize=(4.4 * len(rs), 7.2), sharex=True, squeeze=False)
+    for row, (metric, low, high) in enumerate(
+        (
+            ("reval_hit_ratio", "ci_low", "ci_high"),
+            ("reval_hit_ratio_corrected", "corrected_ci_low", "corrected_ci_high"),
+        )
+    ):
+        for ax, r in zip(axes[row], rs, strict=True):
+            fields = (metric, low, high)
+            for variant in config.embeddings:
+                colour, marker = _STYLE[variant]
+                ys, lo, hi = _series(experiment, variant, main, r, fields)
+                ax.plot(ks, ys, marker=marker, color=colour, label=f"{main}, {experiment.labels[variant]}")
+                ax.fill_between(ks, lo, hi, color=colour, alpha=0.15, linewidth=0)
+            first = config.embeddings[0]
+            for name in config.recommender_names[1:]:
+                colour, style = _BASELINE_STYLE.get(name, ("tab:purple", "-."))
+                ys, lo, hi = _series(experiment, first, name, r, fields)
+                ax.plot(ks, ys, linestyle=style, color=colour, label=f"{name}, {experiment.labels[first]}")
+                ax.fill_between(ks, lo, hi, color=colour, alpha=0.08, linewidth=0)
+            if row == 1:
+                ax.axhline(0.0, color="tab:gray", linewidth=0.8)
+                ax.set_xlabel("k (number of synonyms)")
+            ax.set_title(f"top-{r} recommendations")
+            ax.set_xticks(ks)
+            ax.grid(alpha=0.3)
+        axes[row][0].set_ylabel("#REval-hit-ratio" if row == 0 else "chance-corrected #REval")
+    axes[0][-1].legend(loc="upper left", fontsize="x-small")
     d = experiment.data
     fig.suptitle(
-        f"MOWE recommender, {experiment.config.split} split: {d['train_tweets']:,} training / "
-        f"{d['test_tweets']:,} test tweets", fontsize="medium",
+        f"{config.splits[0]} split, seeds {', '.join(map(str, config.seeds))} pooled, hubness "
+        f"{config.hubness[0]}: {d['train_tweets']:,} training / {d['test_tweets']:,} test tweets per seed; "
+        "bands: 95% bootstrap",
+        fontsize="medium",
     )
     fig.tight_layout()
     fig.savefig(path, dpi=110, metadata={"Software": None})
     plt.close(fig)
+
+
+__all__ = ["DEFAULT_METHOD", "Experiment", "run_experiment", "write_outputs"]

@@ -12,11 +12,12 @@ from typing import IO, Any, Self
 
 from stream.batch import BuildReport, TextEncoder, embed_feed
 from stream.cleaning import Cleaner
+from stream.hubness import DEFAULT_METHOD
 from stream.means import HashtagMeans
 from stream.replay import Outgoing, timestamp_ms
 from workers.adapters.feeds import read_tweets
 from workers.adapters.kafka_client import KafkaSink
-from workers.adapters.store import AnnoyThesaurus, build_from_means
+from workers.adapters.store import DEFAULT_DEPTH, AnnoyThesaurus, build_from_means
 
 
 def build_thesaurus(
@@ -25,6 +26,8 @@ def build_thesaurus(
     *,
     min_count: int = 1,
     n_trees: int = 50,
+    method: str = DEFAULT_METHOD,
+    depth: int = DEFAULT_DEPTH,
     cleaner: Cleaner | None = None,
     on_progress: Callable[[int], None] | None = None,
 ) -> tuple[AnnoyThesaurus, HashtagMeans, BuildReport]:
@@ -32,7 +35,9 @@ def build_thesaurus(
     started = time.perf_counter()
     report = BuildReport()
     means = embed_feed(read_tweets(paths), encoder, cleaner=cleaner, report=report, on_progress=on_progress)
-    thesaurus = build_from_means(means, min_count=min_count, model_id=encoder.model_id, n_trees=n_trees)
+    thesaurus = build_from_means(
+        means, min_count=min_count, model_id=encoder.model_id, n_trees=n_trees, method=method, depth=depth
+    )
     if thesaurus is None:
         raise ValueError(
             f"no hashtag reached min_count={min_count} in {', '.join(map(str, paths))} "
@@ -90,5 +95,3 @@ class EventSink:
 
     def __exit__(self, *_: object) -> None:
         self.close()
-
-

@@ -50,7 +50,6 @@ __all__ = ["BrokerStartError", "LocalBroker", "find_free_port", "resolve_broker_
 BINARY_ENV = "REVAL_TANSU_BIN"
 
 
-
 class BrokerStartError(BrokerError):
     """The broker process died or did not accept Kafka requests in time."""
 

@@ -140,9 +140,7 @@ def write_bertweet_tokenizer_files(
     vocab_file = directory / "vocab.txt"
     merges_file = directory / "bpe.codes"
     # fairseq dictionary format: "<token> <count>"; the count is not used by the tokenizer.
-    vocab_file.write_text(
-        "".join(f"{p} {len(pieces) - i}\n" for i, p in enumerate(pieces)), encoding="utf-8"
-    )
+    vocab_file.write_text("".join(f"{p} {len(pieces) - i}\n" for i, p in enumerate(pieces)), encoding="utf-8")
     # fastBPE codes: "<left> <right> <count>", rank = line order; the file must end in "\n".
     merges_file.write_text(
         "".join(f"{a} {b} {len(merges) - i}\n" for i, (a, b) in enumerate(merges)), encoding="utf-8"
@@ -169,9 +167,7 @@ def build_bertweet_like(
     BERTweet: 128 tokens plus RoBERTa's padding offset of 2.
     """
     directory = Path(directory)
-    vocab_file, merges_file = write_bertweet_tokenizer_files(
-        directory, words, vocab_size=bpe_vocab_size
-    )
+    vocab_file, merges_file = write_bertweet_tokenizer_files(directory, words, vocab_size=bpe_vocab_size)
     # Saved with normalization off, like vinai/bertweet-base's own tokenizer
     # config: turning it on is the loader's job (stream.encoder does).
     tokenizer = BertweetTokenizer(

@@ -49,6 +49,8 @@ class Indexer:
         thesaurus = build_from_means(
             means,
             min_count=self.settings.index_min_count,
+            method=self.settings.index_hubness,
+            depth=max(max(self.settings.k_values), 1),  # scorers need Syn_k up to the largest k
             model_id=self.settings.model,
             n_trees=self.settings.index_n_trees,
         )
@@ -64,6 +66,11 @@ class Indexer:
         built = datetime.fromisoformat(thesaurus.metadata.built_at.replace("Z", "+00:00"))
         self.x.set_index_built(built.timestamp())
         self.x.index_hashtags.set(len(thesaurus))
+        report = thesaurus.metadata.hubness or {}
+        if report:
+            self.x.index_hubness_skewness.set(report["skewness"])
+            self.x.index_hubness_max_share.set(report["max_share"])
+            self.x.index_hubness_hub_share.set(report["share_with_hub"])
         if seconds is not None:
             self.x.index_build_seconds.set(seconds)
 

@@ -51,6 +51,7 @@ class Scorer:
         self.index_version: str | None = None  # the store's name of the loaded version
         self.cache = NeighbourCache(EMPTY, max_k=max(self.ks))
         self._checked = 0.0
+        self._rejected: str | None = None  # the last version refused (not retried until a newer one)
         self.reload(force=True)
 
     def reload(self, *, force: bool = False) -> bool:
@@ -60,10 +61,17 @@ class Scorer:
             return False
         self._checked = now
         current = self.store.current_version()
-        if current is None or current == self.index_version:
+        if current is None or current in (self.index_version, self._rejected):
             return False
-        thesaurus = self.store.load(current, index=False)  # the neighbour table is all it needs
-        self.cache = neighbour_cache(thesaurus, max(self.ks))
+        try:
+            thesaurus = self.store.load(current, index=False)  # the neighbour table is all it needs
+            cache = neighbour_cache(thesaurus, max(self.ks))
+        except (OSError, ValueError) as exc:  # damaged or unreadable: keep the last good version
+            self._rejected = current
+            self.x.thesaurus_rejected.labels("score").inc()
+            log.error("thesaurus %s rejected (%s); still scoring with %s", current, exc, self.index_version)
+            return False
+        self.cache = cache
         self.index_version = current
         self.x.thesaurus_loaded.set(version_number(current))
         log.info("scoring with thesaurus %s (%d hashtags)", current, len(thesaurus))
