@@ -191,7 +191,7 @@ def test_render_cli_and_parameter_checks(tmp_path: Path) -> None:
     )
     ok(done)
     text = out.read_text()
-    assert 'reval:hit_ratio:mean1h{k="20", r="5"}\n      < 0.5 * reval:hit_ratio:baseline' in text
+    assert 'reval:hit_ratio:mean1h{k="20", r="10"}\n      < 0.5 * reval:hit_ratio:baseline' in text
     assert "quality_drop_fraction=0.5" in text.splitlines()[1]
     assert run(sys.executable, PROM / "render.py", "--set", "nope=1").returncode != 0
     with pytest.raises(ValueError, match="quality_window"):

@@ -57,9 +57,11 @@ class Params:
 
     # Rolling means recorded for every (recommender, k, r): one series per window.
     windows: tuple[str, ...] = ("5m", "1h", "1d")
-    # The quality alerts look at one k and one r (dashboards show all).
+    # The quality alerts look at one k and one r (dashboards show all): where the
+    # least-popular canary and the popular baseline separate most on the sample feed
+    # among k >= 5 (deploy/README.md, "Which k the alerts watch").
     alert_k: int = 10
-    alert_r: str = "5"
+    alert_r: str = "10"
     # Quality drop: the mean over `quality_window` falls more than `quality_drop_fraction`
     # below the trailing baseline = the same window at each of `baseline_offsets` ago
     # (the same hour on each of the last 7 days: daily seasonality), for `quality_for`.
@@ -69,6 +71,10 @@ class Params:
     quality_for: str = "30m"
     # Ignore a recommender with fewer scored events than this in `quality_window`.
     min_events: int = 50
+    # At chance: the chance-corrected #REval (0 = a popularity-weighted random recommender)
+    # over `quality_window` at most `chance_margin`, for `chance_for`.
+    chance_margin: float = 0.0
+    chance_for: str = "1h"
     # Semantic gap widening: exact hit ratio falls by `gap_exact_drop_fraction` below its
     # baseline while #REval at alert_k stays within `gap_reval_tolerance` of its own.
     gap_exact_drop_fraction: float = 0.2
@@ -144,6 +150,7 @@ TEST = replace(
     quality_window="10s",
     baseline_offsets=("30s", "40s", "50s"),
     quality_for="3s",
+    chance_for="3s",
     min_events=20,
     gap_for="5s",
     unknown_window="10s",
@@ -197,6 +204,14 @@ def recording_rules(p: Params) -> list[dict[str, Any]]:
                 "expr": (
                     f"sum by (recommender, k, r) (rate(reval_hit_ratio_sum[{w}]))\n"
                     f"/\n(sum by (recommender, k, r) (rate(reval_hit_ratio_count[{w}])) > 0)"
+                ),
+            },
+            {
+                # The workers export 1 - corrected (its _sum must only grow; corrected can be < 0).
+                "record": f"reval:hit_ratio_corrected:mean{w}",
+                "expr": (
+                    f"1 - sum by (recommender, k, r) (rate(reval_hit_ratio_corrected_shortfall_sum[{w}]))\n"
+                    f"/\n(sum by (recommender, k, r) (rate(reval_hit_ratio_corrected_shortfall_count[{w}])) > 0)"
                 ),
             },
             {
@@ -305,6 +320,19 @@ def alert_rules(p: Params) -> list[dict[str, Any]]:
                 + " below its baseline (the same window "
                 + ", ".join(p.baseline_offsets)
                 + " ago)."
+            ),
+        ),
+        alert(
+            "RevalRecommenderAtChance",
+            (f"reval:hit_ratio_corrected:mean{qw}{sel}\n<= {_fmt(p.chance_margin)}\n{enough}"),
+            p.chance_for,
+            "warning",
+            "Recommender {{ $labels.recommender }} is no better than chance",
+            (
+                "The chance-corrected #REval-hit-ratio (k={{ $labels.k }}, r={{ $labels.r }}) of recommender "
+                "{{ $labels.recommender }} over the last " + qw + " is {{ $value | printf \"%.3f\" }}: "
+                "its recommendations hit no more often than a popularity-weighted random draw of the "
+                "same size would."
             ),
         ),
         alert(
@@ -473,6 +501,7 @@ def alert_rules(p: Params) -> list[dict[str, Any]]:
 
 ALERTS = (
     "RevalRecommenderQualityDrop",
+    "RevalRecommenderAtChance",
     "RevalSemanticGapWidening",
     "RevalUnknownHashtagsRising",
     "RevalNoScores",
