@@ -20,6 +20,7 @@ import numpy.typing as npt
 from stream.cleaning import Cleaner, Dropped, Prepared
 from stream.hubness import DEFAULT_METHOD, METHODS
 from stream.means import HashtagMeans
+from stream.recommenders import DEFAULT_THRESHOLD
 from stream.records import ErrorLog, Parsed, Tweet
 from stream.scoring import DEFAULT_KS
 
@@ -54,7 +55,7 @@ class ExperimentConfig:
     embeddings: tuple[str, ...] = VARIANTS
     recommenders: tuple[str, ...] = RECOMMENDERS
     hubness: tuple[str, ...] = (DEFAULT_METHOD,)
-    mowe_thresholds: tuple[float, ...] = (0.5,)
+    mowe_thresholds: tuple[float, ...] = (DEFAULT_THRESHOLD,)
     model: str = "vinai/bertweet-base"
     #: Encoder dtype.  float32 by default: the reference numbers, the same on any CPU;
     #: ``"auto"`` is the core's fast choice (bf16 / int8 where the CPU has them).

@@ -39,6 +39,12 @@ from stream.cleaning import Cleaner, Prepared, clean_text
 from stream.records import ErrorLog, Parsed, Tweet
 
 METHODS = ("mowe", "popular", "popular-users", "least-popular", "random")
+#: MOWE's similarity threshold, the paper's.  On a feed of ~10^4 tweets averaged Word2Vec
+#: vectors point much the same way and 0.5 lets nearly every training tweet count as similar
+#: (median 8,360 of 8,767 on the sample feed): MOWE then recommends the popularity list.  0.8
+#: does better there (docs/experiment.md), but on a few hundred training tweets it leaves most
+#: tweets without a recommendation: a threshold tuned to one feed size, so not the default.
+DEFAULT_THRESHOLD = 0.5
 
 # Anything hashtag-like, wherever it sits (also glued to a word, full-width ＃, or
 # cut off by truncation): stricter than hashtag extraction, so nothing slips through.
@@ -324,7 +330,7 @@ class MoweRecommender(BaseRecommender):
     :func:`workers.adapters.word_vectors.trainer`), unless ``word_vectors`` are
     given; every tweet is the mean of its word vectors (MOWE).  For a tweet
     to recommend for, the training tweets with cosine similarity >= ``threshold``
-    (0.5) are its similar tweets; their hashtags are ranked by popularity among
+    (:data:`DEFAULT_THRESHOLD`, the paper's 0.5) are its similar tweets; their hashtags are ranked by popularity among
     them (ties: popularity in the whole training set, then name) and the top r
     recommended -- so possibly fewer than r, and none when nothing is similar.
 
@@ -342,7 +348,7 @@ class MoweRecommender(BaseRecommender):
         self,
         name: str | None = None,
         *,
-        threshold: float = 0.5,
+        threshold: float = DEFAULT_THRESHOLD,
         trainer: Callable[[Sequence[Sequence[str]]], Any] | None = None,
         word_vectors: Any | None = None,
         chunk_elements: int = 1 << 24,
@@ -485,7 +491,7 @@ def make_recommender(
     method: str,
     *,
     name: str | None = None,
-    threshold: float = 0.5,
+    threshold: float = DEFAULT_THRESHOLD,
     trainer: Callable[[Sequence[Sequence[str]]], Any] | None = None,
     seed: int = 0,
 ) -> BaseRecommender:

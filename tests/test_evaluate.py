@@ -77,7 +77,7 @@ def test_config_is_validated() -> None:
         ExperimentConfig(hubness=("magic",))
     with pytest.raises(ValueError, match="seeds"):
         ExperimentConfig(seeds=(1, 1))
-    assert ExperimentConfig(mowe_thresholds=(0.5, 0.8)).recommender_names[:2] == ["mowe", "mowe@0.8"]
+    assert ExperimentConfig(mowe_thresholds=(0.8, 0.5)).recommender_names[:2] == ["mowe", "mowe@0.5"]
 
 
 CELL_KEYS = {

@@ -276,7 +276,7 @@ class QualityMetrics:
         # 1 - rate(_sum) / rate(_count) (recording rule reval:hit_ratio_corrected:mean<w>).
         hit_corrected = SummaryMetricFamily(
             "reval_hit_ratio_corrected_shortfall",
-            "1 - chance-corrected #REval-hit-ratio of scored events (corrected 0 = popularity-weighted random)",
+            "1 - chance-corrected #REval-hit-ratio of scored events (0 = popularity-weighted random)",
             labels=["recommender", "k", "r"],
         )
         exact_match = SummaryMetricFamily(
@@ -317,7 +317,9 @@ class QualityMetrics:
             i = 0
             for r in self.rs:
                 for k in self.ks:
-                    hit_corrected.add_metric([name, k, r], count_value=count, sum_value=float(count - total[i]))
+                    hit_corrected.add_metric(
+                        [name, k, r], count_value=count, sum_value=float(count - total[i])
+                    )
                     for label, window in zip(labels, means, strict=True):
                         if window is not None:
                             reval_corrected.add_metric([name, k, r, label], float(window[i]))

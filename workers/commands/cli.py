@@ -519,8 +519,9 @@ def recommend_cmd(
     ] = None,
     seed: Annotated[int, typer.Option(help="Seed of mowe's Word2Vec and of random's draws")] = 0,
     threshold: Annotated[
-        float, typer.Option(help="mowe: cosine for a similar training tweet (paper: 0.5)")
-    ] = 0.5,
+        float,
+        typer.Option(help="mowe: cosine for a similar training tweet (the paper's 0.5 makes it popular)"),
+    ] = 0.8,
     language_filter: Annotated[
         bool, typer.Option(help="Drop non-English training tweets (paper 3.1.1)")
     ] = True,
@@ -625,8 +626,9 @@ def evaluate_cmd(
         str, typer.Option(help="Thesaurus rankings to compare: raw, center, csls, center+csls, mp")
     ] = "center+csls",
     mowe_threshold: Annotated[
-        str, typer.Option(help="MOWE: cosine for a similar tweet, comma-separated to sweep (paper: 0.5)")
-    ] = "0.5",
+        str,
+        typer.Option(help="MOWE: cosine for a similar tweet, comma-separated to sweep (the paper's: 0.5)"),
+    ] = "0.8",
     model: Annotated[
         str, typer.Option(help="BERTag encoder: hub id or local path; 'minilm' = packaged MiniLM")
     ] = "vinai/bertweet-base",
