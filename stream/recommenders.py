@@ -330,8 +330,8 @@ class MoweRecommender(BaseRecommender):
     :func:`workers.adapters.word_vectors.trainer`), unless ``word_vectors`` are
     given; every tweet is the mean of its word vectors (MOWE).  For a tweet
     to recommend for, the training tweets with cosine similarity >= ``threshold``
-    (:data:`DEFAULT_THRESHOLD`, the paper's 0.5) are its similar tweets; their hashtags are ranked by popularity among
-    them (ties: popularity in the whole training set, then name) and the top r
+    (:data:`DEFAULT_THRESHOLD`, the paper's 0.5) are its similar tweets; their hashtags
+    are ranked by popularity among them (ties: popularity in the whole training set, then name) and the top r
     recommended -- so possibly fewer than r, and none when nothing is similar.
 
     Both sides are compared on their words only: hashtags are hidden from the

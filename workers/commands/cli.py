@@ -520,8 +520,8 @@ def recommend_cmd(
     seed: Annotated[int, typer.Option(help="Seed of mowe's Word2Vec and of random's draws")] = 0,
     threshold: Annotated[
         float,
-        typer.Option(help="mowe: cosine for a similar training tweet (the paper's 0.5 makes it popular)"),
-    ] = 0.8,
+        typer.Option(help="mowe: cosine for a similar training tweet (paper: 0.5)"),
+    ] = 0.5,
     language_filter: Annotated[
         bool, typer.Option(help="Drop non-English training tweets (paper 3.1.1)")
     ] = True,
@@ -627,8 +627,8 @@ def evaluate_cmd(
     ] = "center+csls",
     mowe_threshold: Annotated[
         str,
-        typer.Option(help="MOWE: cosine for a similar tweet, comma-separated to sweep (the paper's: 0.5)"),
-    ] = "0.8",
+        typer.Option(help="MOWE: cosine for a similar tweet, comma-separated to sweep (paper: 0.5)"),
+    ] = "0.5",
     model: Annotated[
         str, typer.Option(help="BERTag encoder: hub id or local path; 'minilm' = packaged MiniLM")
     ] = "vinai/bertweet-base",
