@@ -87,40 +87,50 @@ class ChanceModel:
         self._rev_ranks = ranks[order]
         self._starts = np.searchsorted(targets[order], np.arange(n + 1))
         self._drawn: list[float] = [0.0]  # s_t: expected mass drawn before draw t
+        self._schedules: dict[int, npt.NDArray[np.float64]] = {}
         self._cache: OrderedDict[tuple[int, tuple[str, ...], tuple[int, ...]], list[float]] = OrderedDict()
+        self._masses: OrderedDict[tuple[int, tuple[int, ...]], npt.NDArray[np.float64]] = OrderedDict()
+        self._unions: OrderedDict[tuple[int, ...], tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]] = (
+            OrderedDict()
+        )
         self._cache_size = cache
 
     def _schedule(self, m: int) -> npt.NDArray[np.float64]:
         """1 / (1 - s_t) for t < m (the total weight is 1)."""
+        found = self._schedules.get(m)
+        if found is not None:
+            return found
         while len(self._drawn) < m:
             t = len(self._drawn)
             remaining = np.maximum(1.0 - np.asarray(self._drawn[:t]), 1e-12)
             # P(h drawn in the first t draws) for every h, then the expected mass drawn.
             not_drawn = np.prod(1.0 - np.minimum(self._w[:, None] / remaining[None, :], 1.0), axis=1)
             self._drawn.append(float(np.sum(self._w * (1.0 - not_drawn))))
-        return 1.0 / np.maximum(1.0 - np.asarray(self._drawn[:m]), 1e-12)
+        found = self._schedules[m] = 1.0 / np.maximum(1.0 - np.asarray(self._drawn[:m]), 1e-12)
+        return found
 
     def _untouched(self, mass: npt.NDArray[np.float64], m: int) -> npt.NDArray[np.float64]:
         """P(no draw of m lands in a set of weight ``mass``), elementwise."""
         scale = self._schedule(m)
         return np.prod(np.clip(1.0 - mass[..., None] * scale, 0.0, 1.0), axis=-1)
 
-    def expected(self, m: int, truth: Sequence[str], ks: Sequence[int]) -> list[float]:
-        """Expected #REval-hit-ratio of the null recommender drawing ``m`` hashtags, for
-        ground truth ``truth`` (normalised, distinct), at each k of ``ks`` (k <= depth)."""
-        if m < 1 or not truth:
-            raise ValueError("the null recommender needs m >= 1 and a non-empty ground truth")
-        key = (m, tuple(truth), tuple(ks))
-        found = self._cache.get(key)
-        if found is not None:
-            self._cache.move_to_end(key)
-            return found
-        k_arr = np.asarray(ks, dtype=np.int64)
-        rows = [self._ids[g] for g in truth if g in self._ids]
-        if not rows:
-            result = [0.0] * len(ks)
-        elif m <= len(truth):
-            # Union over g of A_g(k): each holder's smallest rank, then P(h in R) summed.
+    def _mass(self, g: int, ks: tuple[int, ...]) -> npt.NDArray[np.float64]:
+        """w(A_g(k)) for each k: the weight of the hashtags with g among their k nearest (and g)."""
+        key = (g, ks)
+        found = self._masses.get(key)
+        if found is None:
+            lo, hi = self._starts[g], self._starts[g + 1]
+            cumulative = np.concatenate([[0.0], np.cumsum(self._w[self._rev_holders[lo:hi]])])
+            found = cumulative[np.searchsorted(self._rev_ranks[lo:hi], np.asarray(ks), side="right")]
+            self._masses[key] = found
+            if len(self._masses) > self._cache_size:
+                self._masses.popitem(last=False)
+        return found
+
+    def _union(self, rows: tuple[int, ...]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """The holders of the union of the A_g (each once, with its smallest rank), by rank."""
+        found = self._unions.get(rows)
+        if found is None:
             holders = np.concatenate([self._rev_holders[self._starts[g] : self._starts[g + 1]] for g in rows])
             ranks = np.concatenate([self._rev_ranks[self._starts[g] : self._starts[g + 1]] for g in rows])
             order = np.lexsort((ranks, holders))
@@ -128,18 +138,42 @@ class ChanceModel:
             first = np.ones(len(holders), dtype=bool)
             first[1:] = holders[1:] != holders[:-1]
             holders, ranks = holders[first], ranks[first]
-            inclusion = 1.0 - self._untouched(self._w[holders], m)
             by_rank = np.argsort(ranks, kind="stable")
-            cumulative = np.concatenate([[0.0], np.cumsum(inclusion[by_rank])])
-            covered = np.searchsorted(ranks[by_rank], k_arr, side="right")
-            result = (cumulative[covered] / m).tolist()
+            found = (holders[by_rank], ranks[by_rank])
+            self._unions[rows] = found
+            if len(self._unions) > self._cache_size:
+                self._unions.popitem(last=False)
+        return found
+
+    def expected(self, m: int, truth: Sequence[str], ks: Sequence[int]) -> list[float]:
+        """Expected #REval-hit-ratio of the null recommender drawing ``m`` hashtags, for
+        ground truth ``truth`` (normalised, distinct), at each k of ``ks`` (k <= depth)."""
+        if m < 1 or not truth:
+            raise ValueError("the null recommender needs m >= 1 and a non-empty ground truth")
+        k_tuple = tuple(ks)
+        key = (m, tuple(truth), k_tuple)
+        found = self._cache.get(key)
+        if found is not None:
+            self._cache.move_to_end(key)
+            return found
+        rows = tuple(self._ids[g] for g in truth if g in self._ids)
+        if not rows:
+            result = [0.0] * len(ks)
+        elif m <= len(truth):
+            # E[rho] = sum over the union B_k of the A_g(k) of P(h in R).
+            if len(rows) == 1 and m == 1:
+                covered_mass = self._mass(rows[0], k_tuple)  # P(h in R) = w_h for one draw
+                result = covered_mass.tolist()
+            else:
+                holders, ranks = self._union(rows)
+                inclusion = self._w[holders] if m == 1 else 1.0 - self._untouched(self._w[holders], m)
+                cumulative = np.concatenate([[0.0], np.cumsum(inclusion)])
+                covered = np.searchsorted(ranks, np.asarray(ks), side="right")
+                result = (cumulative[covered] / m).tolist()
         else:
             total = np.zeros(len(ks))
             for g in rows:
-                lo, hi = self._starts[g], self._starts[g + 1]
-                cumulative = np.concatenate([[0.0], np.cumsum(self._w[self._rev_holders[lo:hi]])])
-                mass = cumulative[np.searchsorted(self._rev_ranks[lo:hi], k_arr, side="right")]
-                total += 1.0 - self._untouched(mass, m)
+                total += 1.0 - self._untouched(self._mass(g, k_tuple), m)
             result = (total / len(truth)).tolist()
         self._cache[key] = result
         if len(self._cache) > self._cache_size:
