@@ -134,7 +134,7 @@ def test_end_to_end_scores_equal_offline_and_metrics(stack: Stack) -> None:
     newest = store.current_version()
     again = {
         "tweet_id": tagged[0].id,
-        "recommender": "rec0",
+        "recommender": "rec0-late",  # rec0's key (tweet id, recommender) was scored: a duplicate
         "recommended": ["terremoto"],
         "ground_truth": list(tagged[0].hashtags),
     }

@@ -53,32 +53,39 @@ def test_cleaner_with_redis_claims_matches_memory(client: redis.Redis, redis_pre
             assert a.reason == b.reason
 
 
-def test_join_in_either_order_and_redelivery(client: redis.Redis, redis_prefix: str) -> None:
+def test_join_in_either_order_and_settled_only_when_told(client: redis.Redis, redis_prefix: str) -> None:
     join = RedisJoin(client, redis_prefix, window=30)
     # event first, then its tweet
     assert join.put_events([("1", "0:10", '{"e": 1}')], now=100.0) == [("wait", None)]
-    assert join.pending() == 1
+    assert join.pending() == 1 and join.stored_bytes() == len('{"e": 1}')
     answered = join.put_tweets([("1", ["flood", "help"])])
     assert [(a.tweet_id, a.event_id, a.payload, a.truth) for a in answered] == [
         ("1", "0:10", '{"e": 1}', ["flood", "help"])
     ]
-    assert join.pending() == 0
-    # tweet first, then the event; a redelivered event is a duplicate
+    # Not settled yet (say the scorer died before its score was acknowledged): the tweet,
+    # redelivered, answers the event again.
+    assert [a.event_id for a in join.put_tweets([("1", ["flood", "help"])])] == ["0:10"]
+    join.settle([("1", "0:10")])
+    assert join.pending() == 0 and join.stored_bytes() == 0
+    assert join.put_tweets([("1", ["flood", "help"])]) == []
+    # tweet first, then the event: a match, which a crash before settling lets redeliver
     assert join.put_tweets([("2", [])]) == []
     assert join.put_events([("2", "0:11", "{}")], now=100.0) == [("match", [])]
+    assert join.put_events([("2", "0:11", "{}")], now=100.0) == [("match", [])]
+    join.settle([("2", "0:11")])
     assert join.put_events([("2", "0:11", "{}"), ("1", "0:10", "{}")], now=100.0) == [
         ("dup", None),
         ("dup", None),
     ]
 
 
-def test_expiry_pops_each_event_once(client: redis.Redis, redis_prefix: str) -> None:
+def test_expiry_leaves_answered_events_to_the_join(client: redis.Redis, redis_prefix: str) -> None:
     join = RedisJoin(client, redis_prefix, window=10)
-    join.put_events([("9", "1:1", "late"), ("8", "1:2", "later")], now=0.0)
-    assert join.expire(now=5.0) == []
-    expired = join.expire(now=11.0)
-    assert sorted(a.payload for a in expired) == ["late", "later"]
-    assert all(a.truth is None for a in expired)
-    assert join.expire(now=20.0) == [] and join.pending() == 0
-    # the tweet arriving after expiry does not answer the expired events again
-    assert join.put_tweets([("9", ["x"])]) == []
+    join.put_events([("9", "1:1", "late"), ("8", "1:2", "later"), ("7", "1:3", "answered")], now=0.0)
+    join.put_tweets([("7", ["x"])])  # its tweet came: the join, not expiry, settles it
+    assert join.due(now=5.0) == []
+    due = join.due(now=11.0)
+    assert sorted(a.payload for a in due) == ["late", "later"]
+    assert sorted(a.payload for a in join.due(now=11.0)) == ["late", "later"]  # until settled
+    join.settle([(a.tweet_id, a.event_id) for a in due])
+    assert join.due(now=11.0) == [] and join.pending() == 1  # "answered" waits for its settle

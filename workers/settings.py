@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, field_validator
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from stream.hubness import DEFAULT_METHOD, METHODS
@@ -67,6 +67,21 @@ class Settings(BaseSettings):
     )
     data_dir: Path = Field(Path("var/faust"), description="Faust's local state directory")
     replication: int = Field(1, ge=1, description="Replication factor of created topics")
+    max_message_bytes: int = Field(
+        1_000_000, ge=1024, description="Largest output record (the broker's message.max.bytes)"
+    )
+    produce_timeout_s: float = Field(
+        120.0, gt=0, description="Outputs not acknowledged this long: the worker stops (fail-stop)"
+    )
+    kafka_security_protocol: str = Field(
+        "PLAINTEXT", description="PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL"
+    )
+    kafka_sasl_mechanism: str = Field("PLAIN", description="PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512")
+    kafka_sasl_username: str | None = Field(None, description="SASL user name")
+    kafka_sasl_password: SecretStr | None = Field(None, description="SASL password (never logged)")
+    kafka_ssl_cafile: Path | None = Field(None, description="CA bundle to verify the brokers (TLS)")
+    kafka_ssl_certfile: Path | None = Field(None, description="Client certificate (mutual TLS)")
+    kafka_ssl_keyfile: Path | None = Field(None, description="Client key (mutual TLS)")
 
     # Redis
     redis_url: str = Field("redis://127.0.0.1:6379/0", description="redis:// or rediss:// (TLS)")
@@ -101,16 +116,43 @@ class Settings(BaseSettings):
     ks: str = Field(",".join(map(str, DEFAULT_KS)), description="Synonym counts k")
     rs: str = Field(",".join(map(str, DEFAULT_RS)), description="Top-r cut-offs")
     join_window_s: float = Field(300.0, gt=0, description="How long an event waits for its tweet")
+    join_max_pending: int = Field(
+        1_000_000, ge=1, description="Events waiting in the join before the scorer stops pulling"
+    )
+    join_max_event_bytes: int = Field(
+        65_536, ge=256, description="Largest waiting event kept (larger: dead letter join_event_too_large)"
+    )
+    event_key: str = Field(
+        "tweet_id,recommender", description="Event fields that identify a duplicate event (comma list)"
+    )
+    event_dedup_window_s: int = Field(
+        3600, ge=0, description="How long an event key is remembered (0: no de-duplication)"
+    )
+    max_future_skew_s: float = Field(
+        600.0, ge=0, description="Events this far ahead of the clock stay out of the rolling windows"
+    )
+    max_lateness_s: float | None = Field(
+        None, ge=0, description="Events this far behind the newest stay out of the windows (default: largest)"
+    )
     reload_interval_s: float = Field(5.0, gt=0, description="How often to look for a new index")
     windows: str = Field("5m,1h,24h", description="Event-time rolling windows of the gauges")
     recommenders: str = Field("", description="Allowed recommender label values (comma list)")
     max_recommenders: int = Field(20, ge=1, description="Cap on distinct labels before 'other'")
+    max_label_length: int = Field(64, ge=1, description="Longer recommender names are exported as 'other'")
 
     # Metrics
     metrics_port: int | None = Field(None, description="Prometheus port (default per role)")
     metrics_host: str = Field(
         "127.0.0.1", description="Prometheus bind address (containers set 0.0.0.0 explicitly)"
     )
+
+    @field_validator("kafka_security_protocol")
+    @classmethod
+    def _check_protocol(cls, value: str) -> str:
+        allowed = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+        if value not in allowed:
+            raise ValueError(f"must be one of {', '.join(allowed)}")
+        return value
 
     @field_validator("index_hubness")
     @classmethod
@@ -144,6 +186,56 @@ class Settings(BaseSettings):
     @property
     def recommender_allowlist(self) -> tuple[str, ...]:
         return tuple(r.strip() for r in self.recommenders.split(",") if r.strip())
+
+    @property
+    def event_key_fields(self) -> tuple[str, ...]:
+        return tuple(f.strip() for f in self.event_key.split(",") if f.strip())
+
+    def kafka_client_options(self) -> dict[str, Any]:
+        """TLS / SASL options as kafka-python names them (the admin client, replays)."""
+        out: dict[str, Any] = {"security_protocol": self.kafka_security_protocol}
+        if self.kafka_security_protocol.startswith("SASL"):
+            out["sasl_mechanism"] = self.kafka_sasl_mechanism
+            out["sasl_plain_username"] = self.kafka_sasl_username
+            out["sasl_plain_password"] = (
+                self.kafka_sasl_password.get_secret_value() if self.kafka_sasl_password else None
+            )
+        for name in ("cafile", "certfile", "keyfile"):
+            value = getattr(self, f"kafka_ssl_{name}")
+            if value is not None:
+                out[f"ssl_{name}"] = str(value)
+        return out
+
+    def faust_options(self) -> dict[str, Any]:
+        """The same for Faust (``broker_credentials``)."""
+        import ssl
+
+        import faust
+
+        protocol = self.kafka_security_protocol
+        if protocol == "PLAINTEXT":
+            return {}
+        context = None
+        if protocol.endswith("SSL"):
+            context = ssl.create_default_context(
+                cafile=str(self.kafka_ssl_cafile) if self.kafka_ssl_cafile else None
+            )
+            if self.kafka_ssl_certfile:
+                context.load_cert_chain(
+                    str(self.kafka_ssl_certfile),
+                    str(self.kafka_ssl_keyfile) if self.kafka_ssl_keyfile else None,
+                )
+        if protocol.startswith("SASL"):
+            password = self.kafka_sasl_password.get_secret_value() if self.kafka_sasl_password else ""
+            return {
+                "broker_credentials": faust.SASLCredentials(
+                    username=self.kafka_sasl_username or "",
+                    password=password,
+                    mechanism=self.kafka_sasl_mechanism,
+                    ssl_context=context,
+                )
+            }
+        return {"broker_credentials": faust.SSLCredentials(context)}
 
     def topics(self) -> dict[str, int]:
         """Topic → partition count; declared explicitly (Tansu/Faust need matching counts)."""

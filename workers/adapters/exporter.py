@@ -15,6 +15,7 @@ the cap when there is no list) become ``other``, so a hostile stream cannot grow
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -39,30 +40,55 @@ from stream.windows import RollingMean
 OTHER = "other"
 
 
+_LABEL_RE = re.compile(r"[A-Za-z0-9_.:@/+-]+")
+
+
 class LabelGuard:
-    """Maps free-form label values onto a bounded set.
+    """Maps free-form label values onto a bounded set: a few, short, plain names.
+
+    A value is exported as itself only when it is at most ``max_length`` characters of
+    ``[A-Za-z0-9_.:@/+-]``, on the allow-list (when there is one), and among the first
+    ``cap`` distinct values; anything else is ``other`` and ``on_capped(reason)`` is told.
 
     >>> guard = LabelGuard(allow=(), cap=2)
-    >>> [guard("a"), guard("b"), guard("c"), guard("a")]
-    ['a', 'b', 'other', 'a']
+    >>> [guard("a"), guard("b"), guard("c"), guard("a"), guard("x" * 100), guard("a b")]
+    ['a', 'b', 'other', 'a', 'other', 'other']
     >>> LabelGuard(allow=("mowe",), cap=5)("popular")
     'other'
     """
 
-    def __init__(self, allow: Sequence[str] = (), cap: int = 20) -> None:
+    def __init__(
+        self,
+        allow: Sequence[str] = (),
+        cap: int = 20,
+        *,
+        max_length: int = 64,
+        on_capped: Callable[[str], None] | None = None,
+    ) -> None:
         self.allow = frozenset(allow)
         self.cap = cap
+        self.max_length = max_length
+        self.on_capped = on_capped
         self._seen: set[str] = set()
 
+    def _other(self, reason: str) -> str:
+        if self.on_capped is not None:
+            self.on_capped(reason)
+        return OTHER
+
     def __call__(self, value: str) -> str:
-        if self.allow:
-            return value if value in self.allow else OTHER
         if value in self._seen:
             return value
-        if len(self._seen) < self.cap:
-            self._seen.add(value)
-            return value
-        return OTHER
+        if len(value) > self.max_length:
+            return self._other("too_long")
+        if not _LABEL_RE.fullmatch(value):
+            return self._other("characters")
+        if self.allow and value not in self.allow:
+            return self._other("not_allowed")
+        if len(self._seen) >= self.cap:
+            return self._other("over_cap")
+        self._seen.add(value)
+        return value
 
 
 class Exporter:
@@ -118,6 +144,34 @@ class Exporter:
             "reval_hashtag_updates", "Per-hashtag running-mean updates", ["outcome"], registry=r
         )
         self.join_pending = Gauge("reval_join_pending", "Events waiting for their tweet", registry=r)
+        self.join_bytes = Gauge("reval_join_bytes", "Bytes of the events waiting in the join", registry=r)
+        self.produce_retries = Counter(
+            "reval_produce_retries", "Output records sent again (not acknowledged in time)", registry=r
+        )
+        self.redis_waiting = Gauge(
+            "reval_redis_unavailable", "1 while a worker waits for Redis (back-pressure)", registry=r
+        )
+        self.redis_waits = Counter(
+            "reval_redis_waits", "Redis calls retried after a transient error", ["error"], registry=r
+        )
+        self.outside_windows = Counter(
+            "reval_events_outside_windows",
+            "Scored events kept out of the rolling windows (event time too far ahead, or too late)",
+            ["reason"],
+            registry=r,
+        )
+        self.labels_capped = Counter(
+            "reval_label_values_capped",
+            "Recommender names exported as 'other' (not allowed, over the cap, too long, odd characters)",
+            ["reason"],
+            registry=r,
+        )
+        self.topic_reset = Gauge(
+            "reval_topic_reset_detected",
+            "1 while a source topic was re-created (offsets restarted) and the worker waits for the operator",
+            ["topic"],
+            registry=r,
+        )
         self.join = Counter("reval_join", "Join outcomes", ["outcome"], registry=r)
         self.index_version = Gauge("reval_index_version", "Current thesaurus version number", registry=r)
         self.index_built = Gauge(
@@ -163,6 +217,14 @@ class Exporter:
             registry=r,
         )
 
+    def redis_report(self, what: str, error: BaseException | None) -> None:
+        """``report`` for :func:`workers.adapters.redis_client.with_retry`."""
+        if error is None:
+            self.redis_waiting.set(0)
+            return
+        self.redis_waiting.set(1)
+        self.redis_waits.labels(type(error).__name__).inc()
+
     def set_index_built(self, timestamp: float) -> None:
         """When the current thesaurus was built (epoch seconds); the age gauge follows it."""
         self._built_at = timestamp
@@ -183,11 +245,12 @@ class _Accumulator:
         self.sums = np.zeros(width)
         self.rolling = [RollingMean(w, size=width) for w in windows]
 
-    def update(self, values: npt.NDArray[np.float64], event_time: float) -> None:
+    def update(self, values: npt.NDArray[np.float64], event_time: float, in_windows: bool = True) -> None:
         self.count += 1
         self.sums += values
-        for window in self.rolling:
-            window.update(event_time, values)
+        if in_windows:
+            for window in self.rolling:
+                window.update(event_time, values)
 
     def snapshot(self) -> tuple[int, npt.NDArray[np.float64], list[Any]]:
         return self.count, self.sums.copy(), [window.get() for window in self.rolling]
@@ -213,8 +276,20 @@ class QualityMetrics:
         windows: Sequence[int],
         guard: LabelGuard,
         window_label: Callable[[int], str],
+        *,
+        max_future_skew: float = 600.0,
+        max_lateness: float | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.x = exporter
+        # An event time beyond now + max_future_skew (a bad clock, a year-2100 typo) would
+        # move the windows' watermark ahead and freeze them; one older than the newest
+        # accepted time - max_lateness says nothing about "now".  Both are scored and
+        # counted, and kept out of the windows.
+        self.max_future_skew = max_future_skew
+        self.max_lateness = max_lateness if max_lateness is not None else float(max(windows, default=0))
+        self.clock = clock
+        self._newest = float("-inf")
         self.ks = [str(k) for k in ks]
         self._k_ints = list(ks)
         self.rs = [r_label(r) for r in rs]
@@ -251,15 +326,27 @@ class QualityMetrics:
                 count=len(self.rs) * len(self.ks),
             )
         with self._lock:
+            in_windows = self._admit_time(event_time)
             main = self._main.get(name)
             if main is None:
                 main = self._main[name] = _Accumulator(self.width, self.windows)
-            main.update(values, event_time)
+            main.update(values, event_time, in_windows)
             if corrected is not None:
                 acc = self._corrected.get(name)
                 if acc is None:
                     acc = self._corrected[name] = _Accumulator(len(corrected), self.windows)
-                acc.update(corrected, event_time)
+                acc.update(corrected, event_time, in_windows)
+
+    def _admit_time(self, event_time: float) -> bool:
+        """Whether the event may enter the rolling windows (else counted by reason)."""
+        if event_time > self.clock() + self.max_future_skew:
+            self.x.outside_windows.labels("future").inc()
+            return False
+        if event_time < self._newest - self.max_lateness:
+            self.x.outside_windows.labels("late").inc()
+            return False
+        self._newest = max(self._newest, event_time)
+        return True
 
     def describe(self) -> list[Metric]:
         return []

@@ -159,24 +159,30 @@ class KafkaSink:
         self.close()
 
 
-@contextlib.contextmanager
-def _admin(bootstrap: str, *, timeout: float) -> Iterator[Any]:
+def admin_client(bootstrap: str, *, timeout: float = 30.0, **options: Any) -> KafkaAdminClient:
+    """A kafka-python admin client; ``options``: TLS/SASL (``Settings.kafka_client_options``)."""
     ms = max(int(timeout * 1000), 1000)
-    admin = KafkaAdminClient(
+    return KafkaAdminClient(
         bootstrap_servers=bootstrap,
         client_id="reval-stream-admin",
         request_timeout_ms=ms,
         bootstrap_timeout_ms=ms,
+        **options,
     )
+
+
+@contextlib.contextmanager
+def _admin(bootstrap: str, *, timeout: float, **options: Any) -> Iterator[Any]:
+    admin = admin_client(bootstrap, timeout=timeout, **options)
     try:
         yield admin
     finally:
         admin.close()
 
 
-def list_topics(bootstrap: str, *, timeout: float = 30.0) -> list[str]:
+def list_topics(bootstrap: str, *, timeout: float = 30.0, **options: Any) -> list[str]:
     """The broker's topic names (a metadata round trip)."""
-    with _admin(bootstrap, timeout=timeout) as admin:
+    with _admin(bootstrap, timeout=timeout, **options) as admin:
         return sorted(admin.list_topics())
 
 
@@ -190,14 +196,14 @@ def _partition_counts(admin: Any, names: Iterable[str]) -> dict[str, int | None]
 
 
 def topic_partitions(
-    bootstrap: str, topics: Iterable[str], *, timeout: float = 30.0
+    bootstrap: str, topics: Iterable[str], *, timeout: float = 30.0, **options: Any
 ) -> dict[str, int | None]:
     """Partition count of each named topic (None where it does not exist).
 
     Uses a plain metadata request, which does not auto-create topics.
     """
     names = list(topics)
-    with _admin(bootstrap, timeout=timeout) as admin:
+    with _admin(bootstrap, timeout=timeout, **options) as admin:
         counts = _partition_counts(admin, names)
     return {name: counts.get(name) for name in names}
 
@@ -208,6 +214,7 @@ def create_topics(
     *,
     replication: int = 1,
     timeout: float = 30.0,
+    **options: Any,
 ) -> None:
     """Create topics with explicit partition counts; idempotent.
 
@@ -227,7 +234,7 @@ def create_topics(
         raise ValueError(f"replication must be >= 1, not {replication}")
 
     deadline = time.monotonic() + timeout
-    with _admin(bootstrap, timeout=timeout) as admin:
+    with _admin(bootstrap, timeout=timeout, **options) as admin:
         response = admin.create_topics(
             {name: {"num_partitions": n, "replication_factor": replication} for name, n in wanted.items()},
             timeout_ms=max(int(timeout * 1000), 1000),
@@ -268,10 +275,41 @@ def create_topics(
             time.sleep(0.1)
 
 
-def ensure_topic(bootstrap: str, topic: str, partitions: int, *, timeout: float = 30.0) -> bool:
+def ensure_topic(
+    bootstrap: str, topic: str, partitions: int, *, timeout: float = 30.0, **options: Any
+) -> bool:
     """Create ``topic`` with ``partitions`` if it does not exist (never let the broker
     auto-create it with its own default count); True when it was created."""
-    if topic_partitions(bootstrap, [topic], timeout=timeout).get(topic):
+    if topic_partitions(bootstrap, [topic], timeout=timeout, **options).get(topic):
         return False
-    create_topics(bootstrap, {topic: partitions}, timeout=timeout)
+    create_topics(bootstrap, {topic: partitions}, timeout=timeout, **options)
     return True
+
+
+class TopicIdentity:
+    """Which incarnation of a topic the consumed records come from.
+
+    Offsets only identify a record within one incarnation of a topic: deleted and
+    re-created, it starts again at offset 0.  The broker's topic id (a UUID per
+    incarnation) tells them apart; :meth:`of` returns it (cached for ``ttl`` seconds).
+    """
+
+    def __init__(self, bootstrap: str, *, ttl: float = 0.0, **options: Any) -> None:
+        self._admin = admin_client(bootstrap, **options)
+        self.ttl = ttl
+        self._cache: dict[str, tuple[float, str]] = {}
+
+    def of(self, topic: str) -> str:
+        now = time.monotonic()
+        cached = self._cache.get(topic)
+        if cached is not None and now - cached[0] < self.ttl:
+            return cached[1]
+        (desc,) = self._admin.describe_topics([topic])
+        topic_id = str(desc.get("topic_id") or "")
+        if desc.get("error_code", 0) != _ERR_NONE or not topic_id:
+            raise BrokerError(f"no topic id for {topic!r} (error {desc.get('error_code')})")
+        self._cache[topic] = (now, topic_id)
+        return topic_id
+
+    def close(self) -> None:
+        self._admin.close()

@@ -1,14 +1,23 @@
-"""Redis adapters for the workers' other shared state: retweet-duplicate claims and the
-recommendation ↔ tweet join.  Every script touches one key, so both are Redis Cluster safe.
+"""Redis adapters for the workers' other shared state: claims (retweet duplicates, event
+duplicates) and the recommendation ↔ tweet join.  Every script touches one key, so all of
+it is Redis Cluster safe.
 
 ``{prefix}:seen:<key>``   -- STRING: the claimant (``topic:partition:offset``) that
     first saw a (content, hashtag) key; expires after ``ttl`` seconds.
+``{prefix}:ev:<key>``     -- STRING: the event id that first carried an event key (by
+    default tweet id + recommender); a later event with the same key is a duplicate.
 ``{prefix}:j:{<tweet_id>}`` -- HASH for one tweet id: ``t`` = the tweet's hashtags (JSON),
-    ``e:<event id>`` = a recommendation waiting for the tweet, ``d:<event id>`` = an
-    event already answered (scored or expired), so a redelivered event is not
-    scored twice.  Expires ``2 x join window`` after its last write.
-``{prefix}:j:deadlines``  -- ZSET of ``<tweet id>\\0<event id>`` by the time the
-    event expires unmatched; written in the same pipeline (an index, not state).
+    ``e:<event id>`` = a recommendation waiting for (or matched to, until settled) the
+    tweet, ``d:<event id>`` = an event settled (its score or dead letter acknowledged by
+    the broker), so a redelivered event is not scored twice.  Expires ``2 x join
+    window`` after its last write.
+``{prefix}:j:deadlines``  -- ZSET of ``<tweet id>\\0<event id>`` by the time the event
+    expires unmatched; written in the same pipeline (an index, not state).
+``{prefix}:j:bytes``      -- the bytes of waiting events (approximate: the metric of it).
+
+Delivery: an event is *settled* only after its score (or ``join_expired`` letter) was
+acknowledged by the broker (:meth:`RedisJoin.settle`), so a crash at any point before
+redelivers it: scores are at-least-once.
 """
 
 from __future__ import annotations
@@ -27,68 +36,80 @@ redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
 return ARGV[1]
 """
 
-# ARGV: hashtags json, ttl.  Returns {eid1, payload1, eid2, payload2, ...} now answered.
+# ARGV: hashtags json, ttl.  Returns {eid1, payload1, ...}: the events waiting for it
+# (left in place until settled).
 _PUT_TWEET = """
 redis.call('HSET', KEYS[1], 't', ARGV[1])
 local out = {}
 local fields = redis.call('HKEYS', KEYS[1])
 for _, f in ipairs(fields) do
   if string.sub(f, 1, 2) == 'e:' then
-    local eid = string.sub(f, 3)
-    table.insert(out, eid)
+    table.insert(out, string.sub(f, 3))
     table.insert(out, redis.call('HGET', KEYS[1], f))
-    redis.call('HDEL', KEYS[1], f)
-    redis.call('HSET', KEYS[1], 'd:' .. eid, '1')
   end
 end
 redis.call('EXPIRE', KEYS[1], ARGV[2])
 return out
 """
 
-# ARGV: eid, payload, ttl.  Returns {'dup'} | {'match', hashtags json} | {'wait'}.
+# ARGV: eid, payload, ttl.  Returns {'dup'} | {'match', hashtags json} | {'wait'}.  A match
+# stores the event too, until settled: a crash before its score is acknowledged leaves it
+# to be answered again.
 _PUT_EVENT = """
 if redis.call('HEXISTS', KEYS[1], 'd:' .. ARGV[1]) == 1 then return {'dup'} end
-local truth = redis.call('HGET', KEYS[1], 't')
-if truth then
-  redis.call('HSET', KEYS[1], 'd:' .. ARGV[1], '1')
-  redis.call('EXPIRE', KEYS[1], ARGV[3])
-  return {'match', truth}
-end
 redis.call('HSET', KEYS[1], 'e:' .. ARGV[1], ARGV[2])
 redis.call('EXPIRE', KEYS[1], ARGV[3])
+local truth = redis.call('HGET', KEYS[1], 't')
+if truth then return {'match', truth} end
 return {'wait'}
 """
 
-# ARGV: eid.  Pops a still-pending event; returns its payload or false.
-_EXPIRE = """
+# ARGV: eid, ttl.  Marks an event settled; returns the bytes its payload held (0 if none).
+_SETTLE = """
 local payload = redis.call('HGET', KEYS[1], 'e:' .. ARGV[1])
-if not payload then return false end
 redis.call('HDEL', KEYS[1], 'e:' .. ARGV[1])
 redis.call('HSET', KEYS[1], 'd:' .. ARGV[1], '1')
-return payload
+redis.call('EXPIRE', KEYS[1], ARGV[2])
+if payload then return string.len(payload) end
+return 0
+"""
+
+# ARGV: eid.  The payload of an event still waiting and unmatched (false when it was
+# settled, or its tweet came: then the join answers it).
+_DUE = """
+if redis.call('HEXISTS', KEYS[1], 't') == 1 then return false end
+return redis.call('HGET', KEYS[1], 'e:' .. ARGV[1])
 """
 
 
-class RedisSeen:
+class RedisClaims:
+    """First-claimant-wins keys with a time to live: the first ``claimant`` of a key owns
+    it, and claiming again with the same claimant (a redelivery) still returns True."""
+
+    def __init__(self, client: Client, prefix: str, namespace: str, ttl: int) -> None:
+        self.client = client
+        self.prefix = f"{prefix}:{namespace}"
+        self.ttl = ttl
+        self._claim = cast(Any, client).register_script(_CLAIM)
+
+    def claim_many(self, requests: Sequence[tuple[Sequence[str], str]]) -> list[list[bool]]:
+        """Claims for a whole batch in one round trip: per request, per key, owned or not."""
+        calls = [
+            (f"{self.prefix}:{key}", (claimant, self.ttl)) for keys, claimant in requests for key in keys
+        ]
+        owners = iter(eval_many(self.client, self._claim, calls) if calls else [])
+        return [[_text(next(owners)) == claimant for _ in keys] for keys, claimant in requests]
+
+
+class RedisSeen(RedisClaims):
     """:class:`stream.cleaning.SeenStore` in Redis: claims survive restarts and are shared
     by all embed workers, so duplicate retweets are removed exactly as in a batch run."""
 
     def __init__(self, client: Client, prefix: str = "reval", ttl: int = 7 * 86400) -> None:
-        self.client = client
-        self.prefix = prefix
-        self.ttl = ttl
-        self._claim = cast(Any, client).register_script(_CLAIM)
+        super().__init__(client, prefix, "seen", ttl)
 
     def claim(self, keys: Sequence[str], claimant: str) -> list[bool]:
         return self.claim_many([(keys, claimant)])[0]
-
-    def claim_many(self, requests: Sequence[tuple[Sequence[str], str]]) -> list[list[bool]]:
-        """Claims for a whole batch in one round trip."""
-        calls = [
-            (f"{self.prefix}:seen:{key}", (claimant, self.ttl)) for keys, claimant in requests for key in keys
-        ]
-        owners = iter(eval_many(self.client, self._claim, calls) if calls else [])
-        return [[_text(next(owners)) == claimant for _ in keys] for keys, claimant in requests]
 
 
 def _text(value: Any) -> str:
@@ -96,8 +117,8 @@ def _text(value: Any) -> str:
 
 
 @dataclass(frozen=True)
-class Answered:
-    """A pending event answered by its tweet (``truth``) or by expiry (``truth`` None)."""
+class Waiting:
+    """An event in the join: answered by its tweet (``truth``) or due to expire (``truth`` None)."""
 
     tweet_id: str
     event_id: str
@@ -108,8 +129,9 @@ class Answered:
 class RedisJoin:
     """Joins recommendation events without ground truth to the tweet of the same id.
 
-    The two may arrive in either order and at different workers; the first to
-    arrive waits in Redis up to ``window`` seconds.
+    The two may arrive in either order and at different workers; the first to arrive
+    waits in Redis up to ``window`` seconds.  Nothing is settled here until the caller
+    says the outputs are acknowledged (:meth:`settle`).
     """
 
     def __init__(self, client: Client, prefix: str = "reval", window: float = 300.0) -> None:
@@ -118,64 +140,93 @@ class RedisJoin:
         self.window = window
         self.ttl = max(60, int(2 * window))
         self.deadlines = f"{prefix}:j:deadlines"
+        self.bytes_key = f"{prefix}:j:bytes"
         self._put_tweet = cast(Any, client).register_script(_PUT_TWEET)
         self._put_event = cast(Any, client).register_script(_PUT_EVENT)
-        self._expire = cast(Any, client).register_script(_EXPIRE)
+        self._settle = cast(Any, client).register_script(_SETTLE)
+        self._due = cast(Any, client).register_script(_DUE)
 
     def key(self, tweet_id: str) -> str:
         return f"{self.prefix}:j:{{{tweet_id}}}"
 
-    def put_tweets(self, tweets: Sequence[tuple[str, Sequence[str]]]) -> list[Answered]:
-        """Record tweets' hashtags; returns the events that were waiting for them."""
+    def put_tweets(self, tweets: Sequence[tuple[str, Sequence[str]]]) -> list[Waiting]:
+        """Record tweets' hashtags; returns the events waiting for them (not yet settled)."""
         if not tweets:
             return []
         calls = [(self.key(t), (json.dumps(list(tags)), self.ttl)) for t, tags in tweets]
-        answered = []
+        found = []
         for (tweet_id, hashtags), reply in zip(
             tweets, eval_many(self.client, self._put_tweet, calls), strict=True
         ):
             for i in range(0, len(reply), 2):
-                answered.append(Answered(tweet_id, _text(reply[i]), _text(reply[i + 1]), list(hashtags)))
-        if answered:
-            self.client.zrem(self.deadlines, *(f"{a.tweet_id}\0{a.event_id}" for a in answered))
-        return answered
+                found.append(Waiting(tweet_id, _text(reply[i]), _text(reply[i + 1]), list(hashtags)))
+        return found
 
     def put_events(
         self, events: Sequence[tuple[str, str, str]], now: float
     ) -> list[tuple[str, list[str] | None]]:
         """Offer events ``(tweet_id, event_id, payload)``; per event: ``("match", truth)``,
-        ``("wait", None)`` or ``("dup", None)`` for one answered before (a redelivery)."""
+        ``("wait", None)`` or ``("dup", None)`` for one settled before (a redelivery)."""
         if not events:
             return []
         calls = [(self.key(t), (e, payload, self.ttl)) for t, e, payload in events]
         replies = eval_many(self.client, self._put_event, calls)
         out: list[tuple[str, list[str] | None]] = []
         waiting: dict[str, float] = {}
-        for (tweet_id, event_id, _), reply in zip(events, replies, strict=True):
+        stored = 0
+        for (tweet_id, event_id, payload), reply in zip(events, replies, strict=True):
             status = _text(reply[0])
             out.append((status, json.loads(_text(reply[1])) if status == "match" else None))
-            if status == "wait":
+            if status != "dup":
                 waiting[f"{tweet_id}\0{event_id}"] = now + self.window
+                stored += len(payload)
         if waiting:
-            self.client.zadd(self.deadlines, waiting)  # type: ignore[arg-type]
+            pipe = self.client.pipeline(transaction=False)
+            pipe.zadd(self.deadlines, waiting)  # type: ignore[arg-type]
+            pipe.incrby(self.bytes_key, stored)
+            pipe.execute()
         return out
 
-    def expire(self, now: float, limit: int = 1000) -> list[Answered]:
-        """Pop events whose window has passed (each is returned to exactly one caller)."""
+    def settle(self, answered: Sequence[tuple[str, str]]) -> None:
+        """Mark events ``(tweet_id, event_id)`` done: their outputs are acknowledged."""
+        if not answered:
+            return
+        calls = [(self.key(t), (e, self.ttl)) for t, e in answered]
+        freed = sum(int(n) for n in eval_many(self.client, self._settle, calls))
+        pipe = self.client.pipeline(transaction=False)
+        pipe.zrem(self.deadlines, *(f"{t}\0{e}" for t, e in answered))
+        if freed:
+            pipe.decrby(self.bytes_key, freed)
+        pipe.execute()
+
+    def due(self, now: float, limit: int = 1000) -> list[Waiting]:
+        """Events whose window has passed without their tweet (not yet settled: the caller
+        dead-letters them, then settles).  Events whose tweet came are left to the join and
+        their deadline moves one window on."""
         members = self.client.zrangebyscore(self.deadlines, "-inf", now, start=0, num=limit)
         if not members:
             return []
         pairs = [_text(m).split("\0", 1) for m in members]
-        calls = [(self.key(t), (e,)) for t, e in pairs]
-        expired = [
-            Answered(tweet_id, event_id, _text(payload), None)
-            for (tweet_id, event_id), payload in zip(
-                pairs, eval_many(self.client, self._expire, calls), strict=True
-            )
-            if payload
-        ]
-        self.client.zrem(self.deadlines, *members)
-        return expired
+        replies = eval_many(self.client, self._due, [(self.key(t), (e,)) for t, e in pairs])
+        out, answered_elsewhere, gone = [], {}, []
+        for member, (tweet_id, event_id), payload in zip(members, pairs, replies, strict=True):
+            if payload:
+                out.append(Waiting(tweet_id, event_id, _text(payload), None))
+            elif self.client.hexists(self.key(tweet_id), f"e:{event_id}"):
+                answered_elsewhere[_text(member)] = now + self.window  # the join settles it
+            else:
+                gone.append(member)  # settled, or the hash expired
+        if answered_elsewhere or gone:
+            pipe = self.client.pipeline(transaction=False)
+            if answered_elsewhere:
+                pipe.zadd(self.deadlines, answered_elsewhere)  # type: ignore[arg-type]
+            if gone:
+                pipe.zrem(self.deadlines, *gone)
+            pipe.execute()
+        return out
 
     def pending(self) -> int:
         return int(self.client.zcard(self.deadlines))
+
+    def stored_bytes(self) -> int:
+        return max(0, int(self.client.get(self.bytes_key) or 0))

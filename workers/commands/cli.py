@@ -18,6 +18,7 @@ from stream.records import ErrorLog, RecordError, parse_recommendation
 from stream.scoring import ALL, Summary, parse_ints, r_label, score_event
 from workers.adapters.feeds import read_file
 from workers.adapters.store import DEFAULT_DEPTH, load_thesaurus, neighbour_cache
+from workers.settings import Settings
 
 app = typer.Typer(  # the console script ``reval``
     help="#REval: semantic evaluation of hashtag recommenders on tweet feeds.",
@@ -26,14 +27,17 @@ app = typer.Typer(  # the console script ``reval``
 )
 thesaurus_app = typer.Typer(help="Build and inspect hashtag thesauri.", no_args_is_help=True)
 app.add_typer(thesaurus_app, name="thesaurus")
+admin_app = typer.Typer(help="Operator commands for a running deployment.", no_args_is_help=True)
+app.add_typer(admin_app, name="admin")
 
 err = Console(stderr=True)
 out = Console()
 
 
-def fail(message: str) -> typer.Exit:
+def fail(message: str, *, code: int = 2) -> typer.Exit:
+    """One line on stderr naming what is wrong; exit 2 for a usage error, 1 for a runtime failure."""
     err.print(f"[bold red]error:[/] {message}")
-    return typer.Exit(code=2)
+    return typer.Exit(code=code)
 
 
 def _progress() -> Progress:
@@ -337,6 +341,38 @@ def worker(
         raise fail(str(exc)) from None
 
 
+@admin_app.command("accept-topic")
+def accept_topic(
+    topic: Annotated[str, typer.Argument(help="The re-created source topic (e.g. tweets)")],
+    broker: Annotated[str | None, typer.Option(help="Kafka bootstrap host:port [REVAL_BROKER]")] = None,
+    redis_url: Annotated[str | None, typer.Option(help="[REVAL_REDIS_URL]")] = None,
+) -> None:
+    """Accept a re-created topic: its records are new data (workers waiting on it go on).
+
+    Offsets are scoped by the topic's incarnation, so nothing of the new topic is skipped
+    as "already applied". If the new topic holds a replay of data already counted, clear
+    the state (a new REVAL_REDIS_PREFIX) before accepting.
+    """
+    from workers.adapters.kafka_client import TopicIdentity
+    from workers.adapters.redis_client import connect
+    from workers.service.incarnation import incarnation_key
+
+    overrides = {k: v for k, v in {"broker": broker, "redis_url": redis_url}.items() if v is not None}
+    try:
+        settings = Settings.load(**overrides)
+        identity = TopicIdentity(settings.broker.split(",")[0], timeout=15, **settings.kafka_client_options())
+        current = identity.of(topic)
+        identity.close()
+        client = connect(settings.redis_url, cluster=settings.redis_cluster)
+        key = incarnation_key(settings.redis_prefix, topic)
+        before = client.get(key)
+        client.set(key, current)
+    except Exception as exc:  # broker or Redis unreachable, no such topic
+        raise fail(f"cannot accept topic {topic!r}: {exc}", code=1) from None
+    was = before.decode() if isinstance(before, bytes) else before
+    out.print(f"topic {topic}: incarnation {current} accepted (was {was or 'none'})")
+
+
 @app.command("broker")
 def local_broker(
     port: Annotated[int, typer.Option(help="Port to listen on (127.0.0.1)")] = 9092,
@@ -346,7 +382,6 @@ def local_broker(
 
     from workers.adapters.kafka_client import create_topics
     from workers.dev.broker import LocalBroker
-    from workers.settings import Settings
 
     with LocalBroker(port) as running:
         create_topics(running.bootstrap, Settings.load().topics())
@@ -401,7 +436,6 @@ def replay_feeds(
     from stream import replay as rp
     from workers.adapters.feeds import detect_file_kind, read_feeds
     from workers.adapters.kafka_client import KafkaSink, ensure_topic
-    from workers.settings import Settings
 
     if kind is not None and kind not in tuple(rp.Kind):
         raise fail(f"--kind must be one of {', '.join(rp.Kind)}, not {kind!r}")
@@ -429,9 +463,10 @@ def replay_feeds(
     topic = topic or (settings.topic_tweets if chosen is rp.Kind.tweets else settings.topic_recommendations)
     bootstrap = broker or settings.broker
     try:
-        if ensure_topic(bootstrap, topic, settings.partitions, timeout=15):
+        options = settings.kafka_client_options()
+        if ensure_topic(bootstrap, topic, settings.partitions, timeout=15, **options):
             err.print(f"created topic {topic!r} with {settings.partitions} partitions")
-        sink = KafkaSink(bootstrap, topic)
+        sink = KafkaSink(bootstrap, topic, **options)
     except Exception as exc:
         raise fail(f"cannot use broker {bootstrap}: {exc}") from None
 
@@ -565,13 +600,12 @@ def recommend_cmd(
         err.print(f"[yellow]warning:[/] {warning.message}")
     train_ids = {t.id for t in tweets}
     if topic is not None and broker is None:
-        from workers.settings import Settings
-
         broker = Settings.load().broker
 
     errors, skipped, overlap, empty = ErrorLog(), 0, 0, 0
     try:
-        sink = EventSink(out_path, topic=topic, broker=broker)
+        options = Settings.load().kafka_client_options() if topic is not None else {}
+        sink = EventSink(out_path, topic=topic, broker=broker, **options)
     except Exception as exc:  # kafka-python raises its own NoBrokersAvailable etc.
         raise fail(f"cannot open the output: {exc}") from None
     with sink:
@@ -761,7 +795,6 @@ def demo(
     sample feed with the mowe and popular recommenders, and a live table of the scores."""
     from stream.replay import parse_speed
     from workers.commands.demo import Demo, sample_feed_events
-    from workers.settings import Settings
 
     overrides: dict[str, Any] = {"index_interval_s": 10.0}
     if redis_url:

@@ -54,7 +54,12 @@ class EventSink:
     tweet's time, bounded in flight, errors raised)."""
 
     def __init__(
-        self, path: Path | None = None, *, topic: str | None = None, broker: str | None = None
+        self,
+        path: Path | None = None,
+        *,
+        topic: str | None = None,
+        broker: str | None = None,
+        **kafka_options: Any,
     ) -> None:
         if path is None and topic is None:
             raise ValueError("give a file to write, a topic to produce to, or both")
@@ -62,7 +67,9 @@ class EventSink:
         self._file: IO[str] | None = None
         self._kafka: Any = None
         if topic is not None:
-            self._kafka = KafkaSink(broker or "127.0.0.1:9092", topic, client_id="reval-recommend")
+            self._kafka = KafkaSink(
+                broker or "127.0.0.1:9092", topic, client_id="reval-recommend", **kafka_options
+            )
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
             self._file = path.open("w", encoding="utf-8")

@@ -23,7 +23,12 @@ def run_worker(
         raise ValueError(f"unknown role(s) {', '.join(unknown) or '(none)'}; use {', '.join(ROLES)}")
     settings = Settings.load(env_file, **overrides)
     logging.basicConfig(level=loglevel.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    create_topics(settings.broker.split(",")[0], settings.topics(), replication=settings.replication)
+    create_topics(
+        settings.broker.split(",")[0],
+        settings.topics(),
+        replication=settings.replication,
+        **settings.kafka_client_options(),
+    )
     exporter = Exporter()
     port = settings.metrics_port or DEFAULT_PORTS[sorted(roles)[0]]
     exporter.serve(port, settings.metrics_host)

@@ -19,7 +19,7 @@ from typing import Any
 import faust
 
 from workers.adapters.exporter import Exporter
-from workers.adapters.redis_client import connect
+from workers.adapters.redis_client import connect, stopping
 from workers.service import embed, faust_compat, index, score
 from workers.service.lag import lag_monitor
 from workers.service.runtime import Runtime, Topics
@@ -59,11 +59,20 @@ def create_app(
         datadir=str(datadir),
         broker_session_timeout=settings.session_timeout_s,
         broker_heartbeat_interval=min(3.0, settings.session_timeout_s / 3),
+        producer_max_request_size=settings.max_message_bytes,
         Monitor=lag_monitor(exporter.lag, [settings.topic_tweets, settings.topic_recommendations]),
+        **settings.faust_options(),
         **faust_compat.app_settings(),
     )
     topics = Topics.declare(app, settings)
     rt = Runtime(settings, exporter, connect(settings.redis_url, cluster=settings.redis_cluster), chosen)
+    rt.topics = topics
+
+    @app.on_before_shutdown.connect
+    async def stop_waiting(sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:
+        # A role thread waiting for Redis (or for accept-topic) gives up, so shutdown is bounded.
+        stopping.set()
+
     if "embed" in chosen:
         embed.register(app, topics, rt, encoder)
     if "index" in chosen:

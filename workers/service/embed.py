@@ -1,4 +1,9 @@
-"""Role ``embed``: tweets → cleaned text → embeddings → per-hashtag running means in Redis."""
+"""Role ``embed``: tweets → cleaned text → embeddings → per-hashtag running means in Redis.
+
+Exactly-once effect on the means: every update is keyed by (topic incarnation, partition,
+offset) and applied by :class:`~workers.adapters.redis_means.RedisMeans` only above the
+hashtag's watermark; the batch is acknowledged only after that.
+"""
 
 from __future__ import annotations
 
@@ -11,71 +16,97 @@ import faust
 from stream.cleaning import Dropped, Prepared, dedup, prepare
 from stream.records import parse_tweet
 from workers.adapters.exporter import Exporter
-from workers.adapters.redis_client import with_retry
+from workers.adapters.kafka_client import TopicIdentity
+from workers.adapters.redis_client import Client, with_retry
 from workers.adapters.redis_means import Contribution, RedisMeans
 from workers.adapters.redis_state import RedisSeen
-from workers.service.records import Record, parse_or_reject
-from workers.service.runtime import Runtime, Topics, record_of
+from workers.service.incarnation import Incarnations
+from workers.service.records import Record, admit
+from workers.service.runtime import Outcome, Output, Runtime, Step, Topics, letter, record_of
 from workers.settings import Settings
+
+Item = tuple[Record, Prepared]
 
 
 class Embedder:
-    """Role ``embed``: tweets → cleaned text → embeddings → per-hashtag running means."""
+    """Embeds batches of tweets into the running means."""
 
-    def __init__(self, settings: Settings, exporter: Exporter, client: Any, encoder: Any) -> None:
+    def __init__(
+        self, settings: Settings, exporter: Exporter, client: Client, encoder: Any, incarnations: Incarnations
+    ) -> None:
         self.settings = settings
         self.x = exporter
         self.encoder = encoder
+        self.incarnations = incarnations
         self.means = RedisMeans(client, prefix=settings.redis_prefix, dim=encoder.dim)
         self.seen = RedisSeen(client, settings.redis_prefix, ttl=settings.dedup_ttl_s)
 
-    def process(self, records: Sequence[Record]) -> list[dict[str, Any]]:
-        """Apply a batch; returns dead-letter records for the ones that were rejected."""
-        rejected: list[dict[str, Any]] = []
-        candidates: list[tuple[Record, Prepared]] = []
-        for record in records:
-            tweet = parse_or_reject(record, parse_tweet, self.x, rejected, "embed")
-            if tweet is None:
-                continue
+    def admit(self, records: Sequence[Record]) -> tuple[list[Item], list[Output]]:
+        """Parse and pre-process once: the tweets to embed, and the dead letters."""
+        parsed, rejected = admit(records, parse_tweet, self.x, "embed")
+        items: list[Item] = []
+        for record, tweet in parsed:
             result = prepare(tweet, language_filter=self.settings.language_filter)
             if isinstance(result, Dropped):
                 self.x.dropped.labels(result.reason).inc()
             else:
-                candidates.append((record, result))
-        if not candidates:
-            return rejected
+                items.append((record, result))
+        return items, [letter(r, e.reason, e.detail, "embed") for r, e in rejected]
+
+    def apply(self, items: Sequence[Item]) -> Outcome:
+        """Claims, embedding, running means: idempotent (a retry or a redelivery adds nothing twice)."""
+        if not items:
+            return Outcome()
+        scope = {
+            topic: f"{topic}@{self.incarnations.current(topic)}" for topic in {r.topic for r, _ in items}
+        }
+
+        def claimant(record: Record) -> str:
+            return f"{scope[record.topic]}:{record.partition}:{record.offset}"
 
         started = time.perf_counter()
         claims = with_retry(
             "claims",
-            lambda: self.seen.claim_many([(p.dedup_keys, r.claimant) for r, p in candidates]),
+            lambda: self.seen.claim_many([(p.dedup_keys, claimant(r)) for r, p in items]),
+            report=self.x.redis_report,
         )
         self.x.redis_seconds.labels("claim").observe(time.perf_counter() - started)
-        kept: list[tuple[Record, Prepared]] = []
-        for (record, prepared), owned in zip(candidates, claims, strict=True):
+        kept: list[Item] = []
+        duplicates = 0
+        for (record, prepared), owned in zip(items, claims, strict=True):
             result = dedup(prepared, owned)
             if isinstance(result, Dropped):
-                self.x.dropped.labels(result.reason).inc()
+                duplicates += 1
             else:
                 kept.append((record, result))
+        outcome = Outcome()
+        if duplicates:
+            outcome.after.append(lambda: self.x.dropped.labels("duplicate_retweet").inc(duplicates))
         if not kept:
-            return rejected
+            return outcome
 
         started = time.perf_counter()
         vectors = self.encoder.encode([p.text for _, p in kept])
-        self.x.embed_seconds.observe(time.perf_counter() - started)
-        self.x.batch_size.observe(len(kept))
-        self.x.embedded.inc(len(kept))
+        seconds = time.perf_counter() - started
         contributions = [
-            Contribution(r.topic, r.partition, r.offset, p.hashtags, v)
+            Contribution(scope[r.topic], r.partition, r.offset, p.hashtags, v)
             for (r, p), v in zip(kept, vectors, strict=True)
         ]
         started = time.perf_counter()
-        applied = with_retry("running means", lambda: self.means.apply(contributions))
+        applied = with_retry(
+            "running means", lambda: self.means.apply(contributions), report=self.x.redis_report
+        )
         self.x.redis_seconds.labels("apply").observe(time.perf_counter() - started)
-        self.x.updates.labels("applied").inc(applied.applied)
-        self.x.updates.labels("duplicate").inc(applied.skipped)
-        return rejected
+
+        def count() -> None:  # once, when the batch is through
+            self.x.embed_seconds.observe(seconds)
+            self.x.batch_size.observe(len(kept))
+            self.x.embedded.inc(len(kept))
+            self.x.updates.labels("applied").inc(applied.applied)
+            self.x.updates.labels("duplicate").inc(applied.skipped)
+
+        outcome.after.append(count)
+        return outcome
 
 
 def load_encoder(settings: Settings) -> Any:
@@ -93,12 +124,13 @@ def load_encoder(settings: Settings) -> Any:
 
 def register(app: faust.App, topics: Topics, rt: Runtime, encoder: Any = None) -> None:
     """The ``embed`` agent: batches of tweets through :class:`Embedder`."""
-    embedder = Embedder(rt.settings, rt.exporter, rt.client, encoder or load_encoder(rt.settings))
-    size, within = rt.settings.embed_batch_size, rt.settings.embed_max_wait_s
+    settings = rt.settings
+    identity = TopicIdentity(settings.broker.split(",")[0], **settings.kafka_client_options())
+    incarnations = Incarnations(identity, rt.client, settings.redis_prefix, rt.exporter)
+    embedder = Embedder(settings, rt.exporter, rt.client, encoder or load_encoder(settings), incarnations)
+    step = Step("embed", embedder.admit, embedder.apply, source=lambda item: item[0])
 
     @app.agent(topics.tweets, name="embed")
     async def embed(stream: Any) -> None:
-        async for events in stream.take_events(size, within=within):
-            results, failed = await rt.guarded("embed", embedder.process, [record_of(e) for e in events])
-            letters = [*(letter for done in results for letter in done), *failed]
-            await rt.send_all(topics.dead_letters, letters, "reason")
+        async for events in stream.take_events(settings.embed_batch_size, within=settings.embed_max_wait_s):
+            await rt.process(step, [record_of(e) for e in events])

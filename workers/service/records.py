@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar
@@ -40,6 +40,12 @@ class Record:
         return self.timestamp_ms / 1000 if self.timestamp_ms else time.time()
 
 
+def letter_key(record: Record) -> bytes:
+    """A dead letter's Kafka key: its source's coordinates, so a letter produced twice (after
+    a crash) has the same key as the first -- dedupe by key, or compact the topic."""
+    return record.claimant.encode()
+
+
 def dead_letter(record: Record, reason: str, detail: str, role: str) -> dict[str, Any]:
     """The dead-letter record: why, where from, and the original bytes (base64).
 
@@ -62,14 +68,17 @@ def dead_letter(record: Record, reason: str, detail: str, role: str) -> dict[str
     }
 
 
-def parse_or_reject(
-    record: Record, parse: Callable[[bytes], T], x: Exporter, rejected: list[dict[str, Any]], role: str
-) -> T | None:
-    """Parse one consumed record, or count it and queue its dead letter (then ``None``)."""
-    x.consumed.labels(record.topic).inc()
-    try:
-        return parse(record.value)
-    except RecordError as exc:
-        x.rejected.labels(record.topic, exc.reason).inc()
-        rejected.append(dead_letter(record, exc.reason, exc.detail, role))
-        return None
+def admit(
+    records: Sequence[Record], parse: Callable[[bytes], T], x: Exporter, role: str
+) -> tuple[list[tuple[Record, T]], list[tuple[Record, RecordError]]]:
+    """Parse consumed records once: count each, and sort them into parsed and rejected."""
+    parsed: list[tuple[Record, T]] = []
+    rejected: list[tuple[Record, RecordError]] = []
+    for record in records:
+        x.consumed.labels(record.topic).inc()
+        try:
+            parsed.append((record, parse(record.value)))
+        except RecordError as exc:
+            x.rejected.labels(record.topic, exc.reason).inc()
+            rejected.append((record, exc))
+    return parsed, rejected

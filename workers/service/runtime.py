@@ -1,25 +1,72 @@
-"""What every role's agents share: the worker threads, the guarded batch step, and
-producing with acknowledgements before a batch is acknowledged."""
+"""What every role's agents share: the worker threads, the batch step that never loses or
+doubles a record, and delivery of outputs before a batch is acknowledged.
+
+A batch goes through three stages:
+
+1. ``admit`` (once per record): parse, count, and dead-letter what cannot be parsed.
+2. ``apply`` (idempotent, so it may run again): the role's work.  On an unexpected error
+   the batch is applied again one item at a time and the items that still fail are
+   dead-lettered (``processing_error``); when *every* item fails the cause is not the
+   records, and the worker stops instead (fail-stop: nothing is committed, the records
+   come back after a restart).  Transient Redis errors never get here: they are waited
+   out (:func:`workers.adapters.redis_client.with_retry`), which back-pressures.
+3. ``deliver``: produce the outputs and wait for the broker's acknowledgement of each;
+   retry only what was not acknowledged; an output that can never be produced (too
+   large, not serialisable) is replaced by its source record's dead letter; when the
+   broker does not take the outputs within ``REVAL_PRODUCE_TIMEOUT_S`` the worker stops
+   (fail-stop) rather than acknowledge the batch.
+
+Only then are the effects that must follow the outputs done (``after``: settling the
+join, the quality metrics), and the batch is acknowledged by returning.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
+import os
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
 
 import faust
+from aiokafka.errors import KafkaError, MessageSizeTooLargeError, RecordTooLargeError
 
 from workers.adapters.exporter import Exporter
-from workers.adapters.redis_client import Client
-from workers.service.records import Record, dead_letter
+from workers.adapters.redis_client import Client, Stopping
+from workers.service.records import Record, dead_letter, letter_key
 from workers.settings import Settings
 
 log = logging.getLogger("reval.workers")
 T = TypeVar("T")
+I = TypeVar("I")  # noqa: E741 - an admitted item
+
+#: Exit code of a fail-stop (EX_SOFTWARE): the supervisor restarts the worker, which
+#: resumes from the last committed offsets.
+FAIL_STOP_EXIT = 70
+
+
+class FailStop(Exception):
+    """A fault the worker must not acknowledge past: it stops without committing."""
+
+
+def fail_stop(reason: str) -> None:
+    """Stop the process at once: no commit of the current batch, no graceful shutdown
+    (which would commit what Faust considers processed)."""
+    log.critical("fail-stop: %s", reason)
+    logging.shutdown()
+    os._exit(FAIL_STOP_EXIT)
+
+
+def stop_now(role: str) -> None:
+    """Shutting down while a batch waits for Redis: leave without acknowledging it (it is
+    redelivered after the restart) and without waiting for Redis to come back."""
+    log.warning("%s: stopping while Redis is unavailable; the batch in progress will be redelivered", role)
+    logging.shutdown()
+    os._exit(0)
 
 
 def record_of(event: Any) -> Record:
@@ -59,8 +106,47 @@ class Topics:
         )
 
 
+@dataclass(frozen=True)
+class Output:
+    """A record to produce: to ``topic`` ("scores" or "dead_letters"), from ``source``."""
+
+    topic: str
+    key: bytes | None
+    value: dict[str, Any]
+    source: Record
+
+
+def letter(record: Record, reason: str, detail: str, role: str) -> Output:
+    """The dead letter of ``record`` as an output (key: its source coordinates)."""
+    return Output("dead_letters", letter_key(record), dead_letter(record, reason, detail, role), record)
+
+
+@dataclass
+class Outcome:
+    """What ``apply`` produced: outputs, and what to do once they are acknowledged."""
+
+    outputs: list[Output] = field(default_factory=list)
+    after: list[Callable[[], None]] = field(default_factory=list)
+
+    def merge(self, other: Outcome) -> Outcome:
+        self.outputs += other.outputs
+        self.after += other.after
+        return self
+
+
+@dataclass(frozen=True)
+class Step(Generic[I]):
+    """A role's batch step: ``admit`` once per record, ``apply`` (idempotent) on the admitted."""
+
+    role: str
+    admit: Callable[[Sequence[Record]], tuple[list[I], list[Output]]]
+    apply: Callable[[Sequence[I]], Outcome]
+    source: Callable[[I], Record]
+
+
 class Runtime:
-    """Per worker process: settings, metrics, the Redis client, one thread per role.
+    """Per worker process: settings, metrics, the Redis client, one thread per role, the
+    topics to deliver to.
 
     The encoder and Redis calls block: they run off the event loop (heartbeats keep
     flowing), one thread per role so a role's state is never touched concurrently.
@@ -70,50 +156,133 @@ class Runtime:
         self.settings = settings
         self.exporter = exporter
         self.client = client
+        self.topics: Topics | None = None
         self._threads = {role: ThreadPoolExecutor(1, thread_name_prefix=f"reval-{role}") for role in roles}
 
     async def run(self, role: str, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` in the role's thread."""
         return await asyncio.get_running_loop().run_in_executor(self._threads[role], fn, *args)
 
-    async def guarded(
-        self, role: str, fn: Callable[[list[Record]], T], records: list[Record]
-    ) -> tuple[list[T], list[dict[str, Any]]]:
-        """Run ``fn`` on a batch: (its results, dead letters for records that failed).
+    async def process(self, step: Step[Any], records: list[Record]) -> None:
+        """Admit, apply, deliver, then the after-effects; returns when the batch may be acknowledged."""
+        items, rejected = await self.run(step.role, step.admit, records)
+        outcome = Outcome(list(rejected))
+        if items:
+            outcome.merge(await self._apply(step, items))
+        await self.finish(step.role, outcome)
 
-        On an unexpected error the batch is retried one record at a time (the role
-        steps are idempotent) and records that still fail are dead-lettered: an
-        exception escaping a Faust batching agent would be acknowledged (committed)
-        and lose the batch and whatever had been fetched behind it.
-        """
+    async def finish(self, role: str, outcome: Outcome) -> None:
+        """Deliver an outcome's outputs, then run its after-effects (in the role's thread)."""
+        await self.deliver(outcome.outputs)
+        if outcome.after:
+            try:
+                await self.run(role, _run_all, outcome.after)
+            except Stopping:
+                stop_now(role)
+
+    async def _apply(self, step: Step[Any], items: list[Any]) -> Outcome:
         try:
-            return [await self.run(role, fn, records)], []
+            return await self.run(step.role, step.apply, items)
+        except Stopping:
+            stop_now(step.role)
+        except FailStop as exc:
+            fail_stop(f"{step.role}: {exc}")
         except Exception:
-            log.exception("%s: batch of %d failed; retrying one record at a time", role, len(records))
-        results, failed = [], []
-        for record in records:
+            if len(items) == 1:
+                log.exception("%s: record %s failed", step.role, step.source(items[0]).claimant)
+            else:
+                log.exception("%s: batch of %d failed; applying one record at a time", step.role, len(items))
+        outcome, failed = Outcome(), []
+        for item in items:
             try:
-                results.append(await self.run(role, fn, [record]))
+                outcome.merge(await self.run(step.role, step.apply, [item]))
+            except Stopping:
+                stop_now(step.role)
+            except FailStop as exc:
+                fail_stop(f"{step.role}: {exc}")
             except Exception as exc:
-                log.exception("%s: record %s failed", role, record.claimant)
-                failed.append(dead_letter(record, "processing_error", repr(exc)[:500], role))
-        return results, failed
+                failed.append((item, exc))
+        if failed and len(failed) == len(items) > 1:
+            # Every record fails on its own too: the cause is not in the records.
+            fail_stop(f"{step.role}: every record of a batch of {len(items)} failed ({failed[0][1]!r})")
+        for item, error in failed:
+            record = step.source(item)
+            log.error("%s: record %s dead-lettered: %r", step.role, record.claimant, error)
+            self.exporter.rejected.labels(record.topic, "processing_error").inc()
+            outcome.outputs.append(letter(record, "processing_error", repr(error)[:500], step.role))
+        return outcome
 
-    async def send_all(self, topic: faust.TopicT, items: Sequence[dict[str, Any]], key_field: str) -> None:
-        """Produce and wait for the broker's acks before the batch is acknowledged."""
-        for attempt in range(1, 6):
-            try:
-                futures = [
-                    await topic.send(
-                        key=str(item.get(key_field) or "").encode() or None,
-                        value=json.dumps(item).encode(),
-                    )
-                    for item in items
-                ]
-                for future in futures:
+    # -- delivery ------------------------------------------------------------------------
+
+    def _encode(self, output: Output) -> tuple[Output, bytes]:
+        """The output's bytes; an output that cannot be produced becomes its source's dead letter."""
+        limit = self.settings.max_message_bytes
+        try:
+            data = json.dumps(output.value, ensure_ascii=False, separators=(",", ":")).encode()
+        except (TypeError, ValueError) as exc:
+            return self._replace(output, "unserialisable", f"the {output.topic} record is not JSON: {exc}")
+        if len(data) <= limit:
+            return output, data
+        if output.topic == "dead_letters":  # cut the carried bytes: the coordinates find the whole record
+            value = {**output.value, "value_base64": "", "value_truncated": True}
+            return output, json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
+        return self._replace(
+            output, "output_too_large", f"its {output.topic} record is {len(data):,} bytes (limit {limit:,})"
+        )
+
+    def _replace(self, output: Output, reason: str, detail: str) -> tuple[Output, bytes]:
+        source = output.source
+        self.exporter.rejected.labels(source.topic, reason).inc()
+        role = output.value.get("role") or "score"
+        return self._encode(letter(source, reason, detail, str(role)))
+
+    async def deliver(self, outputs: Sequence[Output]) -> None:
+        """Produce every output and wait until the broker acknowledged each.
+
+        Only what was not acknowledged is sent again; an output the broker refuses for
+        good (too large for it) becomes its source's dead letter; when the broker takes
+        nothing for ``produce_timeout_s`` the worker fails-stop (never acknowledges a batch
+        whose outputs are not durable).
+        """
+        if not outputs:
+            return
+        assert self.topics is not None
+        pending = [self._encode(o) for o in outputs]
+        deadline = time.monotonic() + self.settings.produce_timeout_s
+        delay = 0.2
+        while pending:
+            sent = []
+            for output, data in pending:
+                topic = getattr(self.topics, output.topic)
+                try:
+                    sent.append((output, data, await topic.send(key=output.key, value=data)))
+                except KafkaError as exc:
+                    sent.append((output, data, exc))
+            retry: list[tuple[Output, bytes]] = []
+            for output, data, future in sent:
+                try:
+                    if isinstance(future, BaseException):
+                        raise future
                     await future
+                except (MessageSizeTooLargeError, RecordTooLargeError) as exc:
+                    replaced = self._replace(output, "output_too_large", f"the broker refused it: {exc!r}")
+                    retry.append(replaced)
+                except Exception as exc:  # retried until the deadline
+                    log.warning("producing to %s failed (%r); will retry", output.topic, exc)
+                    retry.append((output, data))
+            if not retry:
                 return
-            except Exception as exc:  # never let a send error escape: Faust would ack and lose
-                log.warning("sending %d records to %s failed (%s), try %d", len(items), topic, exc, attempt)
-                await asyncio.sleep(0.2 * 2**attempt)
-        log.error("gave up sending %d records to %s", len(items), topic)
+            if time.monotonic() > deadline:
+                fail_stop(
+                    f"{len(retry)} record(s) not acknowledged by the broker within "
+                    f"{self.settings.produce_timeout_s:g}s; not acknowledging the batch"
+                )
+            self.exporter.produce_retries.inc(len(retry))
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+            pending = retry
+
+
+def _run_all(effects: Sequence[Callable[[], None]]) -> None:
+    for effect in effects:
+        effect()

@@ -1,58 +1,161 @@
 """Role ``score``: recommendation events (and tweets, for the join) → one score per event
-on the scores topic, and the quality metrics on /metrics."""
+on the scores topic, and the quality metrics on /metrics.
+
+Delivery: at least once.  An event is settled in the join only after its score (or its
+``join_expired`` letter) was acknowledged by the broker, so a crash at any point
+redelivers it; a redelivered event may be scored twice, with the same result when the
+thesaurus version is the same.  Events that repeat an event key (by default tweet id +
+recommender: the same bytes produced twice) within ``REVAL_EVENT_DEDUP_WINDOW_S`` are
+scored once and counted as ``duplicate``.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import hashlib
 import json
 import logging
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import faust
 
-from stream.records import Recommendation, RecordError, parse_recommendation, parse_tweet
+from stream.records import Recommendation, Tweet, parse_recommendation, parse_time, parse_tweet
 from stream.scoring import EventScore, NeighbourCache, score_event
 from stream.thesaurus import JsonThesaurus
 from workers.adapters.exporter import Exporter, LabelGuard, QualityMetrics
-from workers.adapters.redis_client import with_retry
-from workers.adapters.redis_state import RedisJoin
+from workers.adapters.kafka_client import TopicIdentity
+from workers.adapters.redis_client import Client, stopping, with_retry
+from workers.adapters.redis_state import RedisClaims, RedisJoin, Waiting
 from workers.adapters.store import ThesaurusStore, neighbour_cache, version_number
-from workers.service.records import Record, dead_letter, parse_or_reject
-from workers.service.runtime import Runtime, Topics, record_of
+from workers.service.incarnation import Incarnations
+from workers.service.records import Record, admit, dead_letter, letter_key
+from workers.service.runtime import Outcome, Output, Runtime, Step, Topics, letter, record_of
 from workers.settings import Settings, window_label
 
 log = logging.getLogger("reval.workers")
 
 EMPTY = JsonThesaurus({}, source="no index yet", built_at="1970-01-01T00:00:00Z")
+EventItem = tuple[Record, Recommendation]
+TweetItem = tuple[Record, Tweet]
+
+
+@dataclass(frozen=True)
+class Parked:
+    """What of an event waits in the join: what scoring needs and where it came from --
+    never the whole record (a 480 KB event would park ~0.6 MB in Redis)."""
+
+    event: Recommendation
+    source: Record  # its value: the parsed event as JSON, not the original bytes
+    value_size: int
+    value_sha256: str
+
+    def to_json(self) -> str:
+        e, s = self.event, self.source
+        return json.dumps(
+            {
+                "tweet_id": e.tweet_id,
+                "recommender": e.recommender,
+                "recommended": list(e.recommended),
+                "ts": e.ts.isoformat() if e.ts else None,
+                "src": [s.topic, s.partition, s.offset, s.timestamp_ms],
+                "key": base64.b64encode(s.key).decode() if s.key else None,
+                "size": self.value_size,
+                "sha256": self.value_sha256,
+            },
+            ensure_ascii=False,
+            separators=(",", ":"),
+        )
+
+    @classmethod
+    def of(cls, record: Record, event: Recommendation) -> Parked:
+        parsed = {
+            "tweet_id": event.tweet_id,
+            "recommender": event.recommender,
+            "recommended": list(event.recommended),
+        }
+        if event.ts:
+            parsed["ts"] = event.ts.isoformat()
+        value = json.dumps(parsed, ensure_ascii=False).encode()
+        source = Record(record.topic, record.partition, record.offset, record.timestamp_ms, record.key, value)
+        return cls(event, source, len(record.value), hashlib.sha256(record.value).hexdigest())
+
+    @classmethod
+    def from_json(cls, text: str) -> Parked:
+        data = json.loads(text)
+        event = Recommendation(
+            tweet_id=data["tweet_id"],
+            recommended=tuple(data["recommended"]),
+            ground_truth=None,
+            recommender=data["recommender"],
+            ts=parse_time(data["ts"]) if data.get("ts") else None,
+        )
+        topic, partition, offset, timestamp_ms = data["src"]
+        key = base64.b64decode(data["key"]) if data.get("key") else None
+        parsed = {
+            "tweet_id": event.tweet_id,
+            "recommender": event.recommender,
+            "recommended": list(event.recommended),
+        }
+        if data.get("ts"):
+            parsed["ts"] = data["ts"]
+        source = Record(
+            topic, partition, offset, timestamp_ms, key, json.dumps(parsed, ensure_ascii=False).encode()
+        )
+        return cls(event, source, int(data["size"]), str(data["sha256"]))
+
+    def letter(self, reason: str, detail: str) -> Output:
+        value = dead_letter(self.source, reason, detail, "score")
+        # The original bytes stay in the source topic at these coordinates; the letter
+        # carries the event as parsed.
+        value.update(value_size=self.value_size, value_sha256=self.value_sha256, value_is_parsed_event=True)
+        return Output("dead_letters", letter_key(self.source), value, self.source)
 
 
 class Scorer:
     """Scores recommendation events (joined with their tweets when they carry no ground
     truth) with the newest published thesaurus, and feeds the quality metrics."""
 
-    def __init__(self, settings: Settings, exporter: Exporter, client: Any) -> None:
+    def __init__(
+        self, settings: Settings, exporter: Exporter, client: Client, incarnations: Incarnations
+    ) -> None:
         self.settings = settings
         self.x = exporter
         self.ks = settings.k_values
         self.rs = settings.r_values
+        self.incarnations = incarnations
         self.store = ThesaurusStore(Path(settings.index_dir), keep=settings.index_keep)
         self.join = RedisJoin(client, settings.redis_prefix, window=settings.join_window_s)
+        self.events = RedisClaims(client, settings.redis_prefix, "ev", max(1, settings.event_dedup_window_s))
+        guard = LabelGuard(
+            settings.recommender_allowlist,
+            settings.max_recommenders,
+            max_length=settings.max_label_length,
+            on_capped=lambda reason: exporter.labels_capped.labels(reason).inc(),
+        )
         self.quality = QualityMetrics(
             exporter,
             self.ks,
             self.rs,
             settings.window_seconds,
-            LabelGuard(settings.recommender_allowlist, settings.max_recommenders),
+            guard,
             window_label,
+            max_future_skew=settings.max_future_skew_s,
+            max_lateness=settings.max_lateness_s,
         )
         self.index_version: str | None = None  # the store's name of the loaded version
         self.cache = NeighbourCache(EMPTY, max_k=max(self.ks))
         self._checked = 0.0
         self._rejected: str | None = None  # the last version refused (not retried until a newer one)
         self.reload(force=True)
+
+    def _retry(self, what: str, call: Any) -> Any:
+        return with_retry(what, call, report=self.x.redis_report)
 
     def reload(self, *, force: bool = False) -> bool:
         """Switch to the newest thesaurus version if there is one (no restart needed)."""
@@ -77,135 +180,174 @@ class Scorer:
         log.info("scoring with thesaurus %s (%d hashtags)", current, len(thesaurus))
         return True
 
-    def _score(self, event: Recommendation, truth: Sequence[str], when: float) -> dict[str, Any]:
+    def _score(self, event: Recommendation, truth: Sequence[str], source: Record, outcome: Outcome) -> None:
         result: EventScore = score_event(event, truth, self.cache, self.ks, self.rs)
-        event_time = event.ts.timestamp() if event.ts else when
-        self.quality.observe(result, event_time)
-        out = result.to_json()
-        out["index_version"] = self.index_version  # the store's name; thesaurus_version is the content
-        out["event_time"] = event_time
-        out["ground_truth"] = list(truth)
-        return out
+        event_time = event.ts.timestamp() if event.ts else source.time
+        value = result.to_json()
+        value["index_version"] = self.index_version  # the store's name; thesaurus_version is the content
+        value["event_time"] = event_time
+        value["ground_truth"] = list(truth)
+        outcome.outputs.append(Output("scores", event.tweet_id.encode(), value, source))
+        outcome.after.append(lambda: self.quality.observe(result, event_time))
 
-    def process_recommendations(
-        self, records: Sequence[Record]
-    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        """Returns (scores, dead letters)."""
+    def _event_id(self, record: Record) -> str:
+        return f"{self.incarnations.current(record.topic)}:{record.partition}:{record.offset}"
+
+    def _event_key(self, event: Recommendation) -> str:
+        fields = {"tweet_id": event.tweet_id, "recommender": event.recommender}
+        parts = [fields.get(name, "") for name in self.settings.event_key_fields]
+        return hashlib.blake2b("\0".join(parts).encode(), digest_size=12).hexdigest()
+
+    # -- recommendation events --------------------------------------------------------------
+
+    def admit_events(self, records: Sequence[Record]) -> tuple[list[EventItem], list[Output]]:
+        parsed, rejected = admit(records, parse_recommendation, self.x, "score")
+        return parsed, [letter(r, e.reason, e.detail, "score") for r, e in rejected]
+
+    def apply_events(self, items: Sequence[EventItem]) -> Outcome:
+        """Score events with ground truth; offer the others to the join.  Idempotent."""
         self.reload()
-        scores: list[dict[str, Any]] = []
-        rejected: list[dict[str, Any]] = []
-        waiting: list[tuple[Record, Recommendation]] = []
-        for record in records:
-            event = parse_or_reject(record, parse_recommendation, self.x, rejected, "score")
-            if event is None:
-                continue
+        outcome = Outcome()
+        ids = [self._event_id(record) for record, _ in items]
+        fresh = list(zip(items, ids, strict=True))
+        if self.settings.event_dedup_window_s > 0:
+            owned = self._retry(
+                "event keys",
+                lambda: self.events.claim_many([([self._event_key(e)], eid) for (_, e), eid in fresh]),
+            )
+            fresh = [pair for pair, own in zip(fresh, owned, strict=True) if own[0]]
+            for (_, event), own in zip(items, owned, strict=True):
+                if not own[0]:
+                    name = self.quality.guard(event.recommender)
+                    outcome.after.append(partial(_inc, self.x.events, name, "duplicate"))
+        waiting: list[tuple[Parked, str]] = []
+        for (record, event), eid in fresh:
             if event.ground_truth is not None:
-                scores.append(self._score(event, event.ground_truth, record.time))
-            else:
-                waiting.append((record, event))
+                self._score(event, event.ground_truth, record, outcome)
+                continue
+            parked = Parked.of(record, event)
+            if len(parked.to_json()) > self.settings.join_max_event_bytes:
+                outcome.outputs.append(
+                    letter(record, "join_event_too_large", "too large to wait in the join", "score")
+                )
+                outcome.after.append(partial(_inc, self.x.rejected, record.topic, "join_event_too_large"))
+                continue
+            waiting.append((parked, eid))
         if waiting:
-            offers = [(e.tweet_id, f"{r.partition}:{r.offset}", _payload(r)) for r, e in waiting]
-            replies = with_retry("join", lambda: self.join.put_events(offers, time.time()))
-            for (record, event), (status, truth) in zip(waiting, replies, strict=True):
-                outcome = {"match": "matched", "wait": "waiting"}.get(status, "duplicate")
-                self.x.join.labels(outcome).inc()
+            offers = [(p.event.tweet_id, eid, p.to_json()) for p, eid in waiting]
+            replies = self._retry("join", lambda: self.join.put_events(offers, time.time()))
+            settle = []
+            for (parked, eid), (status, truth) in zip(waiting, replies, strict=True):
+                outcome.after.append(partial(_inc, self.x.join, _JOIN_OUTCOME.get(status, "duplicate")))
                 if status == "match":
                     assert truth is not None
-                    scores.append(self._score(event, truth, record.time))
-        return scores, rejected
+                    self._score(parked.event, truth, parked.source, outcome)
+                    settle.append((parked.event.tweet_id, eid))
+            if settle:
+                outcome.after.append(lambda: self._retry("join settle", lambda: self.join.settle(settle)))
+        return outcome
 
-    def process_tweets(self, records: Sequence[Record]) -> list[dict[str, Any]]:
-        """Record the tweets' hashtags for the join; score the events that waited for them.
+    # -- tweets, for the join -----------------------------------------------------------------
 
-        Malformed tweets are dead-lettered by the embed role, not again here.
-        """
-        self.reload()
-        tweets = []
+    def admit_tweets(self, records: Sequence[Record]) -> tuple[list[TweetItem], list[Output]]:
+        """Tweets for the join; malformed ones are the embed role's to dead-letter, not ours."""
+        items = []
         for record in records:
             try:
-                tweet = parse_tweet(record.value)
-            except RecordError:
+                items.append((record, parse_tweet(record.value)))
+            except ValueError:
                 continue
-            tweets.append((tweet.id, list(tweet.hashtags)))
-        answered = with_retry("join", lambda: self.join.put_tweets(tweets))
-        scores = []
+        return items, []
+
+    def apply_tweets(self, items: Sequence[TweetItem]) -> Outcome:
+        """Record the tweets' hashtags; score the events that waited for them.  Idempotent."""
+        self.reload()
+        outcome = Outcome()
+        tweets = [(tweet.id, list(tweet.hashtags)) for _, tweet in items]
+        answered: list[Waiting] = self._retry("join", lambda: self.join.put_tweets(tweets))
         for item in answered:
-            self.x.join.labels("matched").inc()
-            record, event = _unpayload(item.payload)
-            scores.append(self._score(event, item.truth or [], record.time))
-        return scores
+            parked = Parked.from_json(item.payload)
+            self._score(parked.event, item.truth or [], parked.source, outcome)
+        if answered:
+            done = [(a.tweet_id, a.event_id) for a in answered]
+            outcome.after.append(lambda: self.x.join.labels("matched").inc(len(done)))
+            outcome.after.append(lambda: self._retry("join settle", lambda: self.join.settle(done)))
+        return outcome
 
-    def expire(self) -> list[dict[str, Any]]:
-        """Dead-letter the events whose tweet did not come within the join window."""
-        expired = with_retry("join expiry", lambda: self.join.expire(time.time()))
-        out = []
-        for item in expired:
-            record, _ = _unpayload(item.payload)
-            self.x.join.labels("expired").inc()
-            self.x.rejected.labels(record.topic, "join_expired").inc()
+    # -- expiry ---------------------------------------------------------------------------------
+
+    def expire(self) -> Outcome:
+        """Dead-letter the events whose tweet did not come within the join window (settled
+        once their letters are acknowledged)."""
+        due: list[Waiting] = self._retry("join expiry", lambda: self.join.due(time.time()))
+        outcome = Outcome()
+        for item in due:
+            parked = Parked.from_json(item.payload)
             detail = f"no tweet {item.tweet_id} within {self.settings.join_window_s:g}s"
-            out.append(dead_letter(record, "join_expired", detail, "score"))
-        self.x.join_pending.set(with_retry("join", self.join.pending))
-        return out
+            outcome.outputs.append(parked.letter("join_expired", detail))
+        if due:
+            done = [(a.tweet_id, a.event_id) for a in due]
+            topics = [Parked.from_json(a.payload).source.topic for a in due]
+
+            def settle() -> None:
+                self._retry("join settle", lambda: self.join.settle(done))
+                for topic in topics:
+                    self.x.join.labels("expired").inc()
+                    self.x.rejected.labels(topic, "join_expired").inc()
+
+            outcome.after.append(settle)
+        return outcome
+
+    def join_full(self) -> bool:
+        """Whether the join holds its maximum of waiting events (the scorer stops pulling);
+        also refreshes the join gauges."""
+        pending = self._retry("join size", self.join.pending)
+        self.x.join_pending.set(pending)
+        self.x.join_bytes.set(self._retry("join size", self.join.stored_bytes))
+        return bool(pending >= self.settings.join_max_pending)
 
 
-def _payload(record: Record) -> str:
-    """What waits in Redis for the join: the whole record, so it can be dead-lettered."""
-    return json.dumps(
-        {
-            "topic": record.topic,
-            "partition": record.partition,
-            "offset": record.offset,
-            "timestamp_ms": record.timestamp_ms,
-            "key": base64.b64encode(record.key).decode() if record.key else None,
-            "value": base64.b64encode(record.value).decode(),
-        }
-    )
+_JOIN_OUTCOME = {"match": "matched", "wait": "waiting"}
 
 
-def _unpayload(payload: str) -> tuple[Record, Recommendation]:
-    data = json.loads(payload)
-    record = Record(
-        data["topic"],
-        data["partition"],
-        data["offset"],
-        data["timestamp_ms"],
-        base64.b64decode(data["key"]) if data["key"] else None,
-        base64.b64decode(data["value"]),
-    )
-    return record, parse_recommendation(record.value)
+def _inc(metric: Any, *labels: str) -> None:
+    metric.labels(*labels).inc()
 
 
 def register(app: faust.App, topics: Topics, rt: Runtime) -> None:
-    """The ``score`` agent (events), the ``join`` agent (tweets answering waiting events)
-    and the timer that expires joins and reloads the thesaurus."""
-    scorer = Scorer(rt.settings, rt.exporter, rt.client)
-    size = max(rt.settings.embed_batch_size, 256)
+    """The ``score`` agent (events), the ``join`` agent (tweets answering waiting events),
+    the expiry timer (leader only) and the thesaurus reload timer."""
+    settings = rt.settings
+    identity = TopicIdentity(settings.broker.split(",")[0], **settings.kafka_client_options())
+    incarnations = Incarnations(identity, rt.client, settings.redis_prefix, rt.exporter)
+    scorer = Scorer(settings, rt.exporter, rt.client, incarnations)
+    size = max(settings.embed_batch_size, 256)
+    events_step = Step("score", scorer.admit_events, scorer.apply_events, source=lambda item: item[0])
+    tweets_step = Step("score", scorer.admit_tweets, scorer.apply_tweets, source=lambda item: item[0])
 
     @app.agent(topics.recommendations, name="score")
     async def score(stream: Any) -> None:
         async for events in stream.take_events(size, within=0.2):
-            results, failed = await rt.guarded(
-                "score", scorer.process_recommendations, [record_of(e) for e in events]
-            )
-            await rt.send_all(topics.scores, [s for done, _ in results for s in done], "tweet_id")
-            await rt.send_all(topics.dead_letters, [*(d for _, dl in results for d in dl), *failed], "reason")
+            while await rt.run("score", scorer.join_full) and not stopping.is_set():
+                await asyncio.sleep(1.0)  # back-pressure: wait for the join to drain
+            await rt.process(events_step, [record_of(e) for e in events])
 
     @app.agent(topics.tweets, name="join")
     async def join(stream: Any) -> None:
         async for events in stream.take_events(size, within=0.2):
-            results, failed = await rt.guarded("score", scorer.process_tweets, [record_of(e) for e in events])
-            await rt.send_all(topics.scores, [s for done in results for s in done], "tweet_id")
-            await rt.send_all(topics.dead_letters, failed, "reason")
+            await rt.process(tweets_step, [record_of(e) for e in events])
 
-    settings = rt.settings
-
-    @app.timer(interval=min(settings.reload_interval_s, settings.join_window_s / 4))
-    async def expire_joins_and_reload() -> None:
+    @app.timer(interval=settings.reload_interval_s)
+    async def reload() -> None:
         try:
             await rt.run("score", scorer.reload)
-            rejected = await rt.run("score", scorer.expire)
+        except Exception:  # a failed reload must not stop the timer
+            log.exception("thesaurus reload failed")
+
+    @app.timer(interval=settings.join_window_s / 4, on_leader=True)
+    async def expire_joins() -> None:
+        try:
+            await rt.finish("score", await rt.run("score", scorer.expire))
+            await rt.run("score", scorer.join_full)  # the gauges
         except Exception:  # a failed round must not stop the timer
-            log.exception("join expiry / thesaurus reload failed")
-            return
-        await rt.send_all(topics.dead_letters, rejected, "reason")
+            log.exception("join expiry failed")
