@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -382,15 +383,13 @@ def local_broker(
 
     from workers.adapters.kafka_client import create_topics
     from workers.dev.broker import LocalBroker
+    from workers.dev.processes import stop_on_signals
 
-    with LocalBroker(port) as running:
+    with contextlib.suppress(KeyboardInterrupt), stop_on_signals(), LocalBroker(port) as running:
         create_topics(running.bootstrap, Settings.load().topics())
-        err.print(f"broker at {running.bootstrap} (Ctrl-C stops it); topics created")
-        try:
-            while running.running:
-                time.sleep(1)
-        except KeyboardInterrupt:
-            pass
+        err.print(f"broker at {running.bootstrap} (Ctrl-C or SIGTERM stops it); topics created")
+        while running.running:
+            time.sleep(1)
 
 
 @app.command("replay")

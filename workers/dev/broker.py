@@ -42,6 +42,7 @@ from types import TracebackType
 from typing import IO, Any, Self
 
 from workers.adapters.kafka_client import BrokerError, list_topics
+from workers.dev.processes import die_with_parent
 
 __all__ = ["BrokerStartError", "LocalBroker", "find_free_port", "resolve_broker_binary"]
 
@@ -262,6 +263,7 @@ class LocalBroker:
                 stdout=self._log_file,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # own process group: stop() signals the group
+                preexec_fn=die_with_parent,  # and it never outlives us, even after a SIGKILL
                 env=env,
             )
         except OSError as exc:
