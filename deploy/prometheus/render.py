@@ -211,7 +211,8 @@ def recording_rules(p: Params) -> list[dict[str, Any]]:
                 "record": f"reval:hit_ratio_corrected:mean{w}",
                 "expr": (
                     f"1 - sum by (recommender, k, r) (rate(reval_hit_ratio_corrected_shortfall_sum[{w}]))\n"
-                    f"/\n(sum by (recommender, k, r) (rate(reval_hit_ratio_corrected_shortfall_count[{w}])) > 0)"
+                    "/\n(sum by (recommender, k, r) "
+                    f"(rate(reval_hit_ratio_corrected_shortfall_count[{w}])) > 0)"
                 ),
             },
             {
@@ -330,7 +331,7 @@ def alert_rules(p: Params) -> list[dict[str, Any]]:
             "Recommender {{ $labels.recommender }} is no better than chance",
             (
                 "The chance-corrected #REval-hit-ratio (k={{ $labels.k }}, r={{ $labels.r }}) of recommender "
-                "{{ $labels.recommender }} over the last " + qw + " is {{ $value | printf \"%.3f\" }}: "
+                "{{ $labels.recommender }} over the last " + qw + ' is {{ $value | printf "%.3f" }}: '
                 "its recommendations hit no more often than a popularity-weighted random draw of the "
                 "same size would."
             ),

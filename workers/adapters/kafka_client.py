@@ -18,8 +18,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from kafka import KafkaProducer
-from kafka.admin import KafkaAdminClient
-from kafka.errors import KafkaError
+from kafka.admin import KafkaAdminClient, OffsetSpec
+from kafka.errors import KafkaError, NoError
 
 from stream.replay import Outgoing, ProduceError
 
@@ -284,6 +284,40 @@ def ensure_topic(
         return False
     create_topics(bootstrap, {topic: partitions}, timeout=timeout, **options)
     return True
+
+
+class GroupActiveError(BrokerError):
+    """A consumer group still has members, so Kafka will not change its offsets."""
+
+
+def rewind_groups(
+    bootstrap: str, topic: str, group_prefix: str, *, timeout: float = 30.0, **options: Any
+) -> dict[str, list[int]]:
+    """Move the committed offsets on ``topic`` of every consumer group named
+    ``group_prefix*`` to the partitions' earliest offsets; returns group -> partitions.
+
+    Kafka only changes the offsets of a group with no active member, so the workers of
+    those groups must be stopped first; a refusal raises :class:`GroupActiveError`.
+    """
+    moved: dict[str, list[int]] = {}
+    with _admin(bootstrap, timeout=timeout, **options) as admin:
+        groups = sorted(g["group_id"] for g in admin.list_groups() if g["group_id"].startswith(group_prefix))
+        for group in groups:
+            committed = admin.list_group_offsets(group).get(group, {})
+            parts = sorted(tp for tp in committed if tp.topic == topic)
+            if not parts:
+                continue
+            result = admin.reset_group_offsets(group, {tp: OffsetSpec.EARLIEST for tp in parts})
+            failed = {
+                tp.partition: r["error"].__name__ for tp, r in result.items() if r["error"] is not NoError
+            }
+            if failed:
+                raise GroupActiveError(
+                    f"consumer group {group} refused new offsets on {topic} ({failed}): "
+                    "stop the workers of that group first"
+                )
+            moved[group] = [tp.partition for tp in parts]
+    return moved
 
 
 class TopicIdentity:

@@ -21,6 +21,7 @@ from redis.exceptions import (
     BusyLoadingError,
     ClusterDownError,
     NoScriptError,
+    OutOfMemoryError,
     ReadOnlyError,
     RedisError,
     ResponseError,
@@ -82,6 +83,7 @@ _TRANSIENT = (
     RedisTimeoutError,
     BusyLoadingError,
     ReadOnlyError,
+    OutOfMemoryError,  # redis-py strips the "OOM" from its message: match the class
     ClusterDownError,
     TryAgainError,
     AskError,
@@ -104,6 +106,8 @@ def is_transient(exc: BaseException) -> bool:
 
     >>> is_transient(RedisConnectionError("refused")), is_transient(ResponseError("OOM command not allowed"))
     (True, True)
+    >>> is_transient(OutOfMemoryError("command not allowed when used memory > 'maxmemory'."))
+    True
     >>> is_transient(AuthenticationError("invalid password")), is_transient(ResponseError("WRONGTYPE"))
     (False, False)
     """

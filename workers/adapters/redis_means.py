@@ -517,7 +517,7 @@ class RedisMeans:
         m = self.client.hget(self.key(hashtag), "m")
         if m is None:
             return {}
-        return _decode_marks(m)
+        return _decode_marks(cast(bytes, m))  # a binary client: decode_responses is off
 
     def memory_usage(self, hashtag: str) -> int | None:
         """Bytes Redis uses for ``hashtag``'s key (``MEMORY USAGE key SAMPLES 0``)."""

@@ -182,7 +182,7 @@ class RedisJoin:
                 stored += len(payload)
         if waiting:
             pipe = self.client.pipeline(transaction=False)
-            pipe.zadd(self.deadlines, waiting)  # type: ignore[arg-type]
+            pipe.zadd(self.deadlines, waiting)
             pipe.incrby(self.bytes_key, stored)
             pipe.execute()
         return out
@@ -219,9 +219,9 @@ class RedisJoin:
         if answered_elsewhere or gone:
             pipe = self.client.pipeline(transaction=False)
             if answered_elsewhere:
-                pipe.zadd(self.deadlines, answered_elsewhere)  # type: ignore[arg-type]
+                pipe.zadd(self.deadlines, answered_elsewhere)
             if gone:
-                pipe.zrem(self.deadlines, *gone)
+                pipe.zrem(self.deadlines, *(_text(m) for m in gone))
             pipe.execute()
         return out
 

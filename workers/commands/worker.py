@@ -10,8 +10,20 @@ import faust
 
 from workers.adapters.exporter import Exporter
 from workers.adapters.kafka_client import create_topics
+from workers.adapters.redis_client import stopping
 from workers.service.app import DEFAULT_PORTS, ROLES, create_app
 from workers.settings import Settings
+
+
+class Worker(faust.Worker):
+    """The Faust worker, told to stop waiting on Redis the moment shutdown begins."""
+
+    async def on_stop(self) -> None:
+        # mode runs the worker's on_stop before stopping its children; the app's own
+        # on_before_shutdown comes only after the consumer has waited for in-flight
+        # batches, which cannot finish while a role thread waits for Redis.
+        stopping.set()
+        await super().on_stop()
 
 
 def run_worker(
@@ -34,4 +46,4 @@ def run_worker(
     exporter.serve(port, settings.metrics_host)
     logging.getLogger("reval.workers").info("metrics on %s:%d/metrics", settings.metrics_host, port)
     app = create_app(settings, roles, exporter=exporter)
-    faust.Worker(app, loglevel=loglevel.upper()).execute_from_commandline()
+    Worker(app, loglevel=loglevel.upper()).execute_from_commandline()

@@ -19,7 +19,7 @@ from typing import Any
 import faust
 
 from workers.adapters.exporter import Exporter
-from workers.adapters.redis_client import connect, stopping
+from workers.adapters.redis_client import connect
 from workers.service import embed, faust_compat, index, score
 from workers.service.lag import lag_monitor
 from workers.service.runtime import Runtime, Topics
@@ -67,11 +67,6 @@ def create_app(
     topics = Topics.declare(app, settings)
     rt = Runtime(settings, exporter, connect(settings.redis_url, cluster=settings.redis_cluster), chosen)
     rt.topics = topics
-
-    @app.on_before_shutdown.connect
-    async def stop_waiting(sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:
-        # A role thread waiting for Redis (or for accept-topic) gives up, so shutdown is bounded.
-        stopping.set()
 
     if "embed" in chosen:
         embed.register(app, topics, rt, encoder)

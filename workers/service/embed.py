@@ -129,6 +129,7 @@ def register(app: faust.App, topics: Topics, rt: Runtime, encoder: Any = None) -
     incarnations = Incarnations(identity, rt.client, settings.redis_prefix, rt.exporter)
     embedder = Embedder(settings, rt.exporter, rt.client, encoder or load_encoder(settings), incarnations)
     step = Step("embed", embedder.admit, embedder.apply, source=lambda item: item[0])
+    incarnations.watch(app, [settings.topic_tweets])
 
     @app.agent(topics.tweets, name="embed")
     async def embed(stream: Any) -> None:

@@ -7,20 +7,32 @@ consume is kept in Redis (``{prefix}:topic:<topic>``); when the broker reports a
 one, the role *waits* (no record applied, nothing committed, ``reval_topic_reset_detected``
 = 1, alert ``RevalTopicReset``) until an operator says what the new topic holds:
 
-    reval admin accept-topic TOPIC      # its records are new data: go on
+    # stop the workers reading TOPIC, then
+    reval admin accept-topic TOPIC      # its records are new data: read it from its start
+    # start them again
 
-(If it holds a replay of data already counted, clear the state first -- a new
-``REVAL_REDIS_PREFIX``, or ``reval admin clear-state`` -- then accept.)
+accept-topic records the new id and moves the consumer groups' committed offsets on TOPIC
+to its start (a running consumer keeps its old-incarnation positions in memory, which is
+why its workers must be stopped; one still running when the topic is accepted stops
+itself).  If the new topic holds a replay of data already counted, use a new
+``REVAL_REDIS_PREFIX`` instead.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import threading
+from collections.abc import Sequence
 from typing import Any
 
+import faust
+from kafka.errors import KafkaError
+
 from workers.adapters.exporter import Exporter
-from workers.adapters.kafka_client import TopicIdentity
+from workers.adapters.kafka_client import BrokerError, TopicIdentity
 from workers.adapters.redis_client import Client, Stopping, stopping, with_retry
+from workers.service.runtime import fail_stop
 
 log = logging.getLogger("reval.workers")
 
@@ -30,42 +42,72 @@ def incarnation_key(prefix: str, topic: str) -> str:
 
 
 class Incarnations:
-    """Checks, once per batch, that a topic is still the incarnation being consumed."""
+    """Which incarnation of each source topic is being consumed, checked once per batch
+    and on a timer (a re-created topic may bring no batch at all: the consumer's position
+    from the old incarnation can lie beyond the new one's end)."""
 
     def __init__(self, identity: TopicIdentity, client: Client, prefix: str, exporter: Exporter) -> None:
         self.identity = identity
         self.client = client
         self.prefix = prefix
         self.x = exporter
+        self._reset_seen: set[str] = set()
+        self._lock = threading.Lock()
 
-    def current(self, topic: str, *, poll: float = 5.0) -> str:
-        """The short id of ``topic``'s incarnation; waits while it is not the accepted one."""
+    def check(self, topic: str) -> str | None:
+        """The short id of ``topic``'s incarnation if it is the accepted one, else None
+        (``reval_topic_reset_detected`` = 1 and one error log).
+
+        A topic accepted after this process saw it re-created stops the process: its
+        consumer positions belong to the old incarnation, and ``accept-topic`` has moved
+        the group's committed offsets to the new one's start, which a restart reads from.
+        """
         key = incarnation_key(self.prefix, topic)
-        warned = False
-        while True:
-            now = self.identity.of(topic)
+        now = self.identity.of(topic)
 
-            def accepted(now: str = now) -> Any:
-                self.client.set(key, now, nx=True)  # the first worker ever records it
-                return self.client.get(key)
+        def accepted() -> Any:
+            self.client.set(key, now, nx=True)  # the first worker ever records it
+            return self.client.get(key)
 
-            stored = with_retry("topic identity", accepted, report=self.x.redis_report)
-            stored = stored.decode() if isinstance(stored, bytes) else str(stored)
+        stored = with_retry("topic identity", accepted, report=self.x.redis_report)
+        stored = stored.decode() if isinstance(stored, bytes) else str(stored)
+        with self._lock:
             if stored == now:
-                if warned:
-                    log.warning("topic %s: incarnation %s accepted; going on", topic, now)
                 self.x.topic_reset.labels(topic).set(0)
+                if topic in self._reset_seen:
+                    fail_stop(
+                        f"topic {topic}: incarnation {now} accepted; restarting to read it from "
+                        "the offsets accept-topic set"
+                    )
                 return now[:8]
             self.x.topic_reset.labels(topic).set(1)
-            if not warned:
+            if topic not in self._reset_seen:
+                self._reset_seen.add(topic)
                 log.error(
                     "topic %s was re-created (id %s, was %s): its offsets restarted, so no record is "
-                    "applied until an operator runs `reval admin accept-topic %s`",
+                    "applied until an operator stops the workers reading it and runs "
+                    "`reval admin accept-topic %s`",
                     topic,
                     now,
                     stored,
                     topic,
                 )
-                warned = True
+        return None
+
+    def current(self, topic: str, *, poll: float = 5.0) -> str:
+        """The short id of ``topic``'s incarnation; waits while it is not the accepted one."""
+        while (short := self.check(topic)) is None:
             if stopping.wait(poll):
                 raise Stopping(f"topic {topic}: shutting down while waiting for accept-topic")
+        return short
+
+    def watch(self, app: faust.App, topics: Sequence[str], *, interval: float = 5.0) -> None:
+        """A timer checking ``topics`` between batches too."""
+
+        @app.timer(interval=interval, name=f"incarnations-{'-'.join(topics)}")
+        async def check_topics() -> None:
+            for topic in topics:
+                try:
+                    await asyncio.to_thread(self.check, topic)
+                except (Stopping, BrokerError, KafkaError) as exc:  # the next tick tries again
+                    log.warning("topic %s: incarnation check failed: %s", topic, exc)

