@@ -70,7 +70,9 @@ def _decode(raw: bytes | str | Mapping[str, Any], max_bytes: int) -> Mapping[str
         raise RecordError("oversize", f"record is {len(raw):,} characters (limit {max_bytes:,})")
     try:
         obj = json.loads(raw)
-    except json.JSONDecodeError as exc:
+    except RecursionError:
+        raise RecordError("not_json", "not JSON we accept: nested too deeply") from None
+    except ValueError as exc:  # JSONDecodeError, and integers beyond Python's digit limit
         raise RecordError("not_json", f"not JSON: {exc}") from None
     if not isinstance(obj, dict):
         raise RecordError("not_object", f"expected a JSON object, got {type(obj).__name__}")

@@ -89,6 +89,8 @@ def test_minimal_format_from_the_shared_feed() -> None:
         (b'{"id": "1", "text": "x", "created_at": true}', "bad_time", "True"),
         (b'{"id": "1", "text": "x", "entities": {"hashtags": [{"nope": 1}]}}', "bad_type", "hashtags[0]"),
         (b'{"id": " ", "text": "x"}', "bad_value", "empty"),
+        (b"[" * 100_000 + b"]" * 100_000, "not_json", "nested too deeply"),  # a RecursionError
+        (b'{"id": ' + b"9" * 5000 + b', "text": "x"}', "not_json", "digits"),  # a ValueError
     ],
 )
 def test_bad_records_say_what_is_wrong(raw: bytes, reason: str, words: str) -> None:

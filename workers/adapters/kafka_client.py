@@ -18,8 +18,9 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from kafka import KafkaProducer
-from kafka.admin import KafkaAdminClient, OffsetSpec
+from kafka.admin import KafkaAdminClient
 from kafka.errors import KafkaError, NoError
+from kafka.structs import OffsetAndMetadata
 
 from stream.replay import Outgoing, ProduceError
 
@@ -286,38 +287,38 @@ def ensure_topic(
     return True
 
 
-class GroupActiveError(BrokerError):
-    """A consumer group still has members, so Kafka will not change its offsets."""
+def copy_groups(
+    bootstrap: str, renames: dict[str, str], skip_topic: str, *, timeout: float = 30.0, **options: Any
+) -> dict[str, int]:
+    """Commit, in each new group of ``renames`` (old -> new), the old group's committed
+    offsets on every topic but ``skip_topic`` (which the new group reads from its start);
+    returns new group -> partitions copied.
 
-
-def rewind_groups(
-    bootstrap: str, topic: str, group_prefix: str, *, timeout: float = 30.0, **options: Any
-) -> dict[str, list[int]]:
-    """Move the committed offsets on ``topic`` of every consumer group named
-    ``group_prefix*`` to the partitions' earliest offsets; returns group -> partitions.
-
-    Kafka only changes the offsets of a group with no active member, so the workers of
-    those groups must be stopped first; a refusal raises :class:`GroupActiveError`.
+    New groups have no members, so Kafka accepts offsets for them at any time.
     """
-    moved: dict[str, list[int]] = {}
+    copied: dict[str, int] = {}
     with _admin(bootstrap, timeout=timeout, **options) as admin:
-        groups = sorted(g["group_id"] for g in admin.list_groups() if g["group_id"].startswith(group_prefix))
-        for group in groups:
-            committed = admin.list_group_offsets(group).get(group, {})
-            parts = sorted(tp for tp in committed if tp.topic == topic)
-            if not parts:
-                continue
-            result = admin.reset_group_offsets(group, {tp: OffsetSpec.EARLIEST for tp in parts})
-            failed = {
-                tp.partition: r["error"].__name__ for tp, r in result.items() if r["error"] is not NoError
+        for old, new in renames.items():
+            committed = admin.list_group_offsets(old).get(old, {})
+            offsets = {
+                tp: OffsetAndMetadata(meta.offset, "", -1)
+                for tp, meta in committed.items()
+                if tp.topic != skip_topic and meta.offset >= 0
             }
-            if failed:
-                raise GroupActiveError(
-                    f"consumer group {group} refused new offsets on {topic} ({failed}): "
-                    "stop the workers of that group first"
-                )
-            moved[group] = [tp.partition for tp in parts]
-    return moved
+            if offsets:
+                result = admin.alter_group_offsets(new, offsets)
+                failed = {f"{tp.topic}:{tp.partition}": err.__name__ for tp, err in result.items()}
+                failed = {tp: name for tp, name in failed.items() if name != NoError.__name__}
+                if failed:
+                    raise BrokerError(f"consumer group {new} refused offsets copied from {old}: {failed}")
+            copied[new] = len(offsets)
+    return copied
+
+
+def list_groups(bootstrap: str, prefix: str, *, timeout: float = 30.0, **options: Any) -> list[str]:
+    """The consumer groups named ``prefix*``."""
+    with _admin(bootstrap, timeout=timeout, **options) as admin:
+        return sorted(g["group_id"] for g in admin.list_groups() if g["group_id"].startswith(prefix))
 
 
 class TopicIdentity:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
-import time
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -348,52 +347,50 @@ def accept_topic(
     topic: Annotated[str, typer.Argument(help="The re-created source topic (e.g. tweets)")],
     broker: Annotated[str | None, typer.Option(help="Kafka bootstrap host:port [REVAL_BROKER]")] = None,
     redis_url: Annotated[str | None, typer.Option(help="[REVAL_REDIS_URL]")] = None,
-    wait: Annotated[
-        float, typer.Option(help="Seconds to wait for stopped workers to leave their groups", min=0)
-    ] = 60.0,
 ) -> None:
     """Accept a re-created topic: its records are new data, read from its start.
 
-    Stop the workers reading TOPIC first, then run this, then start them again. It moves
-    the consumer groups' committed offsets on TOPIC to its start and records the topic's
-    new id. Offsets are scoped by the topic's incarnation, so nothing of the new topic is
-    skipped as "already applied". If the new topic holds a replay of data already
-    counted, use a new REVAL_REDIS_PREFIX instead.
+    Starts a new generation of the consumer groups (every other topic goes on where it
+    was), records the topic's new id; workers waiting on the topic stop, and read it from
+    its start once restarted. If the new topic holds a replay of data already counted,
+    use a new REVAL_REDIS_PREFIX instead.
     """
-    from workers.adapters.kafka_client import GroupActiveError, TopicIdentity, rewind_groups
+    import re
+
+    from workers.adapters.kafka_client import TopicIdentity, copy_groups, list_groups
     from workers.adapters.redis_client import connect
-    from workers.service.incarnation import incarnation_key
+    from workers.service.incarnation import generation_key, group_generation, incarnation_key, next_group
 
     overrides = {k: v for k, v in {"broker": broker, "redis_url": redis_url}.items() if v is not None}
     try:
         settings = Settings.load(**overrides)
         bootstrap = settings.broker.split(",")[0]
-        identity = TopicIdentity(bootstrap, timeout=15, **settings.kafka_client_options())
+        options = settings.kafka_client_options()
+        identity = TopicIdentity(bootstrap, timeout=15, **options)
         current = identity.of(topic)
         identity.close()
-        deadline = time.monotonic() + wait
-        while True:  # a stopped worker's membership lasts until its session times out
-            try:
-                moved = rewind_groups(
-                    bootstrap, topic, f"{settings.app_id}-", **settings.kafka_client_options()
-                )
-                break
-            except GroupActiveError as exc:
-                if time.monotonic() > deadline:
-                    raise
-                err.print(f"{exc}; retrying for up to {deadline - time.monotonic():.0f}s")
-                time.sleep(2.0)
         client = connect(settings.redis_url, cluster=settings.redis_cluster)
+        generation = group_generation(client, settings.redis_prefix)
+        suffix = re.compile(r"-g\d+$")
+        groups = [
+            g
+            for g in list_groups(bootstrap, f"{settings.app_id}-", **options)
+            if (g.endswith(f"-g{generation}") if generation else not suffix.search(g))
+        ]
+        renames = {g: next_group(g, generation) for g in groups}
+        copied = copy_groups(bootstrap, renames, topic, **options)
         key = incarnation_key(settings.redis_prefix, topic)
         before = client.get(key)
-        client.set(key, current)
-    except Exception as exc:  # broker or Redis unreachable, no such topic, group still active
+        pipe = client.pipeline(transaction=False)  # one round trip: workers see both or neither
+        pipe.set(key, current)
+        pipe.set(generation_key(settings.redis_prefix), generation + 1)
+        pipe.execute()
+    except Exception as exc:  # broker or Redis unreachable, no such topic
         raise fail(f"cannot accept topic {topic!r}: {exc}", code=1) from None
     was = before.decode() if isinstance(before, bytes) else before
-    for group, partitions in moved.items():
-        out.print(f"consumer group {group}: partitions {partitions} of {topic} rewound to their start")
-    if not moved:
-        out.print(f"no consumer group had committed offsets on {topic}: they start from its beginning")
+    out.print(f"consumer groups: generation {generation} -> {generation + 1} ({topic} read from its start)")
+    for old, new in renames.items():
+        out.print(f"  {old} -> {new}: {copied[new]} partition offsets kept")
     out.print(f"topic {topic}: incarnation {current} accepted (was {was or 'none'})")
 
 

@@ -158,9 +158,12 @@ class Stack:
         wait_for("workers ready", lambda: all(w.ready() for w in workers), timeout)
 
     def send(self, topic: str, records: Iterable[tuple[bytes | None, bytes]], **kw: Any) -> None:
-        for key, value in records:
-            self.producer.send(self.topics[topic], key=key, value=value, **kw)
+        futures = [
+            self.producer.send(self.topics[topic], key=key, value=value, **kw) for key, value in records
+        ]
         self.producer.flush()
+        for future in futures:  # a record the broker refused fails the test here, not later
+            future.get(timeout=30)
 
     def read(self, topic: str, *, timeout_ms: int = 1500) -> list[Any]:
         """Every record of a topic so far (no consumer group: kafka-python's hangs on Tansu)."""

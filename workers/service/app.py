@@ -21,6 +21,7 @@ import faust
 from workers.adapters.exporter import Exporter
 from workers.adapters.redis_client import connect
 from workers.service import embed, faust_compat, index, score
+from workers.service.incarnation import group_generation, group_id
 from workers.service.lag import lag_monitor
 from workers.service.runtime import Runtime, Topics
 from workers.settings import Settings
@@ -42,7 +43,8 @@ def create_app(
     if unknown or not chosen:
         raise ValueError(f"roles must be among {', '.join(ROLES)}; got {', '.join(chosen) or 'none'}")
     exporter = exporter or Exporter()
-    app_id = f"{settings.app_id}-{'-'.join(chosen)}"
+    client = connect(settings.redis_url, cluster=settings.redis_cluster)
+    app_id = group_id(settings.app_id, chosen, group_generation(client, settings.redis_prefix))
     datadir = Path(settings.data_dir) / app_id
     datadir.mkdir(parents=True, exist_ok=True)
     app = faust.App(
@@ -65,7 +67,7 @@ def create_app(
         **faust_compat.app_settings(),
     )
     topics = Topics.declare(app, settings)
-    rt = Runtime(settings, exporter, connect(settings.redis_url, cluster=settings.redis_cluster), chosen)
+    rt = Runtime(settings, exporter, client, chosen)
     rt.topics = topics
 
     if "embed" in chosen:

@@ -7,20 +7,21 @@ consume is kept in Redis (``{prefix}:topic:<topic>``); when the broker reports a
 one, the role *waits* (no record applied, nothing committed, ``reval_topic_reset_detected``
 = 1, alert ``RevalTopicReset``) until an operator says what the new topic holds:
 
-    # stop the workers reading TOPIC, then
     reval admin accept-topic TOPIC      # its records are new data: read it from its start
-    # start them again
 
-accept-topic records the new id and moves the consumer groups' committed offsets on TOPIC
-to its start (a running consumer keeps its old-incarnation positions in memory, which is
-why its workers must be stopped; one still running when the topic is accepted stops
-itself).  If the new topic holds a replay of data already counted, use a new
-``REVAL_REDIS_PREFIX`` instead.
+The consumers' positions (in memory and committed) belong to the old incarnation, and
+Kafka will not move the committed offsets of a group with members.  So accept-topic starts
+a new *generation* of consumer groups (``<group>-g<n>``): it copies every committed offset
+of the old groups except TOPIC's, records the new topic id, and bumps the generation in
+Redis.  A worker still waiting on the topic then stops itself; restarted, it joins the new
+generation and reads TOPIC from its start (every other topic goes on where it was).  If
+the new topic holds a replay of data already counted, use a new ``REVAL_REDIS_PREFIX``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import threading
 from collections.abc import Sequence
@@ -41,6 +42,47 @@ def incarnation_key(prefix: str, topic: str) -> str:
     return f"{prefix}:topic:{topic}"
 
 
+def short_id(topic_id: str) -> str:
+    """A short, well-spread tag of a topic id for keys.  Not a prefix: Kafka's ids may be
+    time-ordered UUIDs (v7: Tansu's are), whose leading digits are shared by topics created
+    within a minute of each other.
+
+    >>> short_id("01a208f8-325d-7be0-a8ba-8ba0bf98159e") != short_id("01a208f8-9b7f-7a73-bb38-cbe42972f19d")
+    True
+    """
+    return hashlib.blake2b(topic_id.encode(), digest_size=6).hexdigest()
+
+
+def generation_key(prefix: str) -> str:
+    return f"{prefix}:groups:generation"
+
+
+def group_generation(client: Client, prefix: str) -> int:
+    """How many times a re-created topic was accepted: the consumer groups' generation."""
+    value = with_retry("group generation", lambda: client.get(generation_key(prefix)))
+    return int(value or 0)
+
+
+def group_id(app_id: str, roles: Sequence[str], generation: int) -> str:
+    """The consumer group of a worker running ``roles``.
+
+    >>> group_id("reval", ["score", "embed"], 0), group_id("reval", ["embed"], 2)
+    ('reval-embed-score', 'reval-embed-g2')
+    """
+    name = f"{app_id}-{'-'.join(sorted(roles))}"
+    return f"{name}-g{generation}" if generation else name
+
+
+def next_group(group: str, generation: int) -> str:
+    """The name ``group`` (of ``generation``) takes in the next generation.
+
+    >>> next_group("reval-embed", 0), next_group("reval-embed-g2", 2)
+    ('reval-embed-g1', 'reval-embed-g3')
+    """
+    base = group.removesuffix(f"-g{generation}") if generation else group
+    return f"{base}-g{generation + 1}"
+
+
 class Incarnations:
     """Which incarnation of each source topic is being consumed, checked once per batch
     and on a timer (a re-created topic may bring no batch at all: the consumer's position
@@ -59,8 +101,8 @@ class Incarnations:
         (``reval_topic_reset_detected`` = 1 and one error log).
 
         A topic accepted after this process saw it re-created stops the process: its
-        consumer positions belong to the old incarnation, and ``accept-topic`` has moved
-        the group's committed offsets to the new one's start, which a restart reads from.
+        consumer positions belong to the old incarnation; restarted, it joins the consumer
+        groups' new generation, which reads the new incarnation from its start.
         """
         key = incarnation_key(self.prefix, topic)
         now = self.identity.of(topic)
@@ -76,17 +118,16 @@ class Incarnations:
                 self.x.topic_reset.labels(topic).set(0)
                 if topic in self._reset_seen:
                     fail_stop(
-                        f"topic {topic}: incarnation {now} accepted; restarting to read it from "
-                        "the offsets accept-topic set"
+                        f"topic {topic}: incarnation {now} accepted; restart to read it from its "
+                        "start in the consumer groups' new generation"
                     )
-                return now[:8]
+                return short_id(now)
             self.x.topic_reset.labels(topic).set(1)
             if topic not in self._reset_seen:
                 self._reset_seen.add(topic)
                 log.error(
                     "topic %s was re-created (id %s, was %s): its offsets restarted, so no record is "
-                    "applied until an operator stops the workers reading it and runs "
-                    "`reval admin accept-topic %s`",
+                    "applied until an operator runs `reval admin accept-topic %s`",
                     topic,
                     now,
                     stored,

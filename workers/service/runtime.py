@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NoReturn, TypeVar
 
 import faust
 from aiokafka.errors import KafkaError, MessageSizeTooLargeError, RecordTooLargeError
@@ -53,7 +53,7 @@ class FailStop(Exception):
     """A fault the worker must not acknowledge past: it stops without committing."""
 
 
-def fail_stop(reason: str) -> None:
+def fail_stop(reason: str) -> NoReturn:
     """Stop the process at once: no commit of the current batch, no graceful shutdown
     (which would commit what Faust considers processed)."""
     log.critical("fail-stop: %s", reason)
@@ -61,7 +61,7 @@ def fail_stop(reason: str) -> None:
     os._exit(FAIL_STOP_EXIT)
 
 
-def stop_now(role: str) -> None:
+def stop_now(role: str) -> NoReturn:
     """Shutting down while a batch waits for Redis: leave without acknowledging it (it is
     redelivered after the restart) and without waiting for Redis to come back."""
     log.warning("%s: stopping while Redis is unavailable; the batch in progress will be redelivered", role)
@@ -164,12 +164,48 @@ class Runtime:
         return await asyncio.get_running_loop().run_in_executor(self._threads[role], fn, *args)
 
     async def process(self, step: Step[Any], records: list[Record]) -> None:
-        """Admit, apply, deliver, then the after-effects; returns when the batch may be acknowledged."""
-        items, rejected = await self.run(step.role, step.admit, records)
-        outcome = Outcome(list(rejected))
-        if items:
-            outcome.merge(await self._apply(step, items))
-        await self.finish(step.role, outcome)
+        """Admit, apply, deliver, then the after-effects; returns when the batch may be acknowledged.
+
+        An error nobody planned for stops the process (a crashed Faust agent would
+        otherwise sit in a live worker consuming nothing); the batch is redelivered.
+        """
+        try:
+            items, rejected = await self._admit(step, records)
+            outcome = Outcome(list(rejected))
+            if items:
+                outcome.merge(await self._apply(step, items))
+            await self.finish(step.role, outcome)
+        except Exception as exc:
+            log.exception("%s: unexpected error", step.role)
+            fail_stop(f"{step.role}: unexpected {exc!r}")
+
+    async def _admit(self, step: Step[Any], records: list[Record]) -> tuple[list[Any], list[Output]]:
+        """The batch's admission; a record whose admission raises (a parser bug) is dead-lettered alone."""
+        try:
+            return await self.run(step.role, step.admit, records)
+        except Stopping:
+            stop_now(step.role)
+        except FailStop as exc:
+            fail_stop(f"{step.role}: {exc}")
+        except Exception:
+            log.exception("%s: admitting a batch of %d failed; one record at a time", step.role, len(records))
+        items: list[Any] = []
+        rejected: list[Output] = []
+        for record in records:
+            try:
+                one, out = await self.run(step.role, step.admit, [record])
+            except Stopping:
+                stop_now(step.role)
+            except FailStop as exc:
+                fail_stop(f"{step.role}: {exc}")
+            except Exception as exc:
+                log.error("%s: record %s dead-lettered: %r", step.role, record.claimant, exc)
+                self.exporter.rejected.labels(record.topic, "processing_error").inc()
+                rejected.append(letter(record, "processing_error", repr(exc)[:500], step.role))
+                continue
+            items += one
+            rejected += out
+        return items, rejected
 
     async def finish(self, role: str, outcome: Outcome) -> None:
         """Deliver an outcome's outputs, then run its after-effects (in the role's thread)."""
