@@ -57,7 +57,8 @@ class RedisServer:
     and restarted without losing an acknowledged write, and misconfigured without
     touching anyone else's Redis."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, password: str | None = None) -> None:
+        self.password = password
         self.directory = directory
         directory.mkdir(parents=True, exist_ok=True)
         self.port = find_free_port()
@@ -66,7 +67,8 @@ class RedisServer:
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        auth = f":{self.password}@" if self.password else ""
+        return f"redis://{auth}127.0.0.1:{self.port}/0"
 
     def start(self) -> None:
         self.proc = subprocess.Popen(
@@ -84,6 +86,7 @@ class RedisServer:
                 "always",
                 "--dir",
                 str(self.directory),
+                *(["--requirepass", self.password] if self.password else []),
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -97,7 +100,7 @@ class RedisServer:
             return False
 
     def client(self) -> redis.Redis:
-        return redis.Redis(port=self.port, socket_timeout=2)
+        return redis.Redis(port=self.port, password=self.password, socket_timeout=2)
 
     def kill9(self) -> None:
         assert self.proc is not None
@@ -548,3 +551,45 @@ def test_hostile_records_get_one_dead_letter_each_and_metrics_stay_bounded(stack
         body = response.read()
     assert len(body) < 200_000, len(body)  # 20 names of 10 KB are "other", not 20 series of 10 KB
     assert score.metric("reval_label_values_capped_total", reason="too_long") >= 20
+
+
+# --------------------------------------------------------------------------- secrets
+
+
+def test_passwords_are_never_logged(broker: str, tiny_bertweet: Path, tmp_path: Path) -> None:
+    """The Redis password (in the URL) and the SASL password appear in no log or error,
+    whether the password is right (a worker runs) or wrong (it stops, saying why)."""
+    secret = "s3cret-Pw-7f4e9"
+    server = RedisServer(tmp_path / "redis", password=secret)
+    stack = Stack(broker, server.url, tiny_bertweet, tmp_path)
+    try:
+        embed = stack.start("embed")
+        stack.wait_ready(embed)
+        lines = plain_tweets(60)
+        stack.send("tweets", keyed(lines))
+        wait_for("tweets applied", lambda: counts_reach(stack, batch_means(lines, stack.model)), 90, 1)
+        embed.stop()
+        wrong = {**stack.env, "REVAL_REDIS_URL": server.url.replace(secret, secret + "-wrong")}
+        failed = subprocess.run(
+            [REVAL, "worker", "embed", "--metrics-port", str(find_free_port())],
+            env=wrong,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=tmp_path,
+        )
+        assert failed.returncode != 0
+        assert "invalid username-password" in (failed.stdout + failed.stderr).lower()
+        accept = subprocess.run(
+            [REVAL, "admin", "accept-topic", stack.topics["tweets"]],
+            env={**wrong, "REVAL_KAFKA_SASL_PASSWORD": secret},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert accept.returncode == 1
+        for text in (embed.text(), failed.stdout, failed.stderr, accept.stdout, accept.stderr):
+            assert secret not in text
+    finally:
+        stack.close()
+        server.stop()

@@ -294,6 +294,21 @@ def test_compose_file_is_valid_against_the_compose_spec_schema() -> None:
     assert len(list(validator.iter_errors(broken))) >= 2
 
 
+def test_compose_publishes_only_grafana_and_only_with_a_chosen_password() -> None:
+    services = compose()["services"]
+    assert {name for name, svc in services.items() if svc.get("ports")} == {"grafana"}
+    password = services["grafana"]["environment"]["GF_SECURITY_ADMIN_PASSWORD"]
+    assert password.startswith("${GRAFANA_ADMIN_PASSWORD:?")  # compose fails when it is unset
+    # the opt-in override: valid, and loopback-only
+    import jsonschema
+
+    schema = json.loads((DEPLOY / "compose" / "compose-spec.json").read_text())
+    expose = yaml.safe_load((DEPLOY / "compose" / "expose.yml").read_text())
+    assert not list(jsonschema.Draft7Validator(schema).iter_errors(expose))
+    for name, svc in expose["services"].items():
+        assert name in services and all(p.startswith("127.0.0.1:") for p in svc["ports"]), name
+
+
 def test_compose_services_and_wiring() -> None:
     from workers.settings import Settings
 

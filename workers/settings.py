@@ -245,3 +245,14 @@ class Settings(BaseSettings):
             self.topic_scores: self.partitions,
             self.topic_dead_letter: 1,
         }
+
+
+def settings_table() -> str:
+    """The Markdown table of every setting (the README's "Configuration" holds it verbatim;
+    a test keeps the two equal)."""
+    rows = ["| variable | default | meaning |", "|---|---|---|"]
+    for name, field in Settings.model_fields.items():
+        default = field.default
+        shown = "(none)" if default is None or default == "" else f"`{default}`"
+        rows.append(f"| `REVAL_{name.upper()}` | {shown} | {field.description or ''} |")
+    return "\n".join(rows)

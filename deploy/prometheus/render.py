@@ -114,6 +114,10 @@ class Params:
     embed_for: str = "15m"
     # A scrape target down.
     worker_down_for: str = "5m"
+    # A source topic re-created: workers wait for `reval admin accept-topic`.
+    topic_reset_for: str = "1m"
+    # Redis unavailable: the workers wait (back-pressure) instead of losing records.
+    redis_unavailable_for: str = "2m"
     runbook: str = RUNBOOK
 
     def check(self) -> Params:
@@ -169,6 +173,8 @@ TEST = replace(
     embed_baseline_window="1m",
     embed_for="10s",
     worker_down_for="10s",
+    topic_reset_for="5s",
+    redis_unavailable_for="5s",
 )
 
 PROFILES = {"default": DEFAULTS, "test": TEST}
@@ -496,6 +502,30 @@ def alert_rules(p: Params) -> list[dict[str, Any]]:
                 " (or finds no target for it)."
             ),
         ),
+        alert(
+            "RevalTopicReset",
+            "max by (topic) (reval_topic_reset_detected) == 1",
+            p.topic_reset_for,
+            "critical",
+            "Topic {{ $labels.topic }} was re-created: its workers wait for accept-topic",
+            (
+                "The broker reports a new id for {{ $labels.topic }} (deleted and created again: its "
+                "offsets restarted at 0). Nothing of it is applied until an operator runs "
+                "`reval admin accept-topic {{ $labels.topic }}`."
+            ),
+        ),
+        alert(
+            "RevalRedisUnavailable",
+            "max by (job, instance) (reval_redis_unavailable) == 1",
+            p.redis_unavailable_for,
+            "critical",
+            "{{ $labels.job }} waits for Redis",
+            (
+                "{{ $labels.job }}{{ with $labels.instance }} at {{ . }}{{ end }} cannot write to Redis "
+                "(connection, OOM, READONLY, LOADING...) and holds its batch unacknowledged: "
+                "nothing is lost, nothing advances."
+            ),
+        ),
     ]
     return [{"name": "reval-alerts", "rules": rules}]
 
@@ -512,6 +542,8 @@ ALERTS = (
     "RevalDeadLetterRateHigh",
     "RevalEmbedThroughputCollapsed",
     "RevalWorkerDown",
+    "RevalTopicReset",
+    "RevalRedisUnavailable",
 )
 
 
