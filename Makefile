@@ -27,4 +27,4 @@ test: setup services lint
 	$(BIN)/python -m pytest
 
 demo: setup
-	HF_HUB_OFFLINE=1 $(BIN)/reval demo
+	HF_HUB_OFFLINE=1 $(BIN)/reval demo $(ARGS)

@@ -252,8 +252,10 @@ class _Accumulator:
             for window in self.rolling:
                 window.update(event_time, values)
 
-    def snapshot(self) -> tuple[int, npt.NDArray[np.float64], list[Any]]:
-        return self.count, self.sums.copy(), [window.get() for window in self.rolling]
+    def snapshot(self) -> tuple[int, npt.NDArray[np.float64], list[Any], list[int]]:
+        """Count, sums, each window's means (None when empty) and each window's event count."""
+        means = [window.get() for window in self.rolling]
+        return self.count, self.sums.copy(), means, [window.n for window in self.rolling]
 
 
 class QualityMetrics:
@@ -384,8 +386,15 @@ class QualityMetrics:
             "Exact-match metric mean over a window of event time",
             labels=["recommender", "metric", "r", "window"],
         )
+        in_window = GaugeMetricFamily(
+            "reval_events_rolling",
+            "Scored events in a window of event time (what the rolling means average over)",
+            labels=["recommender", "window"],
+        )
         labels = [self.window_label(seconds) for seconds in self.windows]
-        for name, (count, total, means) in main.items():
+        for name, (count, total, means, ns) in main.items():
+            for label, n in zip(labels, ns, strict=True):
+                in_window.add_metric([name, label], n)
             i = 0
             for r in self.rs:
                 for k in self.ks:
@@ -400,7 +409,7 @@ class QualityMetrics:
                         if window is not None:
                             exact.add_metric([name, metric, r, label], float(window[i]))
                     i += 1
-        for name, (count, total, means) in corrected.items():
+        for name, (count, total, means, _) in corrected.items():
             i = 0
             for r in self.rs:
                 for k in self.ks:
@@ -411,4 +420,4 @@ class QualityMetrics:
                         if window is not None:
                             reval_corrected.add_metric([name, k, r, label], float(window[i]))
                     i += 1
-        yield from (hit_ratio, hit_corrected, exact_match, reval, reval_corrected, exact)
+        yield from (hit_ratio, hit_corrected, exact_match, reval, reval_corrected, exact, in_window)

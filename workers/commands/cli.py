@@ -807,22 +807,30 @@ def demo(
     speed: Annotated[str, typer.Option(help="Replay speed: 1 = real time, 10, ..., or max")] = "max",
     model: Annotated[str, typer.Option(help="Encoder for the demo (BERTweet needs the hub)")] = "minilm",
     redis_url: Annotated[
-        str | None, typer.Option(help="Redis to use; a private one starts when none answers")
+        str | None,
+        typer.Option(help="Use this Redis (under a key prefix of the demo's own) instead of a private one"),
     ] = None,
 ) -> None:
-    """The live path on this machine: local broker, Redis, the three workers, the bundled
-    sample feed with the mowe and popular recommenders, and a live table of the scores."""
+    """The live path on this machine: local broker, a private Redis, the three workers, the
+    bundled sample feed with the mowe and popular recommenders, and a live table of the scores.
+
+    Nothing of yours is touched: the demo removes only the keys and files it created."""
     from stream.replay import parse_speed
     from workers.commands.demo import Demo, sample_feed_events
 
-    overrides: dict[str, Any] = {"index_interval_s": 10.0}
-    if redis_url:
-        overrides["redis_url"] = redis_url
     try:
         pace = parse_speed(speed)
     except ValueError as exc:
         raise fail(str(exc)) from None
-    Demo(Settings.load(**overrides), duration=duration, model=model).run(sample_feed_events(pace))
+    if duration is not None and duration <= 0:
+        raise fail("--duration must be > 0")
+    settings = Settings(index_interval_s=10.0)  # broker, Redis, key prefix and model: the demo's own
+    try:
+        Demo(settings, duration=duration, model=model, redis_url=redis_url).run(sample_feed_events(pace))
+    except KeyboardInterrupt:
+        pass
+    except (RuntimeError, TimeoutError, OSError) as exc:
+        raise fail(f"demo: {exc}", code=1) from None
 
 
 if __name__ == "__main__":  # pragma: no cover
