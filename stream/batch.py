@@ -16,6 +16,10 @@ from stream.means import HashtagMeans
 from stream.records import ErrorLog, Parsed, Tweet
 
 
+class ModelLoadError(OSError):
+    """An encoder's model could not be loaded (not found, offline, damaged files)."""
+
+
 class TextEncoder(Protocol):
     @property
     def dim(self) -> int: ...

@@ -13,27 +13,35 @@ workers in Redis -- both run the same code otherwise.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import py3langid
 import regex
-from nltk.tokenize import TweetTokenizer
-from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
 
 from stream.records import Tweet
 
-_TOKENIZER = TweetTokenizer(preserve_case=False, reduce_len=True, strip_handles=True)
 _URL_RE = regex.compile(r"^(?:https?://|www\.)|^\S+\.(?:com|org|net|ly|co)(?:/|$)")
 _NOT_KEPT_RE = regex.compile(r"[^\p{L}\p{M}\p{N}\p{S}_#]+")  # punctuation and the like
 _REPEAT_RE = regex.compile(r"(.)\1{3,}")
 _RT_PREFIX_RE = regex.compile(r"^rt\s+(?:@\w+\s*:?\s*)?", regex.IGNORECASE)
-_STOP_WORDS = frozenset(ENGLISH_STOP_WORDS) | {"rt", "amp", "via"}
 ENGLISH = "en"
 UNDETERMINED = {"und", "zxx", "qme", "qht", "qst"}  # Twitter's "no language" codes
+
+
+@functools.cache
+def _word_tools() -> tuple[Any, frozenset[str]]:
+    """NLTK's tweet tokenizer and the stop words, imported on first use: the two
+    packages take ~2 s to import, which every ``reval`` command would pay otherwise."""
+    from nltk.tokenize import TweetTokenizer
+    from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
+
+    tokenizer = TweetTokenizer(preserve_case=False, reduce_len=True, strip_handles=True)
+    return tokenizer, frozenset(ENGLISH_STOP_WORDS) | {"rt", "amp", "via"}
 
 
 def clean_text(text: str) -> str:
@@ -42,14 +50,15 @@ def clean_text(text: str) -> str:
     >>> clean_text("RT @bob: Heeeeello!!! The #Flood in http://t.co/x is BAD… #NSW")
     'heeello #flood bad #nsw'
     """
+    tokenizer, stop_words = _word_tools()
     words = []
-    for token in _TOKENIZER.tokenize(text):
-        if _URL_RE.search(token) or token in _STOP_WORDS:
+    for token in tokenizer.tokenize(text):
+        if _URL_RE.search(token) or token in stop_words:
             continue
         word = _NOT_KEPT_RE.sub("", token)
         if word.startswith("#"):
             word = "#" + word.lstrip("#")
-        if not word or word == "#" or word in _STOP_WORDS:
+        if not word or word == "#" or word in stop_words:
             continue
         words.append(_REPEAT_RE.sub(r"\1\1\1", word))
     return " ".join(words)

@@ -251,3 +251,6 @@ def test_evaluate_random_split_and_options(small_feed: Path, tmp_path: Path) -> 
 
     result = runner.invoke(app, ["evaluate", str(small_feed), "--out", str(out), "--embeddings", "glove"])
     assert result.exit_code == 2 and "embeddings" in result.output
+    # an earlier run's results are replaced only on request, before any work
+    result = runner.invoke(app, ["evaluate", str(small_feed), "--out", str(out), "--limit", "120"])
+    assert result.exit_code == 2 and "--force" in result.output

@@ -65,6 +65,9 @@ class Settings(BaseSettings):
     session_timeout_s: float = Field(
         10.0, gt=0, description="Consumer group session timeout (Tansu joins after half of it)"
     )
+    startup_timeout_s: float = Field(
+        30.0, gt=0, description="How long a starting worker waits for the broker before it exits 1"
+    )
     data_dir: Path = Field(Path("var/faust"), description="Faust's local state directory")
     replication: int = Field(1, ge=1, description="Replication factor of created topics")
     max_message_bytes: int = Field(

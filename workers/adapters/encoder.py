@@ -44,6 +44,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from stream.batch import ModelLoadError
 from workers.adapters.cpu_fast import (
     CALIBRATION_TEXTS,
     cpu_supports_bf16,
@@ -212,18 +213,21 @@ class Encoder:
         local = Path(self._path).is_dir()
         load_kw: dict[str, Any] = {"local_files_only": True} if local else {}
 
-        config = AutoConfig.from_pretrained(self._path, **load_kw)
-        self.tokenizer: PreTrainedTokenizerBase = _load_tokenizer(
-            self._path, bertweet_hint=_is_bertweet(model, config), **load_kw
-        )
-
-        model_kw: dict[str, Any] = dict(load_kw)
-        archs = getattr(config, "architectures", None) or []
-        if config.model_type in _POOLER_MODELS and any(a.endswith("ForMaskedLM") for a in archs):
-            # BERTweet's checkpoints are masked-LM ones without a pooler head. We pool
-            # ourselves: don't build a random one (nor warn that it is "newly initialized").
-            model_kw["add_pooling_layer"] = False
-        net = AutoModel.from_pretrained(self._path, config=config, **model_kw)
+        try:  # transformers explains a missing model in paragraphs; callers get one line
+            config = AutoConfig.from_pretrained(self._path, **load_kw)
+            self.tokenizer: PreTrainedTokenizerBase = _load_tokenizer(
+                self._path, bertweet_hint=_is_bertweet(model, config), **load_kw
+            )
+            model_kw: dict[str, Any] = dict(load_kw)
+            archs = getattr(config, "architectures", None) or []
+            if config.model_type in _POOLER_MODELS and any(a.endswith("ForMaskedLM") for a in archs):
+                # BERTweet's checkpoints are masked-LM ones without a pooler head. We pool
+                # ourselves: don't build a random one (nor warn that it is "newly initialized").
+                model_kw["add_pooling_layer"] = False
+            net = AutoModel.from_pretrained(self._path, config=config, **model_kw)
+        except (OSError, ValueError) as exc:
+            gist = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise ModelLoadError(f"cannot load model {model!r}: {gist}") from exc
         int8 = self._dtype == torch.int8
         weights_dtype = torch.float32 if int8 else self._dtype
         self.model: torch.nn.Module = net.to(device=self._device, dtype=weights_dtype).eval()

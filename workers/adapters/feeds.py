@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import gzip
 import io
+import tempfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from importlib import resources
 from pathlib import Path
@@ -42,6 +43,26 @@ def check_paths(paths: Sequence[str | Path]) -> list[Path]:
             raise ValueError(f"{path}: unsupported feed type (expected one of {', '.join(SUFFIXES)})")
         out.append(path)
     return out
+
+
+def check_output_path(path: Path) -> Path:
+    """A path we may create or write: not a directory, its folder created if missing --
+    checked before any work starts, so a run never fails at its end for want of a place."""
+    if path.is_dir():
+        raise ValueError(f"{path} is a directory; give a file name")
+    parent = path.parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"cannot create the folder {parent} for {path}: {exc.strerror or exc}") from None
+    try:  # a probe, not os.access: root passes access checks on read-only and virtual file systems
+        with tempfile.TemporaryFile(dir=parent):
+            pass
+    except OSError as exc:
+        raise ValueError(
+            f"cannot write {path}: the folder {parent} is not writable ({exc.strerror or exc})"
+        ) from None
+    return path
 
 
 def _open_text(path: Path) -> io.TextIOBase:

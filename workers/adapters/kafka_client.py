@@ -32,6 +32,10 @@ class BrokerError(RuntimeError):
     """A Kafka admin request failed or timed out."""
 
 
+class BrokerUnreachableError(BrokerError):
+    """No broker of the bootstrap list answered in time."""
+
+
 class TopicPartitionMismatchError(BrokerError):
     """A topic exists with a partition count other than the one asked for."""
 
@@ -163,13 +167,18 @@ class KafkaSink:
 def admin_client(bootstrap: str, *, timeout: float = 30.0, **options: Any) -> KafkaAdminClient:
     """A kafka-python admin client; ``options``: TLS/SASL (``Settings.kafka_client_options``)."""
     ms = max(int(timeout * 1000), 1000)
-    return KafkaAdminClient(
-        bootstrap_servers=bootstrap,
-        client_id="reval-stream-admin",
-        request_timeout_ms=ms,
-        bootstrap_timeout_ms=ms,
-        **options,
-    )
+    try:
+        return KafkaAdminClient(
+            bootstrap_servers=bootstrap,
+            client_id="reval-stream-admin",
+            request_timeout_ms=ms,
+            bootstrap_timeout_ms=ms,
+            **options,
+        )
+    except KafkaError as exc:  # NoBrokersAvailable, KafkaTimeoutError while bootstrapping
+        raise BrokerUnreachableError(
+            f"no Kafka broker answered at {bootstrap} within {timeout:g} s ({exc})"
+        ) from exc
 
 
 @contextlib.contextmanager

@@ -47,6 +47,7 @@ from stream.thesaurus import (
     check_k,
     json_kind,
 )
+from workers.adapters.feeds import check_output_path
 
 INDEX_FILE = "index.ann"
 HASHTAGS_FILE = "hashtags.json"
@@ -166,6 +167,10 @@ def check_writable_thesaurus_dir(target: Path, *, replace: bool) -> None:
     """Refuse to write a thesaurus over anything but nothing, an empty directory, or --
     with ``replace`` -- a thesaurus of ours."""
     if not target.exists() and not target.is_symlink():
+        try:
+            check_output_path(target)
+        except ValueError as exc:
+            raise ThesaurusOverwriteError(str(exc)) from None
         return
     if not target.is_dir() or target.is_symlink():
         raise ThesaurusOverwriteError(f"{target} exists and is not a directory: refusing to replace it")
@@ -602,6 +607,7 @@ class AnnoyThesaurus(BaseThesaurus):
         """Up to ``k`` nearest other hashtags with their cosine distances, nearest first:
         from the table up to its depth, beyond it from Annoy, re-ranked the same way."""
         check_k(k)
+        k = min(k, max(len(self.table) - 1, 0))  # no more exist; Annoy's C ints overflow on huge k
         if k <= self.table.depth or len(self.table) - 1 <= self.table.depth:
             return self.table.neighbours_with_distances(hashtag, min(k, max(self.table.depth, 0)))
         item = self.table.index_of(hashtag)

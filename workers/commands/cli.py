@@ -4,20 +4,30 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.progress import MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 from rich.table import Table
 
+from stream.batch import ModelLoadError
 from stream.hashtags import normalise_hashtag
 from stream.hubness import DEFAULT_METHOD, check_method
 from stream.records import ErrorLog, RecordError, parse_recommendation
 from stream.scoring import ALL, Summary, parse_ints, r_label, score_event
-from workers.adapters.feeds import read_file
+from workers.adapters.feeds import check_output_path, check_paths, read_file
 from workers.adapters.store import DEFAULT_DEPTH, load_thesaurus, neighbour_cache
 from workers.settings import Settings
 
@@ -25,19 +35,26 @@ app = typer.Typer(  # the console script ``reval``
     help="#REval: semantic evaluation of hashtag recommenders on tweet feeds.",
     no_args_is_help=True,
     pretty_exceptions_show_locals=False,
+    rich_markup_mode=None,  # click's plain help: no `<bool>` metavars, option names never cut at 80 columns
+    add_completion=False,
 )
-thesaurus_app = typer.Typer(help="Build and inspect hashtag thesauri.", no_args_is_help=True)
+thesaurus_app = typer.Typer(
+    help="Build and inspect hashtag thesauri.", no_args_is_help=True, rich_markup_mode=None
+)
 app.add_typer(thesaurus_app, name="thesaurus")
-admin_app = typer.Typer(help="Operator commands for a running deployment.", no_args_is_help=True)
+admin_app = typer.Typer(
+    help="Operator commands for a running deployment.", no_args_is_help=True, rich_markup_mode=None
+)
 app.add_typer(admin_app, name="admin")
 
+OFFLINE_HINT = " (offline: a local model directory, or --model minilm, packaged)"
 err = Console(stderr=True)
 out = Console()
 
 
 def fail(message: str, *, code: int = 2) -> typer.Exit:
     """One line on stderr naming what is wrong; exit 2 for a usage error, 1 for a runtime failure."""
-    err.print(f"[bold red]error:[/] {message}")
+    err.print(f"[bold red]error:[/] {message}", soft_wrap=True, highlight=False)
     return typer.Exit(code=code)
 
 
@@ -45,9 +62,12 @@ def _progress() -> Progress:
     return Progress(
         SpinnerColumn(),
         TextColumn("{task.description}"),
+        BarColumn(),
         MofNCompleteColumn(),
         TextColumn("lines"),
         TimeElapsedColumn(),
+        TextColumn("eta"),
+        TimeRemainingColumn(),
         TextColumn("{task.fields[rate]}"),
         console=err,
         transient=False,
@@ -56,11 +76,16 @@ def _progress() -> Progress:
 
 @thesaurus_app.command("build")
 def thesaurus_build(
-    feeds: Annotated[list[Path], typer.Argument(help="Tweet files: .jsonl, .jsonl.gz or .csv")],
+    feeds: Annotated[
+        list[Path], typer.Argument(metavar="FEED", help="Tweet files: .jsonl, .jsonl.gz or .csv")
+    ],
     out_dir: Annotated[Path, typer.Option("--out", help="New (or empty) directory for the thesaurus")],
     model: Annotated[
         str,
-        typer.Option(help="Hub id (needs the network once) or local path; 'minilm' = packaged, offline"),
+        typer.Option(
+            help="Hub id (the default is downloaded once: needs the network, or HF_HUB_OFFLINE=1 "
+            "with it cached), a local model directory, or 'minilm' (packaged, works offline)"
+        ),
     ] = "vinai/bertweet-base",
     min_count: Annotated[int, typer.Option(help="Leave out hashtags seen fewer times", min=1)] = 1,
     batch_size: Annotated[int, typer.Option(help="Encoder batch size", min=1)] = 32,
@@ -78,10 +103,8 @@ def thesaurus_build(
 ) -> None:
     """Clean → embed → per-hashtag running means → thesaurus (neighbour table + Annoy index)."""
     from stream.cleaning import Cleaner
-    from workers.adapters.encoder import Encoder
-    from workers.adapters.feeds import check_paths, iter_raw
+    from workers.adapters.feeds import read_tweets
     from workers.adapters.store import ThesaurusOverwriteError, check_writable_thesaurus_dir
-    from workers.commands.offline import build_thesaurus
 
     try:  # everything that can be checked is checked before the model loads
         check_paths(feeds)
@@ -89,12 +112,23 @@ def thesaurus_build(
         check_writable_thesaurus_dir(out_dir, replace=force)
     except (OSError, ValueError, ThesaurusOverwriteError) as exc:
         raise fail(str(exc)) from None
+    # A quick pass before the model loads: the bar gets a total and an ETA, and a feed
+    # with no readable tweet fails now, not after the model has loaded.
+    total, bad = 0, ErrorLog()
+    for item in read_tweets(feeds):
+        total += 1
+        if item.error is not None:
+            bad.add(item)
+    if total == bad.total:
+        raise fail(f"no tweet to read in {', '.join(map(str, feeds))}{_why_nothing(bad)}", code=1)
+    from workers.adapters.encoder import Encoder  # torch: seconds to import, so only now
+    from workers.commands.offline import NothingToBuildError, build_thesaurus
+
     try:
         encoder = Encoder(model, batch_size=batch_size)
-    except OSError as exc:
-        raise fail(f"cannot load model {model!r}: {exc}") from None
+    except ModelLoadError as exc:
+        raise fail(f"--model: {exc}{OFFLINE_HINT}", code=1) from None
     err.print(f"encoder: {encoder.model_id} on {encoder.device} ({encoder.dtype}), dim {encoder.dim}")
-    total = sum(1 for feed in feeds for _ in iter_raw(feed))  # a quick pass: the bar gets a total and ETA
     with _progress() as progress:
         task = progress.add_task("embedding", total=total, rate="")
         done = [0]
@@ -117,8 +151,9 @@ def thesaurus_build(
                 cleaner=Cleaner(language_filter=language_filter),
                 on_progress=tick,
             )
-        except ValueError as exc:
-            raise fail(str(exc)) from None
+        except NothingToBuildError as exc:
+            progress.stop()
+            raise fail(str(exc), code=1) from None
         progress.update(task, completed=done[0])
     try:
         thesaurus.save(out_dir, replace=force)
@@ -160,7 +195,7 @@ def _print_hubness(report: dict[str, Any], method: str) -> None:
 @thesaurus_app.command("inspect")
 def thesaurus_inspect(
     directory: Annotated[
-        Path, typer.Argument(help="A thesaurus directory (or a store: its current version)")
+        Path, typer.Argument(metavar="DIR", help="A thesaurus directory (or a store: its current version)")
     ],
     as_json: Annotated[bool, typer.Option("--json", help="Print the metadata as JSON")] = False,
 ) -> None:
@@ -201,7 +236,7 @@ def _load(thesaurus: str) -> Any:
 
 @app.command()
 def synonyms(
-    hashtags: Annotated[list[str], typer.Argument(help="Hashtags, with or without #")],
+    hashtags: Annotated[list[str], typer.Argument(metavar="HASHTAG", help="Hashtags, with or without #")],
     thesaurus: Annotated[str, typer.Option("--thesaurus", "-t", help="Thesaurus dir or .json")],
     k: Annotated[int, typer.Option("-k", help="Number of synonyms", min=0)] = 10,
     as_json: Annotated[bool, typer.Option("--json", help='Print {"hashtag": [...]}')] = False,
@@ -224,7 +259,7 @@ def synonyms(
 
 @app.command()
 def score(
-    recs: Annotated[Path, typer.Argument(help="Recommendation events, JSON lines")],
+    recs: Annotated[Path, typer.Argument(metavar="EVENTS", help="Recommendation events, JSON lines")],
     thesaurus: Annotated[str, typer.Option("--thesaurus", "-t", help="Thesaurus dir or .json")],
     ks: Annotated[str, typer.Option("-k", help="Comma-separated k values")] = "0,5,10",
     rs: Annotated[
@@ -238,16 +273,23 @@ def score(
     """Average #REval-hit-ratio per k and exact-match metrics over events with ground truth."""
     try:
         k_values = [int(k) for k in parse_ints(ks) if k is not None]
+    except ValueError as exc:
+        raise fail(f"-k: {exc}") from None
+    try:
         r_values = list(parse_ints(rs, allow_all=True))
     except ValueError as exc:
+        raise fail(f"-r: {exc}") from None
+    try:  # everything that can be checked is checked before the thesaurus loads
+        check_paths([recs])
+        if events_out is not None:
+            check_output_path(events_out)
+    except (OSError, ValueError) as exc:
         raise fail(str(exc)) from None
-    if not recs.exists():
-        raise fail(f"recommendations file not found: {recs}")
     index = _load(thesaurus)
     try:
         cache = neighbour_cache(index, max(k_values))
     except ValueError as exc:
-        raise fail(str(exc)) from None
+        raise fail(f"-k: {exc}") from None
     summary, errors = Summary(), ErrorLog()
     sink = events_out.open("w", encoding="utf-8") if events_out else None
     try:
@@ -268,11 +310,10 @@ def score(
     finally:
         if sink is not None:
             sink.close()
-    if errors.total:
-        err.print(f"[yellow]skipped {errors.total} bad lines[/] {errors.by_reason}")
-        for line in errors.first:
-            err.print(f"  {line}")
+    _report_bad_lines(errors)
     payload: dict[str, Any] = summary.get(r_values[0] if len(r_values) == 1 else ALL)
+    if not payload["events"]:
+        raise fail(f"no event of {recs} could be scored{_why_nothing(errors)}", code=1)
     payload["thesaurus_version"] = cache.version
     payload["skipped_lines"] = errors.total
     if len(r_values) > 1 or r_values != [ALL]:
@@ -281,6 +322,23 @@ def score(
         print(json.dumps(payload))
         return
     _print_scores(payload, k_values, r_values, summary)
+
+
+def _report_bad_lines(errors: ErrorLog) -> None:
+    if errors.total:
+        err.print(f"[yellow]skipped {errors.total} bad lines[/] {errors.by_reason}", soft_wrap=True)
+        for line in errors.first:
+            err.print(f"  {line}", soft_wrap=True, highlight=False)
+
+
+def _why_nothing(errors: ErrorLog, otherwise: str = "it holds no records") -> str:
+    """The reason a run produced nothing, for its one error line."""
+    if not errors.total:
+        return f" ({otherwise})"
+    reasons = ", ".join(
+        f"{n} {reason}" for reason, n in sorted(errors.by_reason.items(), key=lambda x: -x[1])
+    )
+    return f": all {errors.total} records were bad ({reasons})"
 
 
 def _fmt(value: float | None) -> str:
@@ -313,7 +371,9 @@ def _print_scores(payload: dict[str, Any], ks: list[int], rs: list[int | None], 
 
 @app.command()
 def worker(
-    roles: Annotated[list[str], typer.Argument(help="embed, index, score (several = one process)")],
+    roles: Annotated[
+        list[str], typer.Argument(metavar="ROLE", help="embed, index, score (several = one process)")
+    ],
     broker: Annotated[str | None, typer.Option(help="Kafka bootstrap host:port [REVAL_BROKER]")] = None,
     redis_url: Annotated[str | None, typer.Option(help="[REVAL_REDIS_URL]")] = None,
     model: Annotated[str | None, typer.Option(help="Encoder model [REVAL_MODEL]")] = None,
@@ -327,7 +387,6 @@ def worker(
     ] = None,
 ) -> None:
     """Run worker roles against a Kafka broker and Redis (settings: REVAL_* env, see README)."""
-    from workers.commands.worker import run_worker
 
     overrides = {
         "broker": broker,
@@ -336,15 +395,24 @@ def worker(
         "index_dir": index_dir,
         "metrics_port": metrics_port,
     }
+    from workers.adapters.kafka_client import BrokerError
+    from workers.commands.worker import MetricsPortError, run_worker
+
     try:
         run_worker(roles, {k: v for k, v in overrides.items() if v is not None}, loglevel, env_file)
-    except ValueError as exc:
+    except ValueError as exc:  # settings and roles: usage
         raise fail(str(exc)) from None
+    except BrokerError as exc:
+        raise fail(f"--broker / REVAL_BROKER: {exc}", code=1) from None
+    except ModelLoadError as exc:
+        raise fail(f"--model / REVAL_MODEL: {exc}{OFFLINE_HINT}", code=1) from None
+    except MetricsPortError as exc:
+        raise fail(f"--metrics-port / REVAL_METRICS_PORT: {exc}", code=1) from None
 
 
 @admin_app.command("accept-topic")
 def accept_topic(
-    topic: Annotated[str, typer.Argument(help="The re-created source topic (e.g. tweets)")],
+    topic: Annotated[str, typer.Argument(metavar="TOPIC", help="The re-created source topic (e.g. tweets)")],
     broker: Annotated[str | None, typer.Option(help="Kafka bootstrap host:port [REVAL_BROKER]")] = None,
     redis_url: Annotated[str | None, typer.Option(help="[REVAL_REDIS_URL]")] = None,
 ) -> None:
@@ -417,8 +485,9 @@ def replay_feeds(
     feeds: Annotated[
         list[Path],
         typer.Argument(
+            metavar="FEED",
             help="Feed files (.jsonl, .jsonl.gz, .json, .csv; tweets in API v1.1/v2 JSON or "
-            "minimal form, or recommendation events); several are merged in event-time order"
+            "minimal form, or recommendation events); several are merged in event-time order",
         ),
     ],
     topic: Annotated[
@@ -548,7 +617,7 @@ def replay_feeds(
                 table.add_row(label, value)
             out.print(table)
     if message is not None:
-        err.print(f"[bold red]error:[/] {message}")
+        err.print(f"[bold red]error:[/] {message}", soft_wrap=True, highlight=False)
         raise typer.Exit(code=code)
 
 
@@ -557,8 +626,10 @@ def recommend_cmd(
     method: Annotated[
         str, typer.Option("--method", "-m", help="mowe | popular | popular-users | least-popular | random")
     ],
-    train: Annotated[list[Path], typer.Option("--train", help="Training feed (repeatable)")],
-    feed: Annotated[list[Path], typer.Option("--feed", help="Feed to recommend for (repeatable)")],
+    train: Annotated[list[Path], typer.Option("--train", metavar="FILE", help="Training feed (repeatable)")],
+    feed: Annotated[
+        list[Path], typer.Option("--feed", metavar="FILE", help="Feed to recommend for (repeatable)")
+    ],
     r: Annotated[int, typer.Option("-r", min=1, help="Hashtags per tweet (at most)")] = 10,
     out_path: Annotated[Path | None, typer.Option("--out", help="Write the events here (JSON lines)")] = None,
     topic: Annotated[
@@ -598,20 +669,22 @@ def recommend_cmd(
         raise fail(f"unknown method {method!r}; choose from {', '.join(rec.METHODS)}")
     if out_path is None and topic is None:
         raise fail("give --out FILE, --topic TOPIC, or both")
-    for path in [*train, *feed]:
-        if not path.exists():
-            raise fail(f"feed file not found: {path}")
-    try:
+    try:  # everything that can be checked is checked before training
+        check_paths(train)
+        check_paths(feed)
+        if out_path is not None:
+            check_output_path(out_path)
         recommender = rec.make_recommender(
             method, name=recommender_name, threshold=threshold, trainer=trainer(seed=seed), seed=seed
         )
-    except ValueError as exc:
+    except (OSError, ValueError) as exc:
         raise fail(str(exc)) from None
     train_errors = ErrorLog()
     with err.status(f"training {method} on {', '.join(map(str, train))}"):
         tweets = rec.labelled_tweets(read_tweets(train), language_filter=language_filter, errors=train_errors)
         if not tweets:
-            raise fail("no hashtagged training tweets left after pre-processing")
+            why = _why_nothing(train_errors, "none kept after pre-processing")
+            raise fail(f"no hashtagged training tweet in --train{why}", code=1)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             recommender.fit(tweets)
@@ -626,7 +699,7 @@ def recommend_cmd(
         options = Settings.load().kafka_client_options() if topic is not None else {}
         sink = EventSink(out_path, topic=topic, broker=broker, **options)
     except Exception as exc:  # kafka-python raises its own NoBrokersAvailable etc.
-        raise fail(f"cannot open the output: {exc}") from None
+        raise fail(f"cannot open the output: {exc}", code=1) from None
     with sink:
         batch: list[Any] = []
 
@@ -659,11 +732,16 @@ def recommend_cmd(
     )
     if overlap:
         err.print(f"[yellow]warning:[/] {overlap} tweets of --feed are also training tweets")
+    if not sink.count:
+        why = _why_nothing(errors, f"{skipped} tweets without hashtags; --all-tweets takes those too")
+        raise fail(f"no event written: no tweet of --feed to recommend for{why}", code=1)
 
 
 @app.command("evaluate")
 def evaluate_cmd(
-    feeds: Annotated[list[Path], typer.Argument(help="Tweet files: .jsonl, .jsonl.gz or .csv")],
+    feeds: Annotated[
+        list[Path], typer.Argument(metavar="FEED", help="Tweet files: .jsonl, .jsonl.gz or .csv")
+    ],
     out_dir: Annotated[Path, typer.Option("--out", help="Directory for the results")],
     split: Annotated[
         str, typer.Option(help="time (earliest 90% train), random, or both: time,random")
@@ -683,39 +761,41 @@ def evaluate_cmd(
         typer.Option(help="MOWE: cosine for a similar tweet, comma-separated to sweep (paper: 0.5)"),
     ] = "0.5",
     model: Annotated[
-        str, typer.Option(help="BERTag encoder: hub id or local path; 'minilm' = packaged MiniLM")
+        str,
+        typer.Option(
+            help="BERTag encoder: hub id (the default needs the network once), a local model "
+            "directory, or 'minilm' (packaged, works offline)"
+        ),
     ] = "vinai/bertweet-base",
     rs: Annotated[str, typer.Option("-r", help="Top-r cut-offs, comma-separated")] = "1,5,10",
     ks: Annotated[
         str, typer.Option("-k", help="Numbers of synonyms, comma-separated")
     ] = "0,5,10,20,30,40,50,60,70",
     limit: Annotated[
-        int | None, typer.Option(help="Use only the first N tweets left after pre-processing")
+        int | None, typer.Option(help="Use only the first N tweets left after pre-processing", min=1)
     ] = None,
     language_filter: Annotated[bool, typer.Option(help="Drop non-English tweets (paper 3.1.1)")] = True,
-    batch_size: Annotated[int, typer.Option(help="Encoder batch size")] = 32,
+    batch_size: Annotated[int, typer.Option(help="Encoder batch size", min=1)] = 32,
     dtype: Annotated[
         str, typer.Option(help="Encoder dtype: float32 (reference numbers) or auto (core's choice)")
     ] = "float32",
     fasttext_bucket: Annotated[
-        int, typer.Option(help="FastText n-gram buckets (gensim's default 2,000,000)")
+        int, typer.Option(help="FastText n-gram buckets (gensim's default 2,000,000)", min=1)
     ] = 2_000_000,
-    bootstrap: Annotated[int, typer.Option(help="Bootstrap resamples for the 95% intervals")] = 1000,
+    bootstrap: Annotated[int, typer.Option(help="Bootstrap resamples for the 95% intervals", min=100)] = 1000,
     save_thesauri: Annotated[
         bool, typer.Option("--save-thesauri", help="Also save the first seed's thesauri under OUT/thesauri/")
+    ] = False,
+    force: Annotated[
+        bool, typer.Option("--force", help="Replace the results of an earlier run in --out")
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print results.json's cells as JSON")] = False,
 ) -> None:
     """The paper's experiment (4.2) with baselines and confidence intervals: recommenders
     (MOWE, popular, the least-popular canary, the random null) scored on BERTag / Word2Vec /
     FastText thesauri, raw and chance-corrected #REval-hit-ratio per (r, k), 95% intervals."""
-    from rich.progress import BarColumn, TimeRemainingColumn
 
     from workers.commands import evaluate as ev
-
-    for feed in feeds:
-        if not feed.exists():
-            raise fail(f"feed file not found: {feed}")
 
     def names(text: str) -> tuple[str, ...]:
         return tuple(x.strip().lower() for x in text.split(",") if x.strip())
@@ -739,6 +819,11 @@ def evaluate_cmd(
             bootstrap=bootstrap,
         )
     except ValueError as exc:
+        raise fail(str(exc)) from None
+    try:  # the files, after the options; all before any model loads
+        check_paths(feeds)
+        ev.check_results_dir(out_dir, replace=force)
+    except (OSError, ValueError) as exc:
         raise fail(str(exc)) from None
     progress = Progress(
         SpinnerColumn(),
@@ -833,5 +918,50 @@ def demo(
         raise fail(f"demo: {exc}", code=1) from None
 
 
+def _os_error(exc: OSError) -> str:
+    """``[Errno 2] No such file...: 'x'`` → ``x: No such file or directory``."""
+    where = exc.filename if exc.filename is not None else ""
+    what = exc.strerror or str(exc)
+    return f"{where}: {what}" if where else what
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The console script: every failure ends as one line on stderr and an exit code --
+    2 for a usage error (found before any work), 1 for a runtime failure, 0 only when
+    the work was done. ``REVAL_DEBUG=1`` re-raises with the traceback."""
+    debug = os.environ.get("REVAL_DEBUG", "") not in ("", "0")
+    try:
+        code = app(args=argv, prog_name="reval", standalone_mode=False)
+    except typer.TyperException as exc:  # click's usage errors (typer vendors click)
+        message = exc.format_message()
+        show = getattr(exc, "show", None)
+        if exc.exit_code == 2 and message.lstrip().startswith("Usage:") and show is not None:
+            show()  # a bare group (`reval thesaurus`): its help, as click prints it
+            return 2
+        ctx = getattr(exc, "ctx", None)
+        where = f"{ctx.command_path}: " if ctx is not None else ""
+        err.print(f"[bold red]error:[/] {where}{message}", highlight=False, soft_wrap=True)
+        return exc.exit_code
+    except (typer.Abort, KeyboardInterrupt):
+        err.print("interrupted")
+        return 130
+    except OSError as exc:
+        if debug:
+            raise
+        err.print(f"[bold red]error:[/] {_os_error(exc)}", highlight=False, soft_wrap=True)
+        return 1
+    except Exception as exc:  # a bug: still one line, the traceback on request
+        if debug:
+            raise
+        err.print(
+            f"[bold red]error:[/] unexpected {type(exc).__name__}: {exc} "
+            "(REVAL_DEBUG=1 shows the traceback; please report it)",
+            highlight=False,
+            soft_wrap=True,
+        )
+        return 1
+    return code if isinstance(code, int) else 0
+
+
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(app())
+    sys.exit(main())

@@ -66,8 +66,7 @@ from stream.recommenders import (
 )
 from stream.records import Recommendation
 from stream.scoring import r_label, score_event
-from workers.adapters.encoder import Encoder
-from workers.adapters.feeds import read_tweets
+from workers.adapters.feeds import check_output_path, read_tweets
 from workers.adapters.store import AnnoyThesaurus, build_from_means, neighbour_cache
 from workers.adapters.word_vectors import train_word_vectors
 
@@ -118,6 +117,8 @@ def bertag_vectors(
     progress: ProgressFactory = no_progress,
 ) -> tuple[npt.NDArray[np.float32], str]:
     """Tweet embeddings of the cleaned texts with :class:`~workers.adapters.encoder.Encoder`."""
+    from workers.adapters.encoder import Encoder  # torch: seconds to import, after the checks
+
     encoder = Encoder(model, dtype=dtype, batch_size=batch_size)
     out = np.zeros((len(prepared), encoder.dim), dtype=np.float32)
     advance = progress(f"embedding ({Path(model).name or model})", len(prepared))
@@ -613,6 +614,38 @@ def compare(config: ExperimentConfig, runs: list[Run]) -> list[dict[str, Any]]:
 
 
 # --------------------------------------------------------------------------- outputs
+
+
+RESULT_FILES = frozenset(
+    {
+        "results.json",
+        "results.csv",
+        "recommendations.jsonl",
+        "synonyms.md",
+        "curves.png",
+        "timings.json",
+        "thesauri",
+    }
+)
+
+
+def check_results_dir(out: Path, *, replace: bool) -> None:
+    """Refuse to write results anywhere but a new or empty directory, or -- with
+    ``replace`` -- one holding only results of an earlier run (never the user's files)."""
+    if not out.exists() and not out.is_symlink():
+        check_output_path(out)
+        return
+    if not out.is_dir():
+        raise ValueError(f"{out} exists and is not a directory")
+    present = {p.name for p in out.iterdir()}
+    foreign = sorted(present - RESULT_FILES)
+    if foreign:
+        raise ValueError(
+            f"{out} holds files not written by reval evaluate ({', '.join(foreign[:3])}): "
+            "refusing to write there (choose a new directory)"
+        )
+    if present and not replace:
+        raise ValueError(f"{out} already holds results: pass --force to replace them")
 
 
 def write_outputs(experiment: Experiment, out_dir: str | Path, *, save_thesauri: bool = False) -> Path:

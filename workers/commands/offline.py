@@ -20,6 +20,10 @@ from workers.adapters.kafka_client import KafkaSink
 from workers.adapters.store import DEFAULT_DEPTH, AnnoyThesaurus, build_from_means
 
 
+class NothingToBuildError(ValueError):
+    """The feeds held no hashtag to index (a runtime failure, not a usage error)."""
+
+
 def build_thesaurus(
     paths: Sequence[str | Path],
     encoder: TextEncoder,
@@ -39,9 +43,17 @@ def build_thesaurus(
         means, min_count=min_count, model_id=encoder.model_id, n_trees=n_trees, method=method, depth=depth
     )
     if thesaurus is None:
-        raise ValueError(
-            f"no hashtag reached min_count={min_count} in {', '.join(map(str, paths))} "
-            f"(read {report.read} tweets, kept {report.kept}, dropped {dict(report.dropped)})"
+        bad = report.bad_lines
+        why = (
+            f"; all {bad.total} lines were bad ({', '.join(f'{n} {r}' for r, n in bad.by_reason.items())})"
+            if bad.total and not report.read
+            else f"; {bad.total} bad lines"
+            if bad.total
+            else ""
+        )
+        raise NothingToBuildError(
+            f"no hashtag reached min_count={min_count} in {', '.join(map(str, paths))}: read "
+            f"{report.read} tweets, kept {report.kept}, dropped {dict(report.dropped)}{why}"
         )
     report.hashtags_indexed = len(thesaurus)
     report.seconds = time.perf_counter() - started

@@ -15,6 +15,10 @@ from workers.service.app import DEFAULT_PORTS, ROLES, create_app
 from workers.settings import Settings
 
 
+class MetricsPortError(OSError):
+    """The /metrics endpoint could not listen (port taken, address not ours)."""
+
+
 class Worker(faust.Worker):
     """The Faust worker, told to stop waiting on Redis the moment shutdown begins."""
 
@@ -39,11 +43,17 @@ def run_worker(
         settings.broker.split(",")[0],
         settings.topics(),
         replication=settings.replication,
+        timeout=settings.startup_timeout_s,
         **settings.kafka_client_options(),
     )
     exporter = Exporter()
     port = settings.metrics_port or DEFAULT_PORTS[sorted(roles)[0]]
-    exporter.serve(port, settings.metrics_host)
+    try:
+        exporter.serve(port, settings.metrics_host)
+    except OSError as exc:
+        raise MetricsPortError(
+            f"cannot serve /metrics on {settings.metrics_host}:{port}: {exc.strerror or exc}"
+        ) from exc
     logging.getLogger("reval.workers").info("metrics on %s:%d/metrics", settings.metrics_host, port)
     app = create_app(settings, roles, exporter=exporter)
     Worker(app, loglevel=loglevel.upper()).execute_from_commandline()
