@@ -236,3 +236,39 @@ def test_help_is_plain_and_whole(place: Path) -> None:
         [REVAL, "thesaurus", "build", "--help"], env=env, capture_output=True, text=True
     ).stdout
     assert "network" in text and "minilm" in text  # says the default model needs the hub
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    ("flags", "culprit"),
+    [
+        (("--model", "/nowhere/bertweet"), "REVAL_MODEL"),  # the README's worker on an offline machine
+        (("--metrics-port", "{taken}"), "REVAL_METRICS_PORT"),
+    ],
+    ids=["model", "metrics-port"],
+)
+def test_worker_that_cannot_start_says_why_in_one_line(
+    flags: tuple[str, ...], culprit: str, broker: str, redis_url: str, redis_prefix: str, tmp_path: Path
+) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        argv = [REVAL, "worker", "embed", "--broker", broker, "--redis-url", redis_url]
+        argv += [f.replace("{taken}", port) for f in flags]
+        if "--metrics-port" not in flags:
+            argv += ["--metrics-port", "0"]
+        env = {
+            **os.environ,
+            "HF_HUB_OFFLINE": "1",
+            "REVAL_REDIS_PREFIX": redis_prefix,
+            "REVAL_METRICS_HOST": "127.0.0.1",
+        }
+        done = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    both = done.stdout + done.stderr
+    assert done.returncode == 1, both
+    assert "Traceback" not in both and "╭─" not in both, both
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and culprit in errors[0], done.stderr
