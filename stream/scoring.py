@@ -16,6 +16,7 @@ from typing import Any
 
 from stream.chance import ChanceModel, corrected
 from stream.metrics import ExactScores, Mean, exact_from_ranks, rank_matrix, reval_by_k
+from stream.rank import DCG, RankWeights, ranked_by_k
 from stream.records import Recommendation
 from stream.thesaurus import Thesaurus
 
@@ -122,6 +123,8 @@ class EventScore:
     exact: dict[str, ExactScores] = field(default_factory=dict)
     unknown_recommended: int = 0  # recommended hashtags the thesaurus lacks
     n_recommended: int = 0
+    #: Rank-aware #REval-hit-ratio (:mod:`stream.rank`, DCG weights unless asked otherwise).
+    ranked: dict[str, dict[int, float]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -137,6 +140,10 @@ class EventScore:
             "exact": {r: scores.as_dict() for r, scores in self.exact.items()},
             "unknown_recommended": self.unknown_recommended,
             "n_recommended": self.n_recommended,
+            # Added after the fields above; consumers that know only those keep working.
+            "reval_hit_ratio_ranked": {
+                r: {str(k): v for k, v in by_k.items()} for r, by_k in self.ranked.items()
+            },
         }
 
 
@@ -146,11 +153,13 @@ def score_event(
     cache: NeighbourCache,
     ks: Sequence[int] = DEFAULT_KS,
     rs: Sequence[int | None] = (ALL,),
+    weights: RankWeights = DCG,
 ) -> EventScore:
     """Score one event for every (r, k); ``truth`` is the event's or the joined tweet's.
 
     One |R| x |G| matrix of synonym ranks answers every (r, k): the top-r rows go
-    to :func:`stream.metrics.reval_by_k` (Eq. 4) and
+    to :func:`stream.metrics.reval_by_k` (Eq. 4),
+    :func:`stream.rank.ranked_by_k` (rank-aware, with ``weights``) and
     :func:`stream.metrics.exact_from_ranks`.
     """
     recommended = list(dict.fromkeys(event.recommended))
@@ -169,6 +178,7 @@ def score_event(
     reval: dict[str, dict[int, float]] = {}
     corrected_: dict[str, dict[int, float]] = {}
     exact: dict[str, ExactScores] = {}
+    ranked: dict[str, dict[int, float]] = {}
     for r in rs:
         rows = matrix[:r] if r is not None else matrix
         observed = reval_by_k(rows, len(truth), ks)
@@ -179,8 +189,16 @@ def score_event(
                 k: corrected(o, e) for k, o, e in zip(ks, observed, expected, strict=True)
             }
         exact[r_label(r)] = exact_from_ranks(rows, len(truth))
+        ranked[r_label(r)] = dict(zip(ks, ranked_by_k(rows, len(truth), ks, weights), strict=True))
     unknown = sum(1 for h in recommended if not cache.known(h))
-    return EventScore(**base, reval=reval, corrected=corrected_, exact=exact, unknown_recommended=unknown)  # type: ignore[arg-type]
+    return EventScore(
+        **base,  # type: ignore[arg-type]
+        reval=reval,
+        corrected=corrected_,
+        exact=exact,
+        unknown_recommended=unknown,
+        ranked=ranked,
+    )
 
 
 class Summary:
@@ -194,6 +212,7 @@ class Summary:
         self.unscorable = 0
         self.reval: dict[str, dict[int, Mean]] = {}
         self.corrected: dict[str, dict[int, Mean]] = {}
+        self.ranked: dict[str, dict[int, Mean]] = {}
         self.exact: dict[str, dict[str, Mean]] = {}
 
     def update(self, score: EventScore) -> None:
@@ -201,7 +220,11 @@ class Summary:
         if score.unscorable is not None:
             self.unscorable += 1
             return
-        for table, values in ((self.reval, score.reval), (self.corrected, score.corrected)):
+        for table, values in (
+            (self.reval, score.reval),
+            (self.corrected, score.corrected),
+            (self.ranked, score.ranked),
+        ):
             for r, by_k in values.items():
                 means = table.setdefault(r, {})
                 for k, value in by_k.items():
@@ -226,6 +249,9 @@ class Summary:
                     "reval_hit_ratio": mean.get(),
                     "reval_hit_ratio_corrected": (
                         self.corrected[label][k].get() if k in self.corrected.get(label, {}) else None
+                    ),
+                    "reval_hit_ratio_ranked": (
+                        self.ranked[label][k].get() if k in self.ranked.get(label, {}) else None
                     ),
                 }
                 for k, mean in sorted(self.reval.get(label, {}).items())

@@ -23,17 +23,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 import redis
 
-from stream.cleaning import Cleaner, Prepared
-from stream.means import HashtagMeans
 from stream.records import parse_tweet
-from workers.adapters.encoder import Encoder
+from tests.live import assert_means_equal, batch_means, counts_reach, means_of, plain_tweets
 from workers.adapters.feeds import sample_feed
 from workers.adapters.kafka_client import _admin, create_topics
-from workers.adapters.redis_means import RedisMeans
 from workers.adapters.store import TABLE_FILE, AnnoyThesaurus, ThesaurusStore
 from workers.dev.broker import find_free_port
 from workers.dev.stack import REVAL, Stack, keyed, tweet_lines, wait_for
@@ -127,40 +123,6 @@ def stack(broker: str, private_redis: RedisServer, tiny_bertweet: Path, tmp_path
     s.close()
     for worker in s.workers:
         assert worker.proc.poll() is not None, f"worker {worker.roles} still running"
-
-
-def batch_means(lines: list[str], model: Path) -> HashtagMeans:
-    cleaner = Cleaner()
-    prepared = [p for p in (cleaner(parse_tweet(line)) for line in lines) if isinstance(p, Prepared)]
-    encoder = Encoder(str(model), dtype="float32")
-    means = HashtagMeans(encoder.dim)
-    means.update_batch([p.hashtags for p in prepared], encoder.encode([p.text for p in prepared]))
-    return means
-
-
-def means_of(stack: Stack) -> dict[str, Any]:
-    return RedisMeans.from_url(stack.redis_url, prefix=stack.prefix).read_all()
-
-
-def assert_means_equal(stack: Stack, expected: HashtagMeans) -> None:
-    got = means_of(stack)
-    assert {t: s.count for t, s in got.items()} == {t: s.count for t, s in expected.states.items()}
-    for tag, state in expected.states.items():
-        np.testing.assert_allclose(got[tag].get(), state.get(), atol=1e-6, err_msg=tag)
-
-
-def counts_reach(stack: Stack, expected: HashtagMeans) -> bool:
-    try:
-        got = means_of(stack)
-    except redis.RedisError:
-        return False
-    return {t: s.count for t, s in got.items()} == {t: s.count for t, s in expected.states.items()}
-
-
-def plain_tweets(n: int, start: int = 0) -> list[str]:
-    # Retweets left out: which of a tweet and its retweet is "first" differs between
-    # partitions processed in parallel; these tests are about faults.
-    return [line for line in tweet_lines(sample_feed(), n, start=start) if '"text": "RT @' not in line]
 
 
 def letters(stack: Stack) -> list[dict[str, Any]]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import itertools
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -103,9 +104,14 @@ def test_score_json_contract(tmp_path: Path) -> None:
     payload = json.loads(result.stdout)
     assert payload["events"] == 3 and payload["unscorable"] == 1
     # A JSON thesaurus has no popularity to weigh a null recommender by: no chance correction.
+    # Rank-aware (DCG): event 1's one hit is sport at synonym rank 3, w_syn(3) = 1/log2(5).
     assert payload["by_k"] == {
-        "0": {"reval_hit_ratio": 0.5, "reval_hit_ratio_corrected": None},
-        "3": {"reval_hit_ratio": 1.0, "reval_hit_ratio_corrected": None},
+        "0": {"reval_hit_ratio": 0.5, "reval_hit_ratio_corrected": None, "reval_hit_ratio_ranked": 0.5},
+        "3": {
+            "reval_hit_ratio": 1.0,
+            "reval_hit_ratio_corrected": None,
+            "reval_hit_ratio_ranked": pytest.approx((1 / math.log2(5) + 1.0) / 2),
+        },
     }
     assert payload["exact"] == {
         "hit_rate": 0.5,
@@ -118,6 +124,7 @@ def test_score_json_contract(tmp_path: Path) -> None:
     per_event = [json.loads(line) for line in events.read_text().splitlines()]
     assert [e["scorable"] for e in per_event] == [True, True, False]
     assert per_event[0]["reval_hit_ratio"]["all"] == {"0": 0.0, "3": 1.0}
+    assert per_event[0]["reval_hit_ratio_ranked"]["all"] == {"0": 0.0, "3": pytest.approx(1 / math.log2(5))}
 
     table = runner.invoke(
         app, ["score", str(recs), "--thesaurus", str(thesaurus), "-k", "0,3", "-r", "1,all"]

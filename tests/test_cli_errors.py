@@ -206,21 +206,8 @@ def test_bad_input_gives_one_clear_line(case: Case, results: dict[str, Ran]) -> 
     errors = [line for line in ran.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1, ran.stderr  # exactly one error line, not wrapped over several
     assert case.culprit in errors[0], errors[0]
-
-
-def test_usage_errors_come_before_the_model_loads(place: Path) -> None:
-    """A bad --out is refused at once, not after minutes of embedding."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    done = subprocess.run(
-        [REVAL, "thesaurus", "build", "feed.jsonl", "--model", "model", "--out", "notes.txt/t"],
-        cwd=place,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 2
-    assert "encoder:" not in done.stderr and "embedding" not in done.stderr, done.stderr
+    if case.code == 2:  # a usage error is found before any model loads, not minutes later
+        assert "encoder:" not in ran.stderr and "embedding" not in ran.stderr, ran.stderr
 
 
 def test_help_is_plain_and_whole(place: Path) -> None:

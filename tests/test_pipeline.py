@@ -8,14 +8,11 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from stream.cleaning import Cleaner, Prepared
-from stream.means import HashtagMeans
 from stream.records import parse_recommendation, parse_tweet
 from stream.scoring import NeighbourCache, score_event
-from workers.adapters.encoder import Encoder
+from tests.live import assert_means_equal, batch_means, counts_reach, plain_tweets
 from workers.adapters.feeds import sample_feed
 from workers.adapters.redis_means import RedisMeans
 from workers.adapters.store import ThesaurusStore
@@ -29,30 +26,6 @@ def stack(broker: str, redis_url: str, tiny_bertweet: Path, tmp_path: Path) -> I
     s = Stack(broker, redis_url, tiny_bertweet, tmp_path)
     yield s
     s.close()
-
-
-def batch_means(lines: list[str], model: Path) -> HashtagMeans:
-    """The batch definition: the same core steps over the same tweets, in one go."""
-    cleaner = Cleaner()
-    prepared = [p for p in (cleaner(parse_tweet(line)) for line in lines) if isinstance(p, Prepared)]
-    encoder = Encoder(str(model), dtype="float32")
-    means = HashtagMeans(encoder.dim)
-    means.update_batch([p.hashtags for p in prepared], encoder.encode([p.text for p in prepared]))
-    return means
-
-
-def assert_same_state(stack: Stack, expected: HashtagMeans) -> None:
-    store = RedisMeans.from_url(stack.redis_url, prefix=stack.prefix)
-    got = store.read_all()
-    assert set(got) == set(expected.states)
-    for tag, state in expected.states.items():
-        assert got[tag].count == state.count, tag
-        np.testing.assert_allclose(got[tag].get(), state.get(), atol=1e-6, err_msg=tag)
-
-
-def counts_match(stack: Stack, expected: HashtagMeans) -> bool:
-    got = RedisMeans.from_url(stack.redis_url, prefix=stack.prefix).read_all()
-    return {t: s.count for t, s in got.items()} == {t: s.count for t, s in expected.states.items()}
 
 
 def test_end_to_end_scores_equal_offline_and_metrics(stack: Stack) -> None:
@@ -149,9 +122,7 @@ def test_end_to_end_scores_equal_offline_and_metrics(stack: Stack) -> None:
 
 
 def test_kill_9_mid_stream_loses_nothing_and_counts_nothing_twice(stack: Stack) -> None:
-    # Retweets left out: which of a tweet and its retweet is "first" differs between
-    # partitions processed in parallel, and this test is about redelivery.
-    lines = [line for line in tweet_lines(sample_feed(), 6000) if '"text": "RT @' not in line]
+    lines = plain_tweets(6000)
     expected = batch_means(lines, stack.model)
     embed = stack.start("embed")
     stack.wait_ready(embed)
@@ -163,8 +134,8 @@ def test_kill_9_mid_stream_loses_nothing_and_counts_nothing_twice(stack: Stack) 
 
     restarted = stack.start("embed")
     stack.wait_ready(restarted, timeout=150)
-    wait_for("all tweets applied", lambda: counts_match(stack, expected), 180, 1.0)
-    assert_same_state(stack, expected)
+    wait_for("all tweets applied", lambda: counts_reach(stack, expected), 180, 1.0)
+    assert_means_equal(stack, expected)
     # the restart did see redelivered records and skipped them
     assert restarted.metric("reval_hashtag_updates_total", outcome="duplicate") >= 0
 
@@ -172,7 +143,7 @@ def test_kill_9_mid_stream_loses_nothing_and_counts_nothing_twice(stack: Stack) 
 def test_bad_input_is_dead_lettered_and_neighbours_survive(stack: Stack) -> None:
     embed, score = stack.start("embed"), stack.start("score")
     stack.wait_ready(embed, score)
-    good = [line for line in tweet_lines(sample_feed(), 300) if '"text": "RT @' not in line]
+    good = plain_tweets(300)
     bad_tweets: list[tuple[bytes | None, bytes]] = [
         (b"b1", b"{not json"),
         (b"b2", json.dumps({"text": "no id #x"}).encode()),
@@ -215,8 +186,8 @@ def test_bad_input_is_dead_lettered_and_neighbours_survive(stack: Stack) -> None
     stack.send("recommendations", recs)
 
     expected = batch_means([*good, json.dumps(extra)], stack.model)
-    wait_for("good tweets applied", lambda: counts_match(stack, expected), 120, 1.0)
-    assert_same_state(stack, expected)
+    wait_for("good tweets applied", lambda: counts_reach(stack, expected), 120, 1.0)
+    assert_means_equal(stack, expected)
 
     try:
         dead = wait_for(

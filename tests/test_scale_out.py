@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from stream.records import parse_tweet
-from tests.test_chaos import assert_means_equal, batch_means, counts_reach, plain_tweets
+from tests.live import assert_means_equal, batch_means, counts_reach, plain_tweets
 from workers.adapters.feeds import sample_feed
 from workers.adapters.store import ThesaurusStore
 from workers.dev.stack import Stack, keyed, tweet_lines, wait_for

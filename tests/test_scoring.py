@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import math
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -58,9 +60,16 @@ def test_summary_means_and_unknown_hashtags() -> None:
     scores = [score_event(e, e.ground_truth or (), cache, ks=(0, 3)) for e in events]
     assert scores[1].unknown_recommended == 1 and scores[0].unknown_recommended == 0
     got = Summary().update_many(scores).get()
+    # Rank-aware (DCG): event 1 has hockey at rank 1 with sport at synonym rank 3, so
+    # w_syn(3) / (w_rec(1) + w_rec(2)); event 2 is an exact hit at rank 1 (1.0).
+    ranked_1 = (1 / math.log2(5)) / (1 + 1 / math.log2(3))
     assert got["by_k"] == {  # a JSON thesaurus: no null model, no chance correction
-        "0": {"reval_hit_ratio": 0.5, "reval_hit_ratio_corrected": None},
-        "3": {"reval_hit_ratio": 0.75, "reval_hit_ratio_corrected": None},
+        "0": {"reval_hit_ratio": 0.5, "reval_hit_ratio_corrected": None, "reval_hit_ratio_ranked": 0.5},
+        "3": {
+            "reval_hit_ratio": 0.75,
+            "reval_hit_ratio_corrected": None,
+            "reval_hit_ratio_ranked": pytest.approx((ranked_1 + 1.0) / 2),
+        },
     }
     assert got["exact"]["hit_rate"] == 0.5
 

@@ -8,6 +8,9 @@ Quality metrics are exported two ways:
 * ``reval_hit_ratio_rolling`` per (recommender, k, r, window): means over the
   last window of *event* time, so a replay at 100x shows what a live run would.
 
+The rank-aware #REval-hit-ratio (:mod:`stream.rank`) has the same two shapes,
+``reval_hit_ratio_ranked`` and ``reval_hit_ratio_ranked_rolling``.
+
 Label values are bounded: recommender names outside the allow-list (or beyond
 the cap when there is no list) become ``other``, so a hostile stream cannot grow
 /metrics without limit.
@@ -15,6 +18,7 @@ the cap when there is no list) become ``other``, so a hostile stream cannot grow
 
 from __future__ import annotations
 
+import math
 import re
 import threading
 import time
@@ -33,6 +37,7 @@ from prometheus_client import (
 )
 from prometheus_client.core import GaugeMetricFamily, Metric, SummaryMetricFamily
 
+from stream.drift import QUANTILES, ThesaurusDrift
 from stream.metrics import ExactScores
 from stream.scoring import EventScore, r_label
 from stream.windows import RollingMean
@@ -199,6 +204,25 @@ class Exporter:
             "Share of hashtags whose 10 nearest hold one of the 10 largest hubs",
             registry=r,
         )
+        # Meaning drift from the previous version to the current one (stream.drift): summary
+        # quantiles only, never a label per hashtag (the movers go to the log).
+        self.thesaurus_shift = Gauge(
+            "reval_thesaurus_shift",
+            "Quantile of 1 - cosine between a hashtag's vectors in the previous and the current version",
+            ["quantile"],
+            registry=r,
+        )
+        self.thesaurus_top10_changed_share = Gauge(
+            "reval_thesaurus_top10_changed_share",
+            "Share of hashtags whose top-10 neighbours changed by more than half since the previous version",
+            registry=r,
+        )
+        self.thesaurus_drift_compared = Gauge(
+            "reval_thesaurus_drift_compared",
+            "Hashtags in both the previous and the current version (what the drift gauges cover)",
+            registry=r,
+        )
+        self.set_thesaurus_drift(None)
         self.thesaurus_rejected = Counter(
             "reval_thesaurus_versions_rejected",
             "Thesaurus versions refused (damaged files, unreadable): the last good one stays in use",
@@ -229,6 +253,17 @@ class Exporter:
         """When the current thesaurus was built (epoch seconds); the age gauge follows it."""
         self._built_at = timestamp
         self.index_built.set(timestamp)
+
+    def set_thesaurus_drift(self, drift: ThesaurusDrift | None) -> None:
+        """The drift gauges of the current version; NaN where there is no drift to report
+        (a first version, or a previous one of another model), so a panel shows a gap, not 0."""
+        quantiles = drift.shift_quantiles if drift is not None else None
+        for key, q in QUANTILES:
+            value = getattr(quantiles, key) if quantiles is not None else math.nan
+            self.thesaurus_shift.labels(quantile=str(q)).set(value)
+        share = drift.share_top10_changed_over_half if drift is not None else None
+        self.thesaurus_top10_changed_share.set(math.nan if share is None else share)
+        self.thesaurus_drift_compared.set(math.nan if drift is None else drift.compared)
 
     def _index_age(self) -> float:
         return time.time() - self._built_at if self._built_at else float("nan")
@@ -298,8 +333,9 @@ class QualityMetrics:
         self.windows = list(windows)
         self.guard = guard
         self.window_label = window_label
-        # main layout: for each r, the k values then the exact metrics; corrected: k values per r
-        self.width = len(self.rs) * (len(self.ks) + len(ExactScores.NAMES))
+        # main layout: for each r, the k values, the exact metrics, then the rank-aware k values
+        # (every scorable event has all three); corrected: k values per r
+        self.width = len(self.rs) * (2 * len(self.ks) + len(ExactScores.NAMES))
         self._main: dict[str, _Accumulator] = {}
         self._corrected: dict[str, _Accumulator] = {}
         self._lock = threading.Lock()  # observe runs in the scorer thread, collect in the HTTP one
@@ -315,7 +351,8 @@ class QualityMetrics:
         self.x.unknown.labels(name).inc(score.unknown_recommended)
         values = np.fromiter(
             chain.from_iterable(
-                chain(score.reval[r].values(), score.exact[r].as_dict().values()) for r in self.rs
+                chain(score.reval[r].values(), score.exact[r].as_dict().values(), score.ranked[r].values())
+                for r in self.rs
             ),
             dtype=np.float64,
             count=self.width,
@@ -376,6 +413,16 @@ class QualityMetrics:
             "#REval-hit-ratio mean over a window of event time",
             labels=["recommender", "k", "r", "window"],
         )
+        ranked = SummaryMetricFamily(
+            "reval_hit_ratio_ranked",
+            "Rank-aware #REval-hit-ratio of scored events (hit credit decays with both ranks)",
+            labels=["recommender", "k", "r"],
+        )
+        ranked_rolling = GaugeMetricFamily(
+            "reval_hit_ratio_ranked_rolling",
+            "Rank-aware #REval-hit-ratio mean over a window of event time",
+            labels=["recommender", "k", "r", "window"],
+        )
         reval_corrected = GaugeMetricFamily(
             "reval_hit_ratio_corrected_rolling",
             "Chance-corrected #REval-hit-ratio mean over a window of event time",
@@ -409,6 +456,12 @@ class QualityMetrics:
                         if window is not None:
                             exact.add_metric([name, metric, r, label], float(window[i]))
                     i += 1
+                for k in self.ks:
+                    ranked.add_metric([name, k, r], count_value=count, sum_value=float(total[i]))
+                    for label, window in zip(labels, means, strict=True):
+                        if window is not None:
+                            ranked_rolling.add_metric([name, k, r, label], float(window[i]))
+                    i += 1
         for name, (count, total, means, _) in corrected.items():
             i = 0
             for r in self.rs:
@@ -420,4 +473,14 @@ class QualityMetrics:
                         if window is not None:
                             reval_corrected.add_metric([name, k, r, label], float(window[i]))
                     i += 1
-        yield from (hit_ratio, hit_corrected, exact_match, reval, reval_corrected, exact, in_window)
+        yield from (
+            hit_ratio,
+            hit_corrected,
+            exact_match,
+            ranked,
+            reval,
+            reval_corrected,
+            exact,
+            ranked_rolling,
+            in_window,
+        )

@@ -32,6 +32,7 @@ import numpy.typing as npt
 from annoy import AnnoyIndex
 
 from stream.chance import ChanceModel
+from stream.drift import DEFAULT_MIN_SUPPORT, DEFAULT_TOP, TOP_NEIGHBOURS, Snapshot, ThesaurusDrift, compare
 from stream.hubness import DEFAULT_METHOD, candidate_count, centred, scores
 from stream.means import HashtagMeans
 from stream.scoring import NeighbourCache
@@ -661,6 +662,16 @@ class AnnoyThesaurus(BaseThesaurus):
     def neighbours(self, hashtag: str, k: int) -> list[str]:
         return [name for name, _ in self.neighbours_with_distances(hashtag, k)]
 
+    def vectors(self) -> npt.NDArray[np.float32]:
+        """The vectors the Annoy index holds, row i = hashtag i: the unit embeddings, for
+        ``center`` hubness methods centred on this version's mean and scaled to unit length."""
+        if self._index is None:
+            raise ValueError("this thesaurus was loaded without its index: it has no vectors")
+        out = np.empty((len(self.table), self.table.metadata.dimension), dtype=np.float32)
+        for i in range(len(self.table)):
+            out[i] = self._index.get_item_vector(i)
+        return out
+
     def close(self) -> None:
         """Release the memory map; the index is unusable afterwards."""
         if self._index is not None:
@@ -737,6 +748,41 @@ def build_from_means(
         depth=depth,
         n_trees=n_trees,
         seed=seed,
+    )
+
+
+def thesaurus_drift(
+    old: AnnoyThesaurus,
+    new: AnnoyThesaurus,
+    *,
+    min_support: int = DEFAULT_MIN_SUPPORT,
+    top: int = DEFAULT_TOP,
+) -> ThesaurusDrift:
+    """Which hashtags' meaning moved from ``old`` to ``new`` (:func:`stream.drift.compare`).
+
+    The vectors are those the indexes hold: for ``center`` hubness methods each version is
+    centred on its own mean, so a move of the whole vocabulary's mean shifts every hashtag a
+    little (the quantiles show it; the movers, ranked against each other, stand out from
+    it).  The support is the table's counts (1 for every hashtag of a thesaurus built
+    without counts).  Both top-10 lists are cut to the shallower table's depth, so a change
+    of depth is not taken for a change of meaning.  Versions of different models,
+    dimensions or hubness methods are refused (:class:`stream.drift.IncomparableVersionsError`).
+    """
+    depth = min(TOP_NEIGHBOURS, old.depth, new.depth)
+    return compare(_snapshot(old, depth), _snapshot(new, depth), min_support=min_support, top=top)
+
+
+def _snapshot(thesaurus: AnnoyThesaurus, depth: int) -> Snapshot:
+    table = thesaurus.table
+    names = table.hashtags
+    neighbours = [[names[j] for j in row if j >= 0] for row in table.neighbour_ids[:, :depth].tolist()]
+    return Snapshot(
+        names,
+        thesaurus.vectors(),
+        neighbours,
+        counts=table.counts,
+        model_id=table.metadata.model_id,
+        space=table.metadata.hubness_method,
     )
 
 

@@ -227,6 +227,26 @@ def thesaurus_inspect(
     _print_hubness(meta.get("hubness") or {}, th.metadata.hubness_method)
 
 
+@thesaurus_app.command("diff")
+def thesaurus_diff_cmd(
+    old: Annotated[Path, typer.Argument(metavar="OLD", help="The earlier thesaurus (directory or store)")],
+    new: Annotated[Path, typer.Argument(metavar="NEW", help="The later thesaurus (directory or store)")],
+    top: Annotated[int, typer.Option(help="Movers to list", min=0)] = 20,
+    min_support: Annotated[
+        int, typer.Option(help="Only hashtags with at least this many tweets in both", min=0)
+    ] = 5,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object")] = False,
+) -> None:
+    """Which hashtags' meaning moved between two versions: the cosine between each
+    hashtag's mean then and now, the overlap of its top-10 neighbours, the movers."""
+    from workers.commands.drift import thesaurus_diff
+
+    try:
+        thesaurus_diff(old, new, as_json, top, min_support)
+    except ValueError as exc:
+        raise fail(str(exc)) from None
+
+
 def _load(thesaurus: str) -> Any:
     try:
         return load_thesaurus(thesaurus)
@@ -350,14 +370,18 @@ def _print_scores(payload: dict[str, Any], ks: list[int], rs: list[int | None], 
         f"events {payload['events']}  unscorable {payload['unscorable']}  "
         f"thesaurus {payload['thesaurus_version']}"
     )
-    table = Table(title="average #REval-hit-ratio")
-    table.add_column("r")
-    for k in ks:
-        table.add_column(f"k={k}", justify="right")
-    for r in rs:
-        by_k = summary.get(r)["by_k"]
-        table.add_row(r_label(r), *(_fmt(by_k.get(str(k), {}).get("reval_hit_ratio")) for k in ks))
-    out.print(table)
+    for field, title in (
+        ("reval_hit_ratio", "average #REval-hit-ratio"),
+        ("reval_hit_ratio_ranked", "rank-aware #REval-hit-ratio"),
+    ):
+        table = Table(title=title)
+        table.add_column("r")
+        for k in ks:
+            table.add_column(f"k={k}", justify="right")
+        for r in rs:
+            by_k = summary.get(r)["by_k"]
+            table.add_row(r_label(r), *(_fmt(by_k.get(str(k), {}).get(field)) for k in ks))
+        out.print(table)
     exact = Table(title="exact match")
     exact.add_column("r")
     names = ["hit_rate", "precision", "recall", "f1", "hit_ratio"]

@@ -16,7 +16,8 @@ confidence intervals, on any feed.
    tweets, with each hubness method (:mod:`stream.hubness`), through the one builder
    the CLI and the index job use (:func:`workers.adapters.store.build_from_means`).
 4. Score every event with :func:`stream.scoring.score_event` -- the code path of ``reval
-   score`` and the scoring worker -- raw and chance-corrected, for every (r, k).
+   score`` and the scoring worker -- raw, chance-corrected and rank-aware
+   (:mod:`stream.rank`; mean only, column ``reval_hit_ratio_ranked``), for every (r, k).
 5. Means with percentile-bootstrap 95% intervals (events resampled; pooled seeds
    resampled within each seed), and paired differences between recommenders and
    between embeddings on the same resamples.
@@ -140,6 +141,7 @@ class Scored:
     raw: npt.NDArray[np.float64]
     corrected: npt.NDArray[np.float64]
     exact_hit_ratio: npt.NDArray[np.float64]  # events x r
+    ranked: npt.NDArray[np.float64]  # events x (r, k), rank-aware #REval (stream.rank)
 
 
 @dataclass
@@ -263,6 +265,7 @@ def score_run(config: ExperimentConfig, run: Run, progress: ProgressFactory) -> 
         for name, lists in run.recommended.items():
             raw = np.full((len(run.test), len(rs) * len(ks)), np.nan)
             corrected = np.full_like(raw, np.nan)
+            ranked = np.full_like(raw, np.nan)
             exact = np.full((len(run.test), len(rs)), np.nan)
             for i, (p, recs) in enumerate(zip(run.test, lists, strict=True)):
                 event = Recommendation(p.tweet.id, tuple(recs), truths[i], name, p.tweet.created_at)
@@ -273,8 +276,9 @@ def score_run(config: ExperimentConfig, run: Run, progress: ProgressFactory) -> 
                     label = r_label(r)
                     raw[i, j * len(ks) : (j + 1) * len(ks)] = [score.reval[label][k] for k in ks]
                     corrected[i, j * len(ks) : (j + 1) * len(ks)] = [score.corrected[label][k] for k in ks]
+                    ranked[i, j * len(ks) : (j + 1) * len(ks)] = [score.ranked[label][k] for k in ks]
                     exact[i, j] = score.exact[label].hit_ratio
-            run.scored[variant, method, name] = Scored(raw, corrected, exact)
+            run.scored[variant, method, name] = Scored(raw, corrected, exact, ranked)
             advance(1)
 
 
@@ -511,6 +515,7 @@ def _stack(runs: list[Run], key: tuple[str, str, str]) -> tuple[Scored, npt.NDAr
         np.vstack([p.raw for p in parts]),
         np.vstack([p.corrected for p in parts]),
         np.vstack([p.exact_hit_ratio for p in parts]),
+        np.vstack([p.ranked for p in parts]),
     ), strata
 
 
@@ -527,6 +532,7 @@ def summarise(config: ExperimentConfig, runs: list[Run]) -> list[dict[str, Any]]
             raw = bootstrap_means(scored.raw, counts)
             corrected = bootstrap_means(scored.corrected, counts)
             exact = bootstrap_means(scored.exact_hit_ratio, counts)
+            ranked = bootstrap_means(scored.ranked, counts)
             variant, method, name = key
             for j, r in enumerate(rs):
                 for i, k in enumerate(ks):
@@ -547,6 +553,7 @@ def summarise(config: ExperimentConfig, runs: list[Run]) -> list[dict[str, Any]]
                             "corrected_ci_low": c.low,
                             "corrected_ci_high": c.high,
                             "exact_hit_ratio": exact[j].mean,
+                            "reval_hit_ratio_ranked": ranked[j * len(ks) + i].mean,
                             "events": e.events,
                             "unscorable": e.unscorable,
                         }
@@ -670,6 +677,7 @@ def write_outputs(experiment: Experiment, out_dir: str | Path, *, save_thesauri:
         "corrected_ci_low",
         "corrected_ci_high",
         "exact_hit_ratio",
+        "reval_hit_ratio_ranked",
         "events",
         "unscorable",
     ]

@@ -16,11 +16,20 @@ from stream.thesaurus import Thesaurus
 from workers.adapters.exporter import Exporter
 from workers.adapters.redis_client import with_retry
 from workers.adapters.redis_means import RedisMeans
-from workers.adapters.store import ThesaurusStore, build_from_means, version_number
+from workers.adapters.store import (
+    AnnoyThesaurus,
+    ThesaurusStore,
+    build_from_means,
+    thesaurus_drift,
+    version_number,
+)
 from workers.service.runtime import Runtime
 from workers.settings import Settings
 
 log = logging.getLogger("reval.workers")
+
+#: Movers named in the log line of each new version (the gauges carry no hashtag).
+DRIFT_LOGGED = 5
 
 
 class Indexer:
@@ -56,10 +65,50 @@ class Indexer:
         )
         if thesaurus is None:
             return None
-        version = self.store.publish(thesaurus)
-        self._publish_gauges(thesaurus, version, time.perf_counter() - started)
-        log.info("index %s: %d hashtags (%d changed)", version, len(thesaurus), changed)
+        # Opened before publishing: with keep=1 the publish prunes the previous version.
+        previous = self._current()
+        try:
+            version = self.store.publish(thesaurus)
+            self._publish_gauges(thesaurus, version, time.perf_counter() - started)
+            log.info("index %s: %d hashtags (%d changed)", version, len(thesaurus), changed)
+            self._publish_drift(previous, thesaurus, version)
+        finally:
+            if previous is not None:
+                previous.close()
         return version
+
+    def _current(self) -> AnnoyThesaurus | None:
+        """The version now current, for the drift of the next one; None when there is none
+        or it cannot be read (then there is simply no drift to report)."""
+        try:
+            return self.store.load_current()
+        except (OSError, ValueError) as exc:
+            log.warning("index: previous version unreadable, no drift reported (%s)", exc)
+            return None
+
+    def _publish_drift(
+        self, previous: AnnoyThesaurus | None, thesaurus: AnnoyThesaurus, version: str
+    ) -> None:
+        """Which hashtags' meaning moved since the previous version: gauges and a log line.
+        Never fails the build: the version is already published."""
+        drift = None
+        if previous is not None:
+            try:
+                drift = thesaurus_drift(previous, thesaurus, top=DRIFT_LOGGED)
+            except ValueError as exc:  # another model or hubness method: cosines are meaningless
+                log.info("index %s: no drift against the previous version (%s)", version, exc)
+        self.x.set_thesaurus_drift(drift)
+        if drift is not None and drift.shift_quantiles is not None:
+            log.info(
+                "index %s drift: %d hashtags compared, 1-cos p50 %.4f p99 %.4f, top-10 changed by more "
+                "than half %.1f%%; moved most: %s",
+                version,
+                drift.compared,
+                drift.shift_quantiles.p50,
+                drift.shift_quantiles.p99,
+                100.0 * (drift.share_top10_changed_over_half or 0.0),
+                ", ".join(f"#{m.hashtag} ({m.cosine:.2f})" for m in drift.movers) or "none",
+            )
 
     def _publish_gauges(self, thesaurus: Thesaurus, version: str, seconds: float | None) -> None:
         self.x.index_version.set(version_number(version))

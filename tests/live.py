@@ -1,0 +1,54 @@
+"""What the live-path tests check against: the batch recomputation of the running means,
+and the state the workers left in Redis (shared by the pipeline, chaos and scale-out tests)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import redis
+
+from stream.cleaning import Cleaner, Prepared
+from stream.means import HashtagMeans
+from stream.records import parse_tweet
+from workers.adapters.encoder import Encoder
+from workers.adapters.feeds import sample_feed
+from workers.adapters.redis_means import RedisMeans
+from workers.dev.stack import Stack, tweet_lines
+
+
+def batch_means(lines: list[str], model: Path) -> HashtagMeans:
+    """The batch definition: the same core steps over the same tweets, in one go."""
+    cleaner = Cleaner()
+    prepared = [p for p in (cleaner(parse_tweet(line)) for line in lines) if isinstance(p, Prepared)]
+    encoder = Encoder(str(model), dtype="float32")
+    means = HashtagMeans(encoder.dim)
+    means.update_batch([p.hashtags for p in prepared], encoder.encode([p.text for p in prepared]))
+    return means
+
+
+def means_of(stack: Stack) -> dict[str, Any]:
+    return RedisMeans.from_url(stack.redis_url, prefix=stack.prefix).read_all()
+
+
+def assert_means_equal(stack: Stack, expected: HashtagMeans) -> None:
+    """Exactly the batch recomputation: the same hashtags, counts, and means to 1e-6."""
+    got = means_of(stack)
+    assert {t: s.count for t, s in got.items()} == {t: s.count for t, s in expected.states.items()}
+    for tag, state in expected.states.items():
+        np.testing.assert_allclose(got[tag].get(), state.get(), atol=1e-6, err_msg=tag)
+
+
+def counts_reach(stack: Stack, expected: HashtagMeans) -> bool:
+    try:
+        got = means_of(stack)
+    except redis.RedisError:  # the chaos tests stop Redis on purpose
+        return False
+    return {t: s.count for t, s in got.items()} == {t: s.count for t, s in expected.states.items()}
+
+
+def plain_tweets(n: int, start: int = 0) -> list[str]:
+    """Sample tweets without retweets: which of a tweet and its retweet is "first" differs
+    between partitions processed in parallel; these tests are about redelivery and faults."""
+    return [line for line in tweet_lines(sample_feed(), n, start=start) if '"text": "RT @' not in line]
