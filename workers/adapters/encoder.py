@@ -45,6 +45,7 @@ from transformers import (
 )
 
 from stream.batch import ModelLoadError
+from workers.adapters.bertweet_tokenizer import FastBertweetTokenizer
 from workers.adapters.cpu_fast import (
     CALIBRATION_TEXTS,
     cpu_supports_bf16,
@@ -124,7 +125,7 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return torch.float32
 
 
-def _is_bertweet(name: str, config: Any) -> bool:
+def is_bertweet(name: str, config: Any) -> bool:
     """BERTweet checkpoints are plain RoBERTa; the tokenizer class gives them away."""
     if "bertweet" in name.lower():
         return True
@@ -133,7 +134,7 @@ def _is_bertweet(name: str, config: Any) -> bool:
     return getattr(config, "model_type", "") == "bertweet"
 
 
-def _load_tokenizer(path: str, *, bertweet_hint: bool, **load_kw: Any) -> PreTrainedTokenizerBase:
+def load_hf_tokenizer(path: str, *, bertweet_hint: bool, **load_kw: Any) -> PreTrainedTokenizerBase:
     """AutoTokenizer, with ``normalization=True`` for BERTweet tokenizers and only for them."""
     kw = dict(load_kw, normalization=True) if bertweet_hint else dict(load_kw)
     tok = AutoTokenizer.from_pretrained(path, **kw)
@@ -145,7 +146,7 @@ def _load_tokenizer(path: str, *, bertweet_hint: bool, **load_kw: Any) -> PreTra
     return tok
 
 
-def _max_tokens(tokenizer: PreTrainedTokenizerBase, config: Any) -> int:
+def max_tokens(tokenizer: PreTrainedTokenizerBase, config: Any) -> int:
     """Longest input the model takes: the tokenizer's limit and the position table's."""
     limits = []
     if 0 < tokenizer.model_max_length < 100_000:  # "no limit" is a huge sentinel
@@ -182,6 +183,11 @@ class Encoder:
     :class:`Int8Linear`; :attr:`dtype` is then ``torch.int8``. Pooling and
     normalisation are always computed in float32.
 
+    BERTweet tokenizers are run by :class:`FastBertweetTokenizer` (identical
+    ids; ~4.5x faster on new text, ~10x once its caches are warm);
+    ``slow_tokenizer=True`` keeps transformers' own.
+    :attr:`tokenizer` is transformers' tokenizer either way.
+
     Not thread-safe; use one Encoder per worker thread.
     """
 
@@ -194,6 +200,7 @@ class Encoder:
         pooling: Pooling = "mean",
         max_length: int = 128,
         batch_size: int = 32,
+        slow_tokenizer: bool = False,
     ) -> None:
         if pooling not in ("mean", "cls"):
             raise ValueError(f"pooling must be 'mean' or 'cls', got {pooling!r}")
@@ -215,8 +222,8 @@ class Encoder:
 
         try:  # transformers explains a missing model in paragraphs; callers get one line
             config = AutoConfig.from_pretrained(self._path, **load_kw)
-            self.tokenizer: PreTrainedTokenizerBase = _load_tokenizer(
-                self._path, bertweet_hint=_is_bertweet(model, config), **load_kw
+            self.tokenizer: PreTrainedTokenizerBase = load_hf_tokenizer(
+                self._path, bertweet_hint=is_bertweet(model, config), **load_kw
             )
             model_kw: dict[str, Any] = dict(load_kw)
             archs = getattr(config, "architectures", None) or []
@@ -233,10 +240,18 @@ class Encoder:
         self.model: torch.nn.Module = net.to(device=self._device, dtype=weights_dtype).eval()
 
         # Never exceed what the tokenizer or the position table allows.
-        self.max_length = min(max_length, _max_tokens(self.tokenizer, config))
+        self.max_length = min(max_length, max_tokens(self.tokenizer, config))
         if self.tokenizer.pad_token_id is None:
             raise ValueError(f"tokenizer of {model!r} has no pad token")
         self._pad_id: int = int(self.tokenizer.pad_token_id)
+        # Same ids as self.tokenizer, without its pure-Python cost (workers.adapters.bertweet_tokenizer).
+        self._fast: FastBertweetTokenizer | None = None
+        if (
+            isinstance(self.tokenizer, BertweetTokenizer)
+            and self.tokenizer.normalization
+            and not slow_tokenizer
+        ):
+            self._fast = FastBertweetTokenizer(self.tokenizer)
         self._dim = int(config.hidden_size)
         if int8:
             self._quantize_int8()
@@ -288,6 +303,8 @@ class Encoder:
             raise TypeError("texts must be a sequence of strings, not a single string")
         if not texts:
             return []
+        if self._fast is not None:
+            return self._fast.encode_batch(texts, self.max_length)
         out = self.tokenizer(
             list(texts), truncation=True, max_length=self.max_length, add_special_tokens=True
         )

@@ -486,6 +486,24 @@ def accept_topic(
     out.print(f"topic {topic}: incarnation {current} accepted (was {was or 'none'})")
 
 
+@app.command("tokenize")
+def tokenize_cmd(
+    model: Annotated[str, typer.Option(help="Model directory (or hub id, or 'minilm')")],
+    slow: Annotated[
+        bool,
+        typer.Option("--slow", help="transformers' own tokenizer (the reference) instead of the fast one"),
+    ] = False,
+) -> None:
+    """Texts on stdin, one per line -> one JSON array of token ids per line on stdout
+    (with <s>/</s>, no padding, truncated at the model's maximum), as the encoder sees them."""
+    from workers.commands.tokenize import tokenize_stream
+
+    try:
+        tokenize_stream(model, slow, sys.stdin, sys.stdout.write)
+    except ValueError as exc:
+        raise fail(f"--model: {exc}", code=1) from None
+
+
 @app.command("broker")
 def local_broker(
     port: Annotated[int, typer.Option(help="Port to listen on (127.0.0.1)")] = 9092,

@@ -190,8 +190,11 @@ class Scorer:
         outcome.outputs.append(Output("scores", event.tweet_id.encode(), value, source))
         outcome.after.append(lambda: self.quality.observe(result, event_time))
 
-    def _event_id(self, record: Record) -> str:
-        return f"{self.incarnations.current(record.topic)}:{record.partition}:{record.offset}"
+    def _event_ids(self, records: Sequence[Record]) -> list[str]:
+        """``incarnation:partition:offset`` per record; the incarnation is asked once per
+        topic and batch (a broker metadata request and a Redis read), never per record."""
+        current = {topic: self.incarnations.current(topic) for topic in {r.topic for r in records}}
+        return [f"{current[r.topic]}:{r.partition}:{r.offset}" for r in records]
 
     def _event_key(self, event: Recommendation) -> str:
         fields = {"tweet_id": event.tweet_id, "recommender": event.recommender}
@@ -208,7 +211,7 @@ class Scorer:
         """Score events with ground truth; offer the others to the join.  Idempotent."""
         self.reload()
         outcome = Outcome()
-        ids = [self._event_id(record) for record, _ in items]
+        ids = self._event_ids([record for record, _ in items])
         fresh = list(zip(items, ids, strict=True))
         if self.settings.event_dedup_window_s > 0:
             owned = self._retry(
