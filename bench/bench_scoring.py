@@ -24,10 +24,10 @@ machine is shared and noisy; compare the ratios):
   hashtags (steady state);
 * ``core + metrics`` -- warm ``score_event`` then ``QualityMetrics.observe``
   into an ``Exporter()`` (summaries + rolling windows), as the worker does;
-* ``Scorer, bytes -> JSON`` -- ``workers.roles.Scorer.process_recommendations``
-  on Kafka-like records in batches of 256 (parse, score, observe, result
-  dict) plus ``json.dumps`` of each result (what ``send_all`` produces);
-  everything but the Kafka I/O;
+* ``Scorer, bytes -> JSON`` -- ``workers.service.score.Scorer`` ``admit_events`` +
+  ``apply_events`` on Kafka-like records in batches of 256 (parse, score, result
+  dict, then the metrics callbacks) plus ``json.dumps`` of each result; everything
+  but the Kafka I/O and the Redis dedup claims (``bench_score_worker.py`` has both);
 * ``naive`` -- the baseline: per event, ``thesaurus.neighbours(h, k)`` asked of
   Annoy for every (recommended hashtag, k) -- no prefix reuse, no cache; on
   the first ``--naive-events`` events only (it is slow).
@@ -215,12 +215,22 @@ def main() -> None:
         settings = Settings(
             index_dir=Path(tmp) / "index",
             redis_prefix=f"bench-{uuid.uuid4().hex[:8]}",  # no Redis call: events carry truth
+            event_dedup_window_s=0,  # and no dedup claims (bench_score_worker measures those)
             ks=",".join(map(str, KS)),
             rs=",".join(r_label(r) for r in RS),
         )
-        scorer = Scorer(settings, Exporter(), client=_NoRedis())
-        for i in range(0, len(records), SCORER_BATCH):
-            scorer.process_recommendations(records[i : i + SCORER_BATCH])
+        scorer = Scorer(settings, Exporter(), _NoRedis(), _FixedIncarnations())  # type: ignore[arg-type]
+
+        def scorer_step() -> None:
+            for i in range(0, len(records), SCORER_BATCH):
+                items, _ = scorer.admit_events(records[i : i + SCORER_BATCH])
+                outcome = scorer.apply_events(items)
+                for out in outcome.outputs:
+                    json.dumps(out.value).encode()
+                for after in outcome.after:
+                    after()
+
+        scorer_step()
 
         cold_queries: list[int] = []
         known_distinct = len({h for ev in events for h in ev.recommended if h in thesaurus})
@@ -239,12 +249,6 @@ def main() -> None:
             for ev, t in zip(events, truths, strict=True):
                 metrics.observe(score_event(ev, t, warm, KS, RS), 1_700_000_000.0)
 
-        def scorer_e2e() -> None:
-            for i in range(0, len(records), SCORER_BATCH):
-                done, _ = scorer.process_recommendations(records[i : i + SCORER_BATCH])
-                for item in done:
-                    json.dumps(item).encode()
-
         def naive() -> None:
             for ev in naive_events:
                 naive_score(ev, ev.ground_truth or (), thesaurus)
@@ -253,7 +257,7 @@ def main() -> None:
             "core, cold cache (fresh NeighbourCache)": (core_cold, len(events)),
             "core, warm cache": (core_warm, len(events)),
             "core + QualityMetrics.observe": (with_metrics, len(events)),
-            "Scorer.process_recommendations + json.dumps": (scorer_e2e, len(events)),
+            "Scorer admit + apply + json.dumps": (scorer_step, len(events)),
             "naive: Annoy per (hashtag, k), no cache": (naive, len(naive_events)),
         }
         took: dict[str, list[float]] = {m: [] for m in modes}
@@ -336,6 +340,13 @@ def _annoy_query_us(thesaurus: AnnoyThesaurus, names: Sequence[str], max_k: int)
             thesaurus.neighbours(h, k)
         out.append((time.perf_counter() - t0) / len(sample) * 1e6)
     return out[0], out[1]
+
+
+class _FixedIncarnations:
+    """No broker here: every topic is in its first incarnation."""
+
+    def current(self, topic: str) -> str:
+        return "bench"
 
 
 class _NoRedis:
