@@ -13,7 +13,7 @@ Workaround: stop the consumer's flow before recovery completion runs (the
 completion resumes it after the seek), so nothing is fetched in the window.  It
 is installed through faust's documented ``TableManager`` setting -- a subclass,
 not a patch of faust's classes -- and only for the version it was checked
-against; ``tests/test_service.py`` fails when the upstream ordering changes.
+against; ``tests/test_faust_compat.py`` fails when the upstream ordering changes.
 """
 
 from __future__ import annotations
