@@ -64,6 +64,8 @@ def reval_by_k(matrix: Sequence[Sequence[int]], n_truth: int, ks: Sequence[int])
 
     >>> reval_by_k([[3, 0], [3, 1 << 30]], 2, [0, 2, 3])  # |R| = |G| = 2
     [0.5, 0.5, 1.0]
+    >>> reval_by_k([[1 << 30]], 1, [10**12])  # no synonym at all is no hit at any k
+    [0.0]
     """
     n_rec = len(matrix)
     if n_rec <= n_truth:
@@ -71,7 +73,8 @@ def reval_by_k(matrix: Sequence[Sequence[int]], n_truth: int, ks: Sequence[int])
     else:
         minima = sorted(min(column) for column in zip(*matrix, strict=True))
     denominator = min(n_rec, n_truth)
-    return [bisect_right(minima, k) / denominator for k in ks]
+    # A k beyond any real rank means "every synonym", never "FAR too": cap it below FAR.
+    return [bisect_right(minima, min(k, FAR - 1)) / denominator for k in ks]
 
 
 @dataclass(frozen=True)

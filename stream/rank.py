@@ -125,9 +125,8 @@ def ranked_by_k(
     [0.0, 0.5]
     """
     n_rec = len(matrix)
-    top_k = max(ks)
+    top_k = min(max(ks), FAR - 1)  # a k beyond any real rank: every synonym, never a FAR link
     rec = weights.rec_table(n_rec)
-    syn = weights.syn_table(top_k + 1)
     # Units as in Eq. 4: rows when |R| <= |G|, columns otherwise.  Links: (j, unit, row).
     by_row = n_rec <= n_truth
     links = sorted(
@@ -135,6 +134,7 @@ def ranked_by_k(
     )
     if not links:  # the common case on a live feed: nothing within reach
         return [0.0] * len(ks)
+    syn = weights.syn_table(links[-1][0] + 1)  # the ranks that occur, not top_k: k may be huge
     n = min(n_rec, n_truth)
     ideal = rec[:n]
     total_ideal = sum(ideal)

@@ -264,3 +264,15 @@ def test_evaluate_cells_carry_the_ranked_mean() -> None:
     cells = summarise(config, [run])
     assert [c["reval_hit_ratio_ranked"] for c in cells if c["seed"] == 1] == [0.5, 0.375]
     assert [c["reval_hit_ratio"] for c in cells if c["seed"] == 1] == [0.5, 1.0]
+
+
+def test_a_huge_k_means_every_synonym_not_every_hashtag() -> None:
+    """`reval score -k 0,99999999999` once built a weight table of 10^11 entries and counted
+    non-synonyms (rank FAR) as hits; a k beyond every real rank is the whole synonym list."""
+    from stream.metrics import FAR, reval_by_k
+    from stream.rank import ranked_by_k
+
+    matrix = [[FAR, 2], [FAR, FAR]]
+    assert ranked_by_k(matrix, 2, [10**11]) == ranked_by_k(matrix, 2, [FAR - 1])
+    assert reval_by_k(matrix, 2, [10**11]) == reval_by_k(matrix, 2, [3]) == [0.5]
+    assert ranked_by_k([[FAR]], 1, [10**11]) == [0.0]
