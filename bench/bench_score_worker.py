@@ -38,6 +38,7 @@ import redis
 
 from bench.bench_scoring import as_records, clustered_vectors, make_events
 from workers.adapters.exporter import Exporter
+from workers.adapters.redis_client import clear_prefix
 from workers.adapters.store import AnnoyThesaurus, ThesaurusStore
 from workers.dev.broker import LocalBroker
 from workers.dev.stack import Stack, wait_for
@@ -144,6 +145,7 @@ def main() -> None:
                 events = rounds_events[1 + 2 * r + j]
                 took[mode].append((run_worker if mode == "worker" else run_step)(events))
         stack.close()
+        clear_prefix(REDIS_URL, settings.redis_prefix)  # the step's dedup claims: leave no keys behind
         client.close()
     load_after = os.getloadavg()
     rate = {m: args.events * len(t) / sum(t) for m, t in took.items()}
