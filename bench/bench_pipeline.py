@@ -27,8 +27,8 @@ this process) are reported beside wall time: on a shared machine they are
 steadier, though torch's OpenMP threads also burn CPU waiting for a
 descheduled partner, so contention inflates them too.
 
-    python bench/bench_pipeline.py                  # prints a markdown section
-    python bench/bench_pipeline.py --out /tmp/pipeline_bench.md --model DIR
+    python -m bench.bench_pipeline                  # prints a markdown section
+    python -m bench.bench_pipeline --out /tmp/pipeline_bench.md --model DIR
 """
 
 from __future__ import annotations
