@@ -24,7 +24,6 @@ is shared and noisy). Every pass checks that the ids are identical.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import os
 import platform
@@ -40,20 +39,11 @@ FEED = REPO / "stream" / "data" / "crisislex-t26.jsonl.gz"
 BATCH = 1024
 
 
-def load_texts(limit: int | None) -> list[str]:
-    texts: list[str] = []
-    with gzip.open(FEED, "rt", encoding="utf-8") as f:
-        for line in f:
-            texts.append(json.loads(line)["text"])
-            if limit is not None and len(texts) >= limit:
-                break
-    return texts
-
-
 def measure(model: str | None, limit: int | None, max_length: int) -> dict[str, object]:
     """One setting, in this process: rates of slow, fast cold and fast warm."""
     from transformers import BertweetTokenizer
 
+    from bench.bench_encoder import load_texts  # the child runs with PYTHONPATH = the repository
     from workers.adapters.bertweet_tokenizer import FastBertweetTokenizer
     from workers.dev.tiny_models import write_bertweet_tokenizer_files
 

@@ -346,3 +346,11 @@ class FastBertweetTokenizer:
 
     def __call__(self, texts: Sequence[str], max_length: int | None = None) -> list[list[int]]:
         return self.encode_batch(texts, max_length)
+
+
+def fast_for(tokenizer: object, *, slow: bool = False) -> FastBertweetTokenizer | None:
+    """The fast tokenizer standing in for ``tokenizer`` when it is a normalising
+    ``BertweetTokenizer`` and ``slow`` is not asked for; else None (use ``tokenizer``)."""
+    if slow or not isinstance(tokenizer, BertweetTokenizer) or not tokenizer.normalization:
+        return None
+    return FastBertweetTokenizer(tokenizer)

@@ -45,7 +45,7 @@ from transformers import (
 )
 
 from stream.batch import ModelLoadError
-from workers.adapters.bertweet_tokenizer import FastBertweetTokenizer
+from workers.adapters.bertweet_tokenizer import FastBertweetTokenizer, fast_for
 from workers.adapters.cpu_fast import (
     CALIBRATION_TEXTS,
     cpu_supports_bf16,
@@ -245,13 +245,7 @@ class Encoder:
             raise ValueError(f"tokenizer of {model!r} has no pad token")
         self._pad_id: int = int(self.tokenizer.pad_token_id)
         # Same ids as self.tokenizer, without its pure-Python cost (workers.adapters.bertweet_tokenizer).
-        self._fast: FastBertweetTokenizer | None = None
-        if (
-            isinstance(self.tokenizer, BertweetTokenizer)
-            and self.tokenizer.normalization
-            and not slow_tokenizer
-        ):
-            self._fast = FastBertweetTokenizer(self.tokenizer)
+        self._fast: FastBertweetTokenizer | None = fast_for(self.tokenizer, slow=slow_tokenizer)
         self._dim = int(config.hidden_size)
         if int8:
             self._quantize_int8()

@@ -17,7 +17,7 @@ from typing import Any
 
 from transformers import AutoConfig, BertweetTokenizer
 
-from workers.adapters.bertweet_tokenizer import FastBertweetTokenizer
+from workers.adapters.bertweet_tokenizer import fast_for
 from workers.adapters.encoder import is_bertweet, load_hf_tokenizer, max_tokens, resolve_model
 
 BATCH = 1024  # lines per tokenizer call: amortises per-call costs, keeps memory flat
@@ -60,8 +60,8 @@ def load_tokenizer(model: str, *, slow: bool = False) -> tuple[Callable[[list[st
         gist = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise ValueError(f"cannot load a tokenizer from {model!r}: {gist}") from exc
     max_length = max_tokens(tok, config)
-    if isinstance(tok, BertweetTokenizer) and tok.normalization and not slow:
-        fast = FastBertweetTokenizer(tok)
+    fast = fast_for(tok, slow=slow)
+    if fast is not None:
         return (lambda texts: fast.encode_batch(texts, max_length)), max_length
 
     def encode(texts: list[str]) -> list[list[int]]:
