@@ -7,7 +7,6 @@ Specification's JSON schema (vendored in deploy/compose/, no network needed)."""
 from __future__ import annotations
 
 import doctest
-import importlib.util
 import json
 import os
 import re
@@ -21,22 +20,14 @@ from typing import Any
 import pytest
 import yaml
 
+from workers.adapters.rules import load_render
+
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
 PROM = DEPLOY / "prometheus"
 
 
-def _load_render() -> Any:
-    """deploy/prometheus/render.py is a script, not a package: load it by path."""
-    spec = importlib.util.spec_from_file_location("reval_deploy_render", PROM / "render.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up here
-    spec.loader.exec_module(module)
-    return module
-
-
-render = _load_render()
+render = load_render()
 
 DEBIAN_PACKAGE = {
     "promtool": "prometheus",
@@ -107,7 +98,7 @@ def test_promtool_check_config_and_rules(tmp_path: Path) -> None:
     # the short-window profile the integration test uses, and a custom rendering
     for name, params in {
         "test": render.TEST,
-        "custom": render._parse_set(
+        "custom": render.parse_set(
             render.DEFAULTS,
             ["alert_k=5", "quality_drop_fraction=0.3", "baseline_offsets=1d,1w", "windows=15m,1h,6h,1d"],
         ),
@@ -195,11 +186,11 @@ def test_render_cli_and_parameter_checks(tmp_path: Path) -> None:
     assert "quality_drop_fraction=0.5" in text.splitlines()[1]
     assert run(sys.executable, PROM / "render.py", "--set", "nope=1").returncode != 0
     with pytest.raises(ValueError, match="quality_window"):
-        render.render_rules(render._parse_set(render.DEFAULTS, ["quality_window=2h"]))
+        render.render_rules(render.parse_set(render.DEFAULTS, ["quality_window=2h"]))
     with pytest.raises(ValueError, match="duration"):
-        render.render_rules(render._parse_set(render.DEFAULTS, ["quality_for=soon"]))
+        render.render_rules(render.parse_set(render.DEFAULTS, ["quality_for=soon"]))
     with pytest.raises(ValueError, match=r"\[0, 1\]"):
-        render.render_rules(render._parse_set(render.DEFAULTS, ["quality_drop_fraction=1.5"]))
+        render.render_rules(render.parse_set(render.DEFAULTS, ["quality_drop_fraction=1.5"]))
 
 
 def test_alertmanager_config() -> None:

@@ -926,6 +926,116 @@ def evaluate_cmd(
         out.print(table)
 
 
+@app.command("backtest")
+def backtest_cmd(
+    feeds: Annotated[
+        list[Path], typer.Argument(metavar="FEED", help="Tweet files: .jsonl, .jsonl.gz or .csv")
+    ],
+    out_dir: Annotated[Path, typer.Option("--out", help="Directory for detection.json/.md and series.json")],
+    recommender: Annotated[
+        str, typer.Option(help="The recommender under test: mowe, popular, popular-users, random")
+    ] = "mowe",
+    inject: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="A drift KIND:AMOUNT[@TIME], repeatable: random:F, swap:least-popular, synonyms:F, "
+            "stale:DAYS, vocab:F; TIME is ISO 8601 (default: the middle of the scored period) "
+            "[default: random:0.5 swap:least-popular synonyms:1 stale:60 vocab:0.5]"
+        ),
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the drifts' random draws and of Word2Vec")] = 1,
+    model: Annotated[
+        str,
+        typer.Option(help="Encoder of the thesaurus: hub id, local directory, or 'minilm' (offline)"),
+    ] = "vinai/bertweet-base",
+    warmup: Annotated[
+        float, typer.Option(help="Share of the tweets (earliest) that only train, before scoring starts")
+    ] = 0.3,
+    refit_days: Annotated[
+        float, typer.Option(help="Event-time days between refits of recommender and thesaurus")
+    ] = 7.0,
+    train_days: Annotated[
+        float, typer.Option(help="The recommender learns from the labelled tweets of the last N days")
+    ] = 30.0,
+    time_scale: Annotated[
+        str,
+        typer.Option(
+            help="Factor on every rule window and hold time, or 'auto' (the quality window holds "
+            "twice the rules' min_events on average; 1 for a feed as dense as production)"
+        ),
+    ] = "auto",
+    rules_profile: Annotated[
+        str, typer.Option(help="Parameter profile of deploy/prometheus/render.py")
+    ] = "default",
+    set_: Annotated[
+        list[str] | None,
+        typer.Option("--set", help="Override a rule parameter NAME=VALUE (as render.py --set)"),
+    ] = None,
+    limit: Annotated[
+        int | None, typer.Option(help="Use only the first N tweets left after pre-processing", min=10)
+    ] = None,
+    language_filter: Annotated[bool, typer.Option(help="Drop non-English tweets (paper 3.1.1)")] = True,
+    force: Annotated[
+        bool, typer.Option("--force", help="Replace the results of an earlier backtest in --out")
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print detection.json's signals as JSON")] = False,
+) -> None:
+    """Inject drifts into a replayed feed and measure, per alert signal of deploy/prometheus,
+    the detection delay in event time and the false alarms per day on the undisturbed run."""
+    from workers.commands import backtest as bk
+
+    try:
+        scale = None if time_scale.strip().lower() == "auto" else float(time_scale)
+    except ValueError:
+        raise fail(f"--time-scale must be a positive number or 'auto', not {time_scale!r}") from None
+    try:
+        config = bk.BacktestConfig(
+            recommender=recommender.strip().lower(),
+            injections=tuple(inject) if inject else bk.DEFAULT_INJECTIONS,
+            seed=seed,
+            model=model,
+            warmup=warmup,
+            refit_days=refit_days,
+            train_days=train_days,
+            time_scale=scale,
+            rules_profile=rules_profile,
+            rules_set=tuple(set_ or ()),
+            limit=limit,
+            language_filter=language_filter,
+        )
+        bk.rules_for(bk.rule_params(config.rules_profile, list(config.rules_set)), 1.0)
+        check_paths(feeds)
+        bk.check_out(out_dir, replace=force)
+    except (OSError, ValueError) as exc:
+        raise fail(str(exc)) from None
+    progress = Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=err,
+        transient=False,
+    )
+
+    def track(description: str, total: int | None) -> Any:
+        task = progress.add_task(description, total=total)
+        return lambda n: progress.advance(task, n)
+
+    try:
+        with progress:
+            result = bk.run_backtest(feeds, config, progress=track)
+    except (OSError, ValueError) as exc:
+        raise fail(str(exc)) from None
+    bk.write_outputs(result, out_dir)
+    if as_json:
+        print(json.dumps(result.rows))
+        return
+    out.print(bk.markdown(result), markup=False)
+    out.print(f"{result.timings['total']:.0f} s; results in {out_dir}")
+
+
 @app.command()
 def demo(
     duration: Annotated[

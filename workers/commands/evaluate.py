@@ -636,19 +636,21 @@ RESULT_FILES = frozenset(
 )
 
 
-def check_results_dir(out: Path, *, replace: bool) -> None:
+def check_results_dir(
+    out: Path, *, replace: bool, files: frozenset[str] = RESULT_FILES, command: str = "reval evaluate"
+) -> None:
     """Refuse to write results anywhere but a new or empty directory, or -- with
-    ``replace`` -- one holding only results of an earlier run (never the user's files)."""
+    ``replace`` -- one holding only ``files`` of an earlier run (never the user's files)."""
     if not out.exists() and not out.is_symlink():
         check_output_path(out)
         return
     if not out.is_dir():
         raise ValueError(f"{out} exists and is not a directory")
     present = {p.name for p in out.iterdir()}
-    foreign = sorted(present - RESULT_FILES)
+    foreign = sorted(present - files)
     if foreign:
         raise ValueError(
-            f"{out} holds files not written by reval evaluate ({', '.join(foreign[:3])}): "
+            f"{out} holds files not written by {command} ({', '.join(foreign[:3])}): "
             "refusing to write there (choose a new directory)"
         )
     if present and not replace:
