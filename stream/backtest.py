@@ -40,6 +40,7 @@ __all__ = [
     "auto_time_scale",
     "baseline",
     "detect",
+    "enough_events",
     "episodes",
     "hold",
     "inject",
@@ -311,6 +312,13 @@ def episodes(firing: Bools) -> int:
     return int(firing[0]) + int(np.count_nonzero(firing[1:] & ~firing[:-1]))
 
 
+def enough_events(series: Series, at: Floats, rules: Rules) -> Bools:
+    """Instants whose quality window holds the rules' minimum of scored events (the
+    quality alerts are silent elsewhere)."""
+    scored = np.where(np.isnan(series.reval), np.nan, 1.0)
+    return _window_sums(series.t, scored, at, rules.quality_window)[1] >= rules.min_events
+
+
 def _below(a: Floats, b: Floats) -> Bools:
     with np.errstate(invalid="ignore"):
         return np.nan_to_num(a, nan=np.inf) < np.nan_to_num(b, nan=-np.inf)
@@ -319,8 +327,7 @@ def _below(a: Floats, b: Floats) -> Bools:
 def signals(series: Series, at: Floats, rules: Rules) -> dict[str, Bools]:
     """Every signal's firing instants on one run."""
     t, qw, offsets = series.t, rules.quality_window, rules.baseline_offsets
-    scored = np.where(np.isnan(series.reval), np.nan, 1.0)
-    enough = _window_sums(t, scored, at, qw)[1] >= rules.min_events
+    enough = enough_events(series, at, rules)
     reval_now = window_mean(t, series.reval, at, qw)
     reval_base = baseline(t, series.reval, at, qw, offsets)
     exact_now = window_mean(t, series.exact, at, qw)

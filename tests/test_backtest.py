@@ -1,0 +1,206 @@
+"""`reval backtest`: the alert rules replayed over event time, drifts, and the command
+end to end on the bundled feed (tiny real BERTweet-shaped encoder)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from stream import backtest as bt
+from workers.adapters.feeds import sample_feed
+from workers.adapters.rules import rule_params
+from workers.commands.backtest import rules_for
+from workers.commands.cli import app
+
+runner = CliRunner()
+DAY = 86_400.0
+STEP = 30.0  # one event every 30 s: 120 in the 1 h quality window, above min_events (50)
+
+
+def steady(days: float = 12.0) -> bt.Series:
+    """A recommender that never changes: #REval 0.5, exact 0.4, corrected 0.3, 10
+    recommended hashtags of which none unknown."""
+    t = np.arange(0.0, days * DAY, STEP)
+    n = len(t)
+    return bt.Series(t, np.full(n, 0.5), np.full(n, 0.3), np.full(n, 0.4), np.full(n, 10.0), np.zeros(n))
+
+
+def drifted(start: float, **after: float) -> bt.Series:
+    """:func:`steady` with the named columns set to new values from ``start`` on."""
+    base = steady()
+    columns = {name: getattr(base, name).copy() for name in ("reval", "corrected", "exact", "recommended")}
+    columns["unknown"] = base.unknown.copy()
+    for name, value in after.items():
+        columns[name][base.t >= start] = value
+    return bt.Series(base.t, **columns)
+
+
+@pytest.fixture(scope="module")
+def rules() -> bt.Rules:
+    """The deployed rules (deploy/prometheus defaults) at production speed."""
+    return rules_for(rule_params(), 1.0)[0]
+
+
+def delays(series: bt.Series, rules: bt.Rules, start: float) -> dict[str, float | None]:
+    control = steady()
+    at = np.arange(control.t[0], control.t[-1], rules.step)
+    return bt.detect(bt.signals(series, at, rules), bt.signals(control, at, rules), at, start)
+
+
+def test_the_steady_run_raises_no_alarm(rules: bt.Rules) -> None:
+    control = steady()
+    at = np.arange(control.t[0], control.t[-1], rules.step)
+    assert {name: bt.episodes(f) for name, f in bt.signals(control, at, rules).items()} == dict.fromkeys(
+        bt.SIGNALS, 0
+    )
+
+
+def test_a_quality_drop_fires_when_the_window_mean_crosses_then_holds(rules: bt.Rules) -> None:
+    start = 10 * DAY
+    found = delays(drifted(start, reval=0.2, exact=0.1, corrected=0.1), rules, start)
+    # The 1 h mean of v0 before / v1 after falls below 0.8 v0 once a share
+    # x = 0.2 v0 / (v0 - v1) of the window has drifted (#REval 0.5 -> 0.2: a third, 20 min),
+    # then the rule holds for quality_for (30 min).
+    for signal, v0, v1 in (("reval_drop", 0.5, 0.2), ("exact_drop", 0.4, 0.1)):
+        expected = rules.quality_window * 0.2 * v0 / (v0 - v1) + rules.quality_for
+        delay = found[signal]
+        # (events come every STEP seconds: the crossing is exact to one event)
+        assert delay is not None and abs(delay - expected) <= 2 * STEP, (signal, delay, expected)
+    assert found["semantic_gap"] is None  # #REval fell too: not a move to synonyms
+    assert found["corrected_at_chance"] is None  # 0.1 is still above chance
+    assert found["unknown_rising"] is None
+
+
+def test_synonyms_open_the_semantic_gap_and_leave_reval_quiet(rules: bt.Rules) -> None:
+    start = 10 * DAY
+    found = delays(drifted(start, exact=0.1), rules, start)
+    assert found["reval_drop"] is None
+    assert found["exact_drop"] is not None
+    gap = found["semantic_gap"]
+    assert gap is not None and gap >= rules.gap_for
+
+
+def test_at_chance_and_unknown_hashtags(rules: bt.Rules) -> None:
+    start = 10 * DAY
+    found = delays(drifted(start, corrected=-0.05), rules, start)
+    chance = found["corrected_at_chance"]
+    # corrected <= 0 once 0.3 (1 - x) - 0.05 x <= 0 (x >= 6/7 of the window), held chance_for.
+    expected = rules.quality_window * 6 / 7 + rules.chance_for
+    assert chance is not None and abs(chance - expected) <= 2 * STEP, (chance, expected)
+    assert found["reval_drop"] is None
+    found = delays(drifted(start, unknown=5.0), rules, start)
+    assert found["unknown_rising"] is not None and found["unknown_rising"] >= rules.unknown_for
+    assert {k: v for k, v in found.items() if k != "unknown_rising"} == dict.fromkeys(
+        set(bt.SIGNALS) - {"unknown_rising"}
+    )
+
+
+def test_too_few_events_never_alert(rules: bt.Rules) -> None:
+    sparse = bt.Series(*(getattr(steady(), n)[::200] for n in ("t", "reval", "corrected", "exact")),
+                       steady().recommended[::200], steady().unknown[::200])  # fmt: skip
+    sparse.reval[sparse.t >= 10 * DAY] = 0.0
+    at = np.arange(sparse.t[0], sparse.t[-1], rules.step)
+    assert bt.episodes(bt.signals(sparse, at, rules)["reval_drop"]) == 0  # 1.2 events an hour < 50
+
+
+def test_drifts_change_lists_as_described() -> None:
+    rng = np.random.default_rng(3)
+    recs = ["a", "b", "c", "d"]
+    random = bt.inject("random", 0.5, recs, rng, vocabulary=["x", "y", "z"])
+    assert (
+        len(random) == 4 and len(set(random) - set(recs)) == 2 and set(random) <= set(recs) | {"x", "y", "z"}
+    )
+    known = {"a", "b", "c", "d", "aa"}
+    assert bt.inject("vocab", 1.0, recs, rng, known=known.__contains__) == ["a_2", "bb", "cc", "dd"]
+    table = {"a": ["b", "e"], "b": ["c"], "e": ["a"]}
+    assert bt.inject("synonyms", 1.0, ["a"], rng, synonym=lambda h, taken: bt.mutual_synonym(
+        h, taken, lambda x: table.get(x, []))) == ["e"]  # fmt: skip
+    with pytest.raises(ValueError, match="whole lists"):
+        bt.inject("stale", 1.0, recs, rng)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("random", "expected KIND:AMOUNT"),
+        ("drop:0.5", "unknown kind"),
+        ("random:0", "fraction must be in"),
+        ("stale:-3", "positive number of days"),
+        ("swap:popular", "least-popular"),
+        ("vocab:0.5@yesterday", "not an ISO 8601"),
+    ],
+)
+def test_bad_injections_are_named(text: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        bt.parse_injection(text)
+
+
+def test_backtest_end_to_end(tiny_bertweet: Path, tmp_path: Path) -> None:
+    out = tmp_path / "bt"
+    args = [
+        "backtest",
+        str(sample_feed()),
+        "--out",
+        str(out),
+        "--model",
+        str(tiny_bertweet),
+        "--recommender",
+        "popular",
+        "--limit",
+        "3000",
+        "--refit-days",
+        "3",
+        "--inject",
+        "swap:least-popular",
+        "--inject",
+        "vocab:1",
+        # 2,100 events over 192 days: the default 50 events per window would rarely be met.
+        "--set",
+        "min_events=10",
+    ]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    detection = json.loads((out / "detection.json").read_text())
+    rows = detection["signals"]
+    assert {(r["drift"], r["signal"]) for r in rows} == {
+        (d, s) for d in ("swap:least-popular", "vocab:1") for s in bt.SIGNALS
+    }
+    assert all({"signal", "drift", "delay_s", "false_alarms_per_day"} <= set(r) for r in rows)
+    by = {(r["drift"], r["signal"]): r for r in rows}
+    # Every recommended hashtag respelled: the unknown share jumps from 0 to 1.
+    assert by["vocab:1", "unknown_rising"]["delay_s"] is not None
+    assert by["vocab:1", "unknown_rising"]["false_alarms_per_day"] == 0
+    assert detection["effects"]["vocab:1"]["unknown_share_after"] == {"control": 0.0, "drifted": 1.0}
+    # The canary recommends what nobody uses: exact match collapses.
+    swap = detection["effects"]["swap:least-popular"]["exact_after"]
+    assert swap["drifted"] < swap["control"] / 2
+    assert by["swap:least-popular", "exact_drop"]["delay_s"] is not None
+    assert detection["time_scale"] >= 1 and detection["scored_events"] > 500
+    assert "| vocab:1 |" in (out / "detection.md").read_text()
+    series = json.loads((out / "series.json").read_text())
+    assert len(series["t"]) == len(series["control"]["reval"]) == len(series["drifts"]["vocab:1"]["exact"])
+    # A second run into the same directory needs --force; a foreign directory is refused.
+    again = runner.invoke(app, args)
+    assert again.exit_code == 2 and "--force" in again.output
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("mine")
+    foreign = runner.invoke(app, [*args[:2], "--out", str(tmp_path / "mine"), *args[4:]])
+    assert foreign.exit_code == 2 and "notes.txt" in foreign.output
+
+
+def test_backtest_refuses_bad_options(tmp_path: Path) -> None:
+    feed = str(sample_feed())
+    for extra, message in (
+        (["--inject", "random:7"], "fraction must be in"),
+        (["--time-scale", "fast"], "--time-scale"),
+        (["--set", "quality_window=2h"], "quality_window"),
+        (["--recommender", "oracle"], "oracle"),
+        (["--warmup", "1.5"], "warmup"),
+    ):
+        result = runner.invoke(app, ["backtest", feed, "--out", str(tmp_path / "x"), *extra])
+        assert result.exit_code == 2 and message in result.output, (extra, result.output)
+        assert not (tmp_path / "x").exists()
