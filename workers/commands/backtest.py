@@ -37,15 +37,16 @@ import numpy as np
 import numpy.typing as npt
 
 from stream import backtest as bt
+from stream.drift import Mover
 from stream.experiment import ProgressFactory, labelled, load_corpus, no_progress
 from stream.hubness import DEFAULT_METHOD
 from stream.means import HashtagMeans
 from stream.recommenders import BaseRecommender, MoweRecommender, make_recommender
 from stream.records import Recommendation
-from stream.scoring import NeighbourCache, r_label, score_event
+from stream.scoring import DEFAULT_KS, NeighbourCache, r_label, score_event
 from workers.adapters.feeds import read_tweets
 from workers.adapters.rules import load_render, rule_params
-from workers.adapters.store import build_from_means, neighbour_cache
+from workers.adapters.store import AnnoyThesaurus, build_from_means, neighbour_cache, thesaurus_drift
 from workers.commands.evaluate import bertag_vectors, check_results_dir
 
 __all__ = [
@@ -165,7 +166,8 @@ def rules_for(params: Any, scale: float) -> tuple[bt.Rules, int, str]:
 class _Scores:
     """Per-event columns of one run, filled in event order."""
 
-    def __init__(self, n: int) -> None:
+    def __init__(self, n: int, n_ks: int) -> None:
+        self.by_k = np.full((n, n_ks), np.nan)  # #REval at every k of DEFAULT_KS (the k-curve)
         self.reval = np.full(n, np.nan)
         self.corrected = np.full(n, np.nan)
         self.exact = np.full(n, np.nan)
@@ -240,6 +242,7 @@ def run_backtest(
     _, k, r_text = rules_for(params, 1.0)
     r = int(r_text)
     label = r_label(r)
+    ks = tuple(sorted({*DEFAULT_KS, k}))
 
     def score_into(col: _Scores, lo: int, lists: list[list[str]], cache: NeighbourCache) -> None:
         for j, recs in enumerate(lists, start=lo):
@@ -247,16 +250,20 @@ def run_backtest(
             event = Recommendation(
                 p.tweet.id, tuple(recs), p.hashtags, config.recommender, p.tweet.created_at
             )
-            s = score_event(event, p.hashtags, cache, (k,), (r,))
+            s = score_event(event, p.hashtags, cache, ks, (r,))
             col.recommended[j], col.unknown[j] = s.n_recommended, s.unknown_recommended
             if s.unscorable is None:
+                col.by_k[j] = [s.reval[label][x] for x in ks]
                 col.reval[j] = s.reval[label][k]
                 col.corrected[j] = s.corrected.get(label, {}).get(k, math.nan)
                 col.exact[j] = s.exact[label].hit_ratio
 
     n = len(events)
-    control = _Scores(n)
-    runs = {inj.label: _Scores(n) for inj in injections}
+    control = _Scores(n, len(ks))
+    runs = {inj.label: _Scores(n, len(ks)) for inj in injections}
+    health: list[dict[str, Any]] = []  # the thesaurus at each refit: size, hubness, drift
+    previous: AnnoyThesaurus | None = None
+    movers: tuple[Mover, ...] = ()  # the last refit's
     rng = np.random.default_rng(config.seed)
     means = HashtagMeans(dim=int(vectors.shape[1]))
     segment = np.searchsorted(np.array(points), t_events, side="right") - 1
@@ -278,13 +285,16 @@ def run_backtest(
                 means,
                 model_id=model_id,
                 method=config.hubness,
-                depth=max(k, 1),
+                depth=max(ks),
                 n_trees=config.n_trees,
                 seed=config.seed,
             )
             if thesaurus is None:
                 raise ValueError(f"no hashtag embedded before {_iso(point)}: lower --warmup")
-            cache = neighbour_cache(thesaurus, k)
+            row, movers = _health(point, thesaurus, previous)
+            health.append(row)
+            previous = thesaurus
+            cache = neighbour_cache(thesaurus, max(ks))
             tweets = [prepared[events[j]].tweet for j in range(lo, hi)]
             base = model.recommend_many(tweets, r)
             score_into(control, lo, base, cache)
@@ -399,9 +409,65 @@ def run_backtest(
         "false_alarm_episodes": false_alarms,
         "effects": effects,
         "goal": goal(rows),
+        "k_curve": _k_curves(ks, t_events, rules.quality_window, control, runs, starts),
+        "thesaurus": {
+            "refits": health,
+            "movers": [m.to_dict() for m in movers],
+        },
     }
     series = _series(at, t_events, rules, control, runs, control_firing)
     return Backtest(config, summary, rows, series, timings)
+
+
+def _health(
+    point: float, thesaurus: AnnoyThesaurus, previous: AnnoyThesaurus | None
+) -> tuple[dict[str, Any], tuple[Mover, ...]]:
+    """One refit's thesaurus: size, hubness (this round's N_k report) and drift from the
+    previous refit (:func:`workers.adapters.store.thesaurus_drift`)."""
+    hub = thesaurus.metadata.hubness or {}
+    out: dict[str, Any] = {
+        "at": _iso(point),
+        "hashtags": len(thesaurus),
+        "hubness": {key: hub.get(key) for key in ("skewness", "max_share", "share_with_hub")},
+        "drift": None,
+    }
+    if previous is None:
+        return out, ()
+    drift = thesaurus_drift(previous, thesaurus)
+    out["drift"] = {
+        "compared": drift.compared,
+        "new_hashtags": drift.only_new,
+        "shift": None if drift.shift_quantiles is None else drift.shift_quantiles.to_dict(),
+        "top10_changed_share": drift.share_top10_changed_over_half,
+    }
+    return out, drift.movers
+
+
+def _k_curves(
+    ks: Sequence[int],
+    t: npt.NDArray[np.float64],
+    window: float,
+    control: _Scores,
+    runs: dict[str, _Scores],
+    starts: dict[str, float],
+) -> dict[str, Any]:
+    """Mean #REval at every k over the last quality window of the feed (control and each
+    drifted run) and, per drift, over every event after its injection."""
+
+    def curve(col: _Scores, mask: npt.NDArray[np.bool_]) -> list[float | None]:
+        return [_mean(col.by_k[mask, i]) for i in range(len(ks))]
+
+    last = t > t[-1] - window
+    return {
+        "ks": list(ks),
+        "last_window": {"from": _iso(float(t[-1] - window)), "events": int(last.sum())},
+        "control": curve(control, last),
+        "drifts": {name: curve(col, last) for name, col in runs.items()},
+        "after_injection": {
+            name: {"control": curve(control, t >= starts[name]), "drifted": curve(col, t >= starts[name])}
+            for name, col in runs.items()
+        },
+    }
 
 
 def _mean(values: npt.NDArray[np.float64]) -> float | None:
