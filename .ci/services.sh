@@ -23,3 +23,12 @@ command -v promtool >/dev/null && command -v prometheus-alertmanager >/dev/null 
   }
 }
 promtool --version 2>&1 | head -1
+
+# Chromium + chromedriver (Debian) for the report's real-browser test (tests/test_report.py).
+command -v chromium >/dev/null && command -v chromedriver >/dev/null || {
+  echo "services: installing chromium + chromedriver (Debian)"
+  apt-get install -y -qq --no-install-recommends chromium chromium-driver >/dev/null || {
+    apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium chromium-driver >/dev/null
+  }
+}
+chromium --version 2>/dev/null | head -1
