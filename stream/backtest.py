@@ -40,6 +40,7 @@ __all__ = [
     "auto_time_scale",
     "baseline",
     "detect",
+    "duration_text",
     "enough_events",
     "episodes",
     "hold",
@@ -377,6 +378,21 @@ def detect(
         hits = np.flatnonzero(firing & ~control[name] & after)
         out[name] = float(at[hits[0]] - start) if len(hits) else None
     return out
+
+
+def duration_text(seconds: float | None) -> str:
+    """A delay as people read it (— for none).
+
+    >>> duration_text(None), duration_text(600), duration_text(5400 * 2), duration_text(86400 * 3)
+    ('—', '10 min', '3.0 h', '3.0 d')
+    """
+    if seconds is None:
+        return "—"
+    if seconds < 2 * 3600:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 2 * 86400:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} d"
 
 
 def auto_time_scale(

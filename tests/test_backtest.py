@@ -4,6 +4,8 @@ end to end on the bundled feed (tiny real BERTweet-shaped encoder)."""
 from __future__ import annotations
 
 import json
+import shutil
+from datetime import datetime
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +13,8 @@ import pytest
 from typer.testing import CliRunner
 
 from stream import backtest as bt
+from tests.test_deploy import require_binary
+from tests.test_prometheus import Prometheus
 from workers.adapters.feeds import sample_feed
 from workers.adapters.rules import rule_params
 from workers.commands.backtest import rules_for
@@ -139,31 +143,39 @@ def test_bad_injections_are_named(text: str, message: str) -> None:
         bt.parse_injection(text)
 
 
-def test_backtest_end_to_end(tiny_bertweet: Path, tmp_path: Path) -> None:
-    out = tmp_path / "bt"
-    args = [
-        "backtest",
-        str(sample_feed()),
-        "--out",
-        str(out),
-        "--model",
-        str(tiny_bertweet),
-        "--recommender",
-        "popular",
-        "--limit",
-        "3000",
-        "--refit-days",
-        "3",
-        "--inject",
-        "swap:least-popular",
-        "--inject",
-        "vocab:1",
-        # 2,100 events over 192 days: the default 50 events per window would rarely be met.
-        "--set",
-        "min_events=10",
-    ]
-    result = runner.invoke(app, args)
+ARGS = [
+    "--recommender",
+    "popular",
+    "--limit",
+    "3000",
+    "--refit-days",
+    "3",
+    "--inject",
+    "swap:least-popular",
+    "--inject",
+    "vocab:1",
+    # 2,100 events over 192 days: the default 50 events per window would rarely be met.
+    "--set",
+    "min_events=10",
+]
+
+
+@pytest.fixture(scope="module")
+def backtest_run(
+    tiny_bertweet: Path, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, Path, list[str]]:
+    """One backtest of the bundled feed, with its backfill: (out, backfill dir, arguments)."""
+    root = tmp_path_factory.mktemp("backtest")
+    out, blocks = root / "bt", root / "blocks"
+    args = ["backtest", str(sample_feed()), "--out", str(out), "--model", str(tiny_bertweet), *ARGS]
+    result = runner.invoke(app, [*args, "--backfill", str(blocks), "--backfill-interval", "1h"])
     assert result.exit_code == 0, result.output
+    assert "TSDB blocks" in result.output
+    return out, blocks, args
+
+
+def test_backtest_end_to_end(backtest_run: tuple[Path, Path, list[str]], tmp_path: Path) -> None:
+    out, _, args = backtest_run
     detection = json.loads((out / "detection.json").read_text())
     rows = detection["signals"]
     assert {(r["drift"], r["signal"]) for r in rows} == {
@@ -183,6 +195,12 @@ def test_backtest_end_to_end(tiny_bertweet: Path, tmp_path: Path) -> None:
     assert "| vocab:1 |" in (out / "detection.md").read_text()
     series = json.loads((out / "series.json").read_text())
     assert len(series["t"]) == len(series["control"]["reval"]) == len(series["drifts"]["vocab:1"]["exact"])
+    # reval report: the page of this run, and a clear error for a directory without one.
+    shown = runner.invoke(app, ["report", str(out)])
+    assert shown.exit_code == 0, shown.output
+    assert (out / "report.html").read_text().count('<figure class="plot"') >= 3
+    missing = runner.invoke(app, ["report", str(tmp_path)])
+    assert missing.exit_code == 2 and "detection.json" in missing.output
     # A second run into the same directory needs --force; a foreign directory is refused.
     again = runner.invoke(app, args)
     assert again.exit_code == 2 and "--force" in again.output
@@ -190,6 +208,57 @@ def test_backtest_end_to_end(tiny_bertweet: Path, tmp_path: Path) -> None:
     (tmp_path / "mine" / "notes.txt").write_text("mine")
     foreign = runner.invoke(app, [*args[:2], "--out", str(tmp_path / "mine"), *args[4:]])
     assert foreign.exit_code == 2 and "notes.txt" in foreign.output
+
+
+@pytest.mark.integration
+def test_backfill_lands_in_prometheus_at_event_time(
+    backtest_run: tuple[Path, Path, list[str]], tmp_path: Path
+) -> None:
+    """A real Prometheus started on the blocks answers for the feed's own dates."""
+    out, blocks, _ = backtest_run
+    detection = json.loads((out / "detection.json").read_text())
+    info = detection["backfill"]
+    assert info["blocks"] and info["samples"] > 0
+    data = tmp_path / "data"
+    shutil.copytree(blocks, data)
+    prometheus = Prometheus(
+        require_binary("prometheus"),
+        tmp_path,
+        "global:\n  scrape_interval: 15s\n",
+        data=data,
+        retention="100y",
+    )
+    try:
+        count = 'reval_hit_ratio_count{recommender="popular", k="10", r="10", job="reval-score"}'
+
+        def at(expr: str, when: float) -> float:
+            result = prometheus.api("query", query=expr, time=f"{when:.3f}")["result"]
+            assert len(result) == 1, (expr, when, result)
+            return float(result[0]["value"][1])
+
+        end = datetime.fromisoformat(info["to"]).timestamp()
+        assert at(count, end) == detection["scored_events"]
+        # At the injection (2012-13: years before now), the count is the events before it.
+        injected = datetime.fromisoformat(detection["effects"]["vocab:1"]["injected_at"]).timestamp()
+        before = detection["scored_events"] - detection["effects"]["vocab:1"]["events_after"]
+        hour = info["interval_s"]
+        grid = injected - injected % hour
+        assert at(count, grid) <= before <= at(count, grid + hour)
+        assert 0 < at(count, grid) < detection["scored_events"]
+        unknown = 'reval_recommended_unknown_hashtags_total{{recommender="{}"}}'
+        assert at(unknown.format("popular"), end) == 0
+        recommended = 'reval_recommended_hashtags_total{{recommender="{}"}}'
+        # Before the injection the drifted run is the control (nothing unknown); from it on,
+        # every recommended hashtag is unknown: the unknown total is what was recommended since.
+        drifted = "popular+vocab:1"
+        since = [
+            at(recommended.format(drifted), end) - at(recommended.format(drifted), t)
+            for t in (grid, grid + hour)
+        ]
+        assert since[1] <= at(unknown.format(drifted), end) <= since[0]
+        assert since[0] > 0
+    finally:
+        prometheus.stop()
 
 
 def test_backtest_refuses_bad_options(tmp_path: Path) -> None:

@@ -78,14 +78,16 @@ class Prometheus(Server):
 
     name = "prometheus"
 
-    def __init__(self, binary: str, workdir: Path, config: str) -> None:
+    def __init__(
+        self, binary: str, workdir: Path, config: str, *, data: Path | None = None, retention: str = "1h"
+    ) -> None:
         (workdir / "prometheus.yml").write_text(config)
         super().__init__(
             [
                 binary,
                 f"--config.file={workdir / 'prometheus.yml'}",
-                f"--storage.tsdb.path={workdir / 'data'}",
-                "--storage.tsdb.retention.time=1h",
+                f"--storage.tsdb.path={data or workdir / 'data'}",
+                f"--storage.tsdb.retention.time={retention}",
             ],
             workdir / "prometheus.log",
         )

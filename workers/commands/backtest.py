@@ -44,6 +44,7 @@ from stream.means import HashtagMeans
 from stream.recommenders import BaseRecommender, MoweRecommender, make_recommender
 from stream.records import Recommendation
 from stream.scoring import DEFAULT_KS, NeighbourCache, r_label, score_event
+from workers.adapters.backfill import Family, Series, counter_at, create_blocks, write_openmetrics
 from workers.adapters.feeds import read_tweets
 from workers.adapters.rules import load_render, rule_params
 from workers.adapters.store import AnnoyThesaurus, build_from_means, neighbour_cache, thesaurus_drift
@@ -54,6 +55,7 @@ __all__ = [
     "RESULT_FILES",
     "Backtest",
     "BacktestConfig",
+    "backfill",
     "check_out",
     "markdown",
     "run_backtest",
@@ -61,7 +63,7 @@ __all__ = [
 ]
 
 DEFAULT_INJECTIONS = ("random:0.5", "swap:least-popular", "synonyms:1", "stale:60", "vocab:0.5")
-RESULT_FILES = frozenset({"detection.json", "detection.md", "series.json"})
+RESULT_FILES = frozenset({"detection.json", "detection.md", "series.json", "report.html"})
 DAY = 86_400.0
 
 
@@ -119,6 +121,10 @@ class Backtest:
     rows: list[dict[str, Any]]
     series: dict[str, Any]
     timings: dict[str, float] = field(default_factory=dict)
+    #: Per-event scores in event-time order: the control run and each drifted one (backfill).
+    t_events: npt.NDArray[np.float64] = field(default_factory=lambda: np.zeros(0))
+    scores: dict[str, _Scores] = field(default_factory=dict)
+    ks: tuple[int, ...] = ()
 
 
 def _seconds(when: datetime) -> float:
@@ -416,7 +422,7 @@ def run_backtest(
         },
     }
     series = _series(at, t_events, rules, control, runs, control_firing)
-    return Backtest(config, summary, rows, series, timings)
+    return Backtest(config, summary, rows, series, timings, t_events, {"": control, **runs}, ks)
 
 
 def _health(
@@ -529,16 +535,6 @@ def _series(
     }
 
 
-def _duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "—"
-    if seconds < 2 * 3600:
-        return f"{seconds / 60:.0f} min"
-    if seconds < 2 * DAY:
-        return f"{seconds / 3600:.1f} h"
-    return f"{seconds / DAY:.1f} d"
-
-
 def markdown(result: Backtest) -> str:
     """The detection table: one row per drift, one column per signal."""
     s = result.summary
@@ -551,7 +547,7 @@ def markdown(result: Backtest) -> str:
         f"{s['period']['first_event'][:10]} to {s['period']['last_event'][:10]} "
         f"({s['period']['days']} days); "
         f"{s['refits']} refits; rule durations x{s['time_scale']:g} "
-        f"(quality window {_duration(s['rules']['quality_window'])}, holding at least "
+        f"(quality window {bt.duration_text(s['rules']['quality_window'])}, holding at least "
         f"{s['rules']['min_events']} events at {s['instants_with_enough_events']:.0%} of the instants).",
         "",
         "Detection delay: event time from the injection to the first alarm the control run does not "
@@ -566,7 +562,7 @@ def markdown(result: Backtest) -> str:
     def cell(drift: str, name: str) -> str:
         if delay[drift, name] is None:
             return "—"
-        return f"{_duration(delay[drift, name])} ({count[drift, name]:,} ev)"
+        return f"{bt.duration_text(delay[drift, name])} ({count[drift, name]:,} ev)"
 
     for drift in dict.fromkeys(row["drift"] for row in result.rows):
         lines.append(f"| {drift} | " + " | ".join(cell(drift, n) for n in names) + " |")
@@ -600,6 +596,80 @@ def write_outputs(result: Backtest, out_dir: Path) -> Path:
     (out_dir / "detection.md").write_text(markdown(result))
     (out_dir / "series.json").write_text(json.dumps(result.series) + "\n")
     return out_dir
+
+
+def backfill(result: Backtest, out_dir: Path, *, interval_s: float = 900.0) -> dict[str, Any]:
+    """What the scoring workers would have exported, at event time, as Prometheus TSDB
+    blocks in ``out_dir`` (:mod:`workers.adapters.backfill`): one sample every
+    ``interval_s`` of event time from the first event to the last.  The control run is
+    recommender ``<name>``, each drifted run ``<name>+<drift>``; every k for the control,
+    the alert k for the drifted runs (the size stays in the low millions of samples)."""
+    if not interval_s > 0:
+        raise ValueError(f"the backfill interval must be positive, got {interval_s}")
+    t = result.t_events
+    at = np.arange(np.floor(t[0] / interval_s) * interval_s, t[-1] + interval_s, interval_s)
+    s = result.summary
+    k, r = s["alert_k"], str(s["alert_r"])
+    base = {"job": "reval-score", "instance": "backtest"}
+    families: dict[str, Family] = {
+        "reval_hit_ratio": Family("reval_hit_ratio", "summary", "#REval-hit-ratio of scored events", []),
+        "reval_hit_ratio_corrected_shortfall": Family(
+            "reval_hit_ratio_corrected_shortfall",
+            "summary",
+            "1 - chance-corrected #REval-hit-ratio of scored events (0 = popularity-weighted random)",
+            [],
+        ),
+        "reval_exact_match": Family(
+            "reval_exact_match", "summary", "Exact-match metric of scored events", []
+        ),
+        "reval_events": Family("reval_events", "counter", "Recommendation events by outcome", []),
+        "reval_recommended_hashtags": Family(
+            "reval_recommended_hashtags", "counter", "Recommended hashtags scored", []
+        ),
+        "reval_recommended_unknown_hashtags": Family(
+            "reval_recommended_unknown_hashtags", "counter", "Recommended hashtags the thesaurus lacks", []
+        ),
+    }
+
+    def add(family: str, labels: dict[str, str], values: npt.NDArray[np.float64], summary: bool) -> None:
+        ok = (~np.isnan(values)).astype(np.float64)
+        if summary:
+            families[family].series.append(Series(labels, at, counter_at(t, values, at), "_sum"))
+            families[family].series.append(Series(labels, at, counter_at(t, ok, at), "_count"))
+        else:
+            families[family].series.append(Series(labels, at, counter_at(t, values, at), "_total"))
+
+    for drift, col in result.scores.items():
+        name = s["recommender"] if not drift else f"{s['recommender']}+{drift}"
+        who = {**base, "recommender": name}
+        for i, kk in enumerate(result.ks):
+            if drift and kk != k:
+                continue
+            add("reval_hit_ratio", {**who, "k": str(kk), "r": r}, col.by_k[:, i], True)
+        add("reval_hit_ratio_corrected_shortfall", {**who, "k": str(k), "r": r}, 1.0 - col.corrected, True)
+        add("reval_exact_match", {**who, "metric": "hit_ratio", "r": r}, col.exact, True)
+        scored = np.where(np.isnan(col.reval), 0.0, 1.0)
+        add("reval_events", {**who, "outcome": "scored"}, scored, False)
+        add("reval_events", {**who, "outcome": "unscorable"}, 1.0 - scored, False)
+        add("reval_recommended_hashtags", who, np.where(scored > 0, col.recommended, 0.0), False)
+        add("reval_recommended_unknown_hashtags", who, np.where(scored > 0, col.unknown, 0.0), False)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    text = out_dir / "backfill.om.txt"
+    with text.open("w", encoding="utf-8") as fh:
+        samples = write_openmetrics(families.values(), fh)
+    try:
+        blocks = create_blocks(text, out_dir)
+    finally:
+        text.unlink()
+    return {
+        "dir": str(out_dir),
+        "blocks": [b.name for b in blocks],
+        "samples": samples,
+        "series": sum(len(f.series) for f in families.values()),
+        "interval_s": interval_s,
+        "from": _iso(float(at[0])),
+        "to": _iso(float(at[-1])),
+    }
 
 
 def check_out(out_dir: Path, *, replace: bool) -> None:

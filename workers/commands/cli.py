@@ -978,6 +978,17 @@ def backtest_cmd(
     force: Annotated[
         bool, typer.Option("--force", help="Replace the results of an earlier backtest in --out")
     ] = False,
+    backfill: Annotated[
+        Path | None,
+        typer.Option(
+            help="Also write the scores as Prometheus TSDB blocks at event time into this directory "
+            "(promtool tsdb create-blocks-from openmetrics)"
+        ),
+    ] = None,
+    backfill_interval: Annotated[
+        str, typer.Option(help="Event time between two backfilled samples (Prometheus duration)")
+    ] = "15m",
+    html: Annotated[bool, typer.Option("--html", help="Also write OUT/report.html (reval report)")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print detection.json's signals as JSON")] = False,
 ) -> None:
     """Inject drifts into a replayed feed and measure, per alert signal of deploy/prometheus,
@@ -1004,8 +1015,11 @@ def backtest_cmd(
             language_filter=language_filter,
         )
         bk.rules_for(bk.rule_params(config.rules_profile, list(config.rules_set)), 1.0)
+        interval_s = bk.load_render().seconds(backfill_interval)
         check_paths(feeds)
         bk.check_out(out_dir, replace=force)
+        if backfill is not None and backfill.exists() and any(backfill.iterdir()):
+            raise ValueError(f"--backfill {backfill} is not empty: blocks go into a new or empty directory")
     except (OSError, ValueError) as exc:
         raise fail(str(exc)) from None
     progress = Progress(
@@ -1028,12 +1042,47 @@ def backtest_cmd(
             result = bk.run_backtest(feeds, config, progress=track)
     except (OSError, ValueError) as exc:
         raise fail(str(exc)) from None
+    if backfill is not None:
+        try:
+            result.summary["backfill"] = bk.backfill(result, backfill, interval_s=interval_s)
+        except (OSError, RuntimeError, ValueError) as exc:
+            raise fail(f"--backfill: {exc}", code=1) from None
     bk.write_outputs(result, out_dir)
+    if html:
+        from workers.commands.report import write_report
+
+        write_report(out_dir)
     if as_json:
         print(json.dumps(result.rows))
         return
     out.print(bk.markdown(result), markup=False)
     out.print(f"{result.timings['total']:.0f} s; results in {out_dir}")
+    if backfill is not None:
+        b = result.summary["backfill"]
+        out.print(
+            f"backfill: {b['samples']:,} samples of {b['series']} series from {b['from']} to {b['to']} "
+            f"in {len(b['blocks'])} TSDB blocks under {backfill} (start Prometheus on it with "
+            "--storage.tsdb.retention.time longer than the feed's age)"
+        )
+
+
+@app.command("report")
+def report_cmd(
+    run_dir: Annotated[Path, typer.Argument(metavar="DIR", help="A reval backtest --out directory")],
+    out_file: Annotated[
+        Path | None, typer.Option("--out", help="The HTML file [default: DIR/report.html]")
+    ] = None,
+) -> None:
+    """One self-contained HTML page of a backtest: metrics over event time with the injected
+    drifts and their detections, k-curves, the detection table, thesaurus health, slices.
+    Opens from disk (no server, no network)."""
+    from workers.commands.report import write_report
+
+    try:
+        path = write_report(run_dir, out_file)
+    except (OSError, ValueError) as exc:
+        raise fail(str(exc)) from None
+    out.print(f"wrote {path}")
 
 
 @app.command()

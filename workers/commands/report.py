@@ -29,6 +29,8 @@ import matplotlib.dates as mdates
 # display is ever opened (headless like Agg), and no global figure list keeps them alive.
 from matplotlib.figure import Figure
 
+from stream.backtest import duration_text
+
 DAY = 86400.0
 #: The three window means plotted over event time: (series.json key, label, scale).
 METRICS = (
@@ -166,16 +168,6 @@ def _label(value: Any) -> str:
     return str(value).replace("$", r"\$")
 
 
-def _duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "—"
-    if seconds < 2 * 3600:
-        return f"{seconds / 60:.0f} min"
-    if seconds < 2 * DAY:
-        return f"{seconds / 3600:.1f} h"
-    return f"{seconds / DAY:.1f} d"
-
-
 def _fmt(value: Any, spec: str = ".4g") -> str:
     x = _num(value)
     return "—" if x is None else format(x, spec)
@@ -283,7 +275,10 @@ def _time_scale(d: dict[str, Any]) -> str:
         "rules (windows, baselines, 'for' clauses) is multiplied by this factor"
     )
     if window is not None:
-        text += f" — the {_duration(window / scale)} quality window becomes {_duration(window)} of event time"
+        text += (
+            f" — the {duration_text(window / scale)} quality window becomes "
+            f"{duration_text(window)} of event time"
+        )
     return text
 
 
@@ -353,7 +348,7 @@ def _metric_section(d: dict[str, Any], series: dict[str, Any] | None) -> str:
         return head + _note("series.json has no usable times: no plots over event time") + "</section>"
     window = _num(series.get("window_s"))
     intro = (
-        f"<p>Means over a sliding {html.escape(_duration(window))} window (the alert's quality window) "
+        f"<p>Means over a sliding {html.escape(duration_text(window))} window (the alert's quality window) "
         "of each metric, control (grey) against drifted (blue). The dashed line is the injection; "
         "each numbered dotted line is the first detection of the signals listed for it in the "
         "legend.</p>"
@@ -377,7 +372,7 @@ def _metric_plot(d: dict[str, Any], series: dict[str, Any], drift: str, times: l
             ax.axvline(start, color="black", ls="--", lw=1, label="injection")
         for i, (when, signals, delay, events) in enumerate(found):
             colour = MARKER_COLOURS[i % len(MARKER_COLOURS)]
-            label = f"{i + 1}: {', '.join(signals)} (+{_duration(delay)}, {_count(events)} events)"
+            label = f"{i + 1}: {', '.join(signals)} (+{duration_text(delay)}, {_count(events)} events)"
             ax.axvline(when, color=colour, ls=":", lw=1.6, label=_label(label))
         ax.set_ylabel(f"{name}\n(window mean, {scale})", fontsize=8)
         ax.grid(alpha=0.3)
@@ -467,7 +462,7 @@ def _detection_section(d: dict[str, Any]) -> str:
         seconds = None if row is None else _num(row.get("delay_s"))
         if row is None or seconds is None:
             return "—"
-        return f"{_duration(seconds)} ({_count(row.get('delay_events'))} events)"
+        return f"{duration_text(seconds)} ({_count(row.get('delay_events'))} events)"
 
     table = [[drift, *(delay(drift, s) for s in signals)] for drift in drifts]
     fa = {r["signal"]: r.get("false_alarms_per_day") for r in rows}
