@@ -18,6 +18,7 @@ from stream.chance import ChanceModel, corrected
 from stream.metrics import ExactScores, Mean, exact_from_ranks, rank_matrix, reval_by_k
 from stream.rank import DCG, RankWeights, ranked_by_k
 from stream.records import Recommendation
+from stream.slices import Bands, slice_scores
 from stream.thesaurus import Thesaurus
 
 DEFAULT_KS: tuple[int, ...] = (0, 5, 10, 20, 30, 40, 50, 60, 70)
@@ -75,8 +76,11 @@ class NeighbourCache:
         max_entries: int = 200_000,
         *,
         chance: ChanceModel | None = None,
+        bands: Bands | None = None,
     ) -> None:
         self.thesaurus = thesaurus
+        #: The version's popularity bands (:mod:`stream.slices`); None: no slices.
+        self.bands = bands
         self.max_k = max_k
         self.max_entries = max_entries
         self.chance = chance
@@ -125,6 +129,9 @@ class EventScore:
     n_recommended: int = 0
     #: Rank-aware #REval-hit-ratio (:mod:`stream.rank`, DCG weights unless asked otherwise).
     ranked: dict[str, dict[int, float]] = field(default_factory=dict)
+    #: #REval-hit-ratio on the ground truths of each popularity slice (:mod:`stream.slices`):
+    #: ``slices[r][slice][k]``, only the slices the event's ground truth falls in.
+    slices: dict[str, dict[str, dict[int, float]]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -143,6 +150,10 @@ class EventScore:
             # Added after the fields above; consumers that know only those keep working.
             "reval_hit_ratio_ranked": {
                 r: {str(k): v for k, v in by_k.items()} for r, by_k in self.ranked.items()
+            },
+            "reval_hit_ratio_slices": {
+                r: {name: {str(k): v for k, v in by_k.items()} for name, by_k in by_slice.items()}
+                for r, by_slice in self.slices.items()
             },
         }
 
@@ -179,6 +190,7 @@ def score_event(
     corrected_: dict[str, dict[int, float]] = {}
     exact: dict[str, ExactScores] = {}
     ranked: dict[str, dict[int, float]] = {}
+    slices: dict[str, dict[str, dict[int, float]]] = {}
     for r in rs:
         rows = matrix[:r] if r is not None else matrix
         observed = reval_by_k(rows, len(truth), ks)
@@ -190,6 +202,11 @@ def score_event(
             }
         exact[r_label(r)] = exact_from_ranks(rows, len(truth))
         ranked[r_label(r)] = dict(zip(ks, ranked_by_k(rows, len(truth), ks, weights), strict=True))
+        if cache.bands is not None:
+            slices[r_label(r)] = {
+                name: dict(zip(ks, values, strict=True))
+                for name, values in slice_scores(rows, truth, cache.bands, ks).items()
+            }
     unknown = sum(1 for h in recommended if not cache.known(h))
     return EventScore(
         **base,  # type: ignore[arg-type]
@@ -198,6 +215,7 @@ def score_event(
         exact=exact,
         unknown_recommended=unknown,
         ranked=ranked,
+        slices=slices,
     )
 
 

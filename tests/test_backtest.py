@@ -192,13 +192,20 @@ def test_backtest_end_to_end(backtest_run: tuple[Path, Path, list[str]], tmp_pat
     assert swap["drifted"] < swap["control"] / 2
     assert by["swap:least-popular", "exact_drop"]["delay_s"] is not None
     assert detection["time_scale"] >= 1 and detection["scored_events"] > 500
+    # Popularity slices: every scored event counts in at least one; respelled lists hit nothing.
+    slices = detection["slices"]
+    assert list(slices) == ["head", "torso", "tail", "novel"]
+    assert sum(s["events"] for s in slices.values()) >= detection["scored_events"]
+    assert slices["head"]["control"] > slices["novel"]["control"]
+    assert all(s["drifts"]["vocab:1"] in (0.0, None) for s in slices.values())
     assert "| vocab:1 |" in (out / "detection.md").read_text()
     series = json.loads((out / "series.json").read_text())
     assert len(series["t"]) == len(series["control"]["reval"]) == len(series["drifts"]["vocab:1"]["exact"])
     # reval report: the page of this run, and a clear error for a directory without one.
     shown = runner.invoke(app, ["report", str(out)])
     assert shown.exit_code == 0, shown.output
-    assert (out / "report.html").read_text().count('<figure class="plot"') >= 3
+    page = (out / "report.html").read_text()
+    assert page.count('<figure class="plot"') >= 3 and "no slices in this run" not in page
     missing = runner.invoke(app, ["report", str(tmp_path)])
     assert missing.exit_code == 2 and "detection.json" in missing.output
     # A second run into the same directory needs --force; a foreign directory is refused.

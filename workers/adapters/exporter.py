@@ -9,7 +9,9 @@ Quality metrics are exported two ways:
   last window of *event* time, so a replay at 100x shows what a live run would.
 
 The rank-aware #REval-hit-ratio (:mod:`stream.rank`) has the same two shapes,
-``reval_hit_ratio_ranked`` and ``reval_hit_ratio_ranked_rolling``.
+``reval_hit_ratio_ranked`` and ``reval_hit_ratio_ranked_rolling``.  The popularity
+slices (:mod:`stream.slices`: head, torso, tail, novel) are ``reval_hit_ratio_slice``
+per (recommender, slice, k, r), sum and count only.
 
 Label values are bounded: recommender names outside the allow-list (or beyond
 the cap when there is no list) become ``other``, so a hostile stream cannot grow
@@ -338,6 +340,8 @@ class QualityMetrics:
         self.width = len(self.rs) * (2 * len(self.ks) + len(ExactScores.NAMES))
         self._main: dict[str, _Accumulator] = {}
         self._corrected: dict[str, _Accumulator] = {}
+        # (recommender, slice) -> #REval on that popularity slice's ground truths (k values per r)
+        self._slices: dict[tuple[str, str], _Accumulator] = {}
         self._lock = threading.Lock()  # observe runs in the scorer thread, collect in the HTTP one
         exporter.registry.register(self)
 
@@ -364,6 +368,14 @@ class QualityMetrics:
                 dtype=np.float64,
                 count=len(self.rs) * len(self.ks),
             )
+        slices = {
+            label: np.fromiter(
+                chain.from_iterable(score.slices[r][label].values() for r in self.rs),
+                dtype=np.float64,
+                count=len(self.rs) * len(self.ks),
+            )
+            for label in (score.slices[self.rs[0]] if score.slices and self.rs else ())
+        }
         with self._lock:
             in_windows = self._admit_time(event_time)
             main = self._main.get(name)
@@ -375,6 +387,11 @@ class QualityMetrics:
                 if acc is None:
                     acc = self._corrected[name] = _Accumulator(len(corrected), self.windows)
                 acc.update(corrected, event_time, in_windows)
+            for label, vector in slices.items():
+                acc = self._slices.get((name, label))
+                if acc is None:
+                    acc = self._slices[name, label] = _Accumulator(len(vector), ())  # sums only
+                acc.update(vector, event_time, False)
 
     def _admit_time(self, event_time: float) -> bool:
         """Whether the event may enter the rolling windows (else counted by reason)."""
@@ -394,6 +411,7 @@ class QualityMetrics:
         with self._lock:
             main = {name: acc.snapshot() for name, acc in self._main.items()}
             corrected = {name: acc.snapshot() for name, acc in self._corrected.items()}
+            sliced = {key: (acc.count, acc.sums.copy()) for key, acc in self._slices.items()}
         hit_ratio = SummaryMetricFamily(
             "reval_hit_ratio", "#REval-hit-ratio of scored events", labels=["recommender", "k", "r"]
         )
@@ -473,7 +491,19 @@ class QualityMetrics:
                         if window is not None:
                             reval_corrected.add_metric([name, k, r, label], float(window[i]))
                     i += 1
+        by_slice = SummaryMetricFamily(
+            "reval_hit_ratio_slice",
+            "#REval-hit-ratio on the ground truths of a popularity slice (head, torso, tail, novel)",
+            labels=["recommender", "slice", "k", "r"],
+        )
+        for (name, label), (count, total) in sliced.items():
+            i = 0
+            for r in self.rs:
+                for k in self.ks:
+                    by_slice.add_metric([name, label, k, r], count_value=count, sum_value=float(total[i]))
+                    i += 1
         yield from (
+            by_slice,
             hit_ratio,
             hit_corrected,
             exact_match,

@@ -36,6 +36,7 @@ from stream.drift import DEFAULT_MIN_SUPPORT, DEFAULT_TOP, TOP_NEIGHBOURS, Snaps
 from stream.hubness import DEFAULT_METHOD, candidate_count, centred, scores
 from stream.means import HashtagMeans
 from stream.scoring import NeighbourCache
+from stream.slices import Bands
 from stream.thesaurus import (
     BaseThesaurus,
     JsonPairs,
@@ -713,14 +714,16 @@ def _annoy_candidates(
 
 
 def neighbour_cache(thesaurus: Thesaurus, max_k: int) -> NeighbourCache:
-    """The scorer's view of a thesaurus: synonym ranks up to ``max_k``, and the null model
-    for the chance-corrected score when the thesaurus has a neighbour table (JSON
-    thesauri have no popularity to weigh by, so they have none)."""
+    """The scorer's view of a thesaurus: synonym ranks up to ``max_k``, and, when the
+    thesaurus has a neighbour table, the null model for the chance-corrected score and the
+    popularity bands for the slices (JSON thesauri have no popularity: neither)."""
     table = thesaurus.table if isinstance(thesaurus, AnnoyThesaurus) else thesaurus
     if isinstance(table, NeighbourTable) and max_k > table.depth and table.depth < len(table) - 1:
         raise ValueError(f"the thesaurus holds {table.depth} neighbours per hashtag; k={max_k} is more")
-    chance = ChanceModel(table) if isinstance(table, NeighbourTable) else None
-    return NeighbourCache(thesaurus, max_k=max_k, chance=chance)
+    if not isinstance(table, NeighbourTable):
+        return NeighbourCache(thesaurus, max_k=max_k)
+    bands = Bands(table.hashtags, table.counts)
+    return NeighbourCache(thesaurus, max_k=max_k, chance=ChanceModel(table), bands=bands)
 
 
 def build_from_means(

@@ -44,6 +44,7 @@ from stream.means import HashtagMeans
 from stream.recommenders import BaseRecommender, MoweRecommender, make_recommender
 from stream.records import Recommendation
 from stream.scoring import DEFAULT_KS, NeighbourCache, r_label, score_event
+from stream.slices import SLICES
 from workers.adapters.backfill import Family, Series, counter_at, create_blocks, write_openmetrics
 from workers.adapters.feeds import read_tweets
 from workers.adapters.rules import load_render, rule_params
@@ -175,6 +176,8 @@ class _Scores:
     def __init__(self, n: int, n_ks: int) -> None:
         self.by_k = np.full((n, n_ks), np.nan)  # #REval at every k of DEFAULT_KS (the k-curve)
         self.reval = np.full(n, np.nan)
+        #: #REval at the alert (k, r) on each popularity slice's ground truths (stream.slices)
+        self.slices = {label: np.full(n, np.nan) for label in SLICES}
         self.corrected = np.full(n, np.nan)
         self.exact = np.full(n, np.nan)
         self.recommended = np.zeros(n)
@@ -261,6 +264,8 @@ def run_backtest(
             if s.unscorable is None:
                 col.by_k[j] = [s.reval[label][x] for x in ks]
                 col.reval[j] = s.reval[label][k]
+                for name, by_k in s.slices.get(label, {}).items():
+                    col.slices[name][j] = by_k[k]
                 col.corrected[j] = s.corrected.get(label, {}).get(k, math.nan)
                 col.exact[j] = s.exact[label].hit_ratio
 
@@ -415,6 +420,7 @@ def run_backtest(
         "false_alarm_episodes": false_alarms,
         "effects": effects,
         "goal": goal(rows),
+        "slices": _slices(t_events, control, runs, starts),
         "k_curve": _k_curves(ks, t_events, rules.quality_window, control, runs, starts),
         "thesaurus": {
             "refits": health,
@@ -447,6 +453,23 @@ def _health(
         "top10_changed_share": drift.share_top10_changed_over_half,
     }
     return out, drift.movers
+
+
+def _slices(
+    t: npt.NDArray[np.float64], control: _Scores, runs: dict[str, _Scores], starts: dict[str, float]
+) -> dict[str, Any]:
+    """#REval at the alert (k, r) per popularity slice: the control over the whole period,
+    and control and drifted run over the events after each injection."""
+    out: dict[str, Any] = {}
+    for label in SLICES:
+        values = control.slices[label]
+        out[label] = {
+            "events": int(np.count_nonzero(~np.isnan(values))),
+            "control": _mean(values),
+            "drifts": {name: _mean(col.slices[label][t >= starts[name]]) for name, col in runs.items()},
+            "control_after": {name: _mean(values[t >= starts[name]]) for name in runs},
+        }
+    return out
 
 
 def _k_curves(

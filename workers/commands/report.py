@@ -597,14 +597,22 @@ def _slices_section(d: dict[str, Any]) -> str:
         return head + _note("no slices in this run") + "</section>"
     drifts = [k for s in slices.values() if isinstance(_get(s, "drifts"), dict) for k in s["drifts"]]
     drifts = list(dict.fromkeys(map(str, drifts)))
+
+    def after(s: Any, drift: str) -> str:
+        before = _get(s, "control_after", drift)
+        now = _fmt(_get(s, "drifts", drift))
+        return now if before is None else f"{_fmt(before)} → {now}"
+
     rows = [
-        [
-            label,
-            _count(_get(s, "events")),
-            _fmt(_get(s, "control")),
-            *(_fmt(_get(s, "drifts", x)) for x in drifts),
-        ]
+        [label, _count(_get(s, "events")), _fmt(_get(s, "control")), *(after(s, x) for x in drifts)]
         for label, s in slices.items()
     ]
-    header = ["slice", "events", "control", *drifts]
-    return head + _table(header, rows, [False, *([True] * (len(header) - 1))]) + "</section>"
+    header = ["slice", "events", "control (whole period)", *(f"{x}: control → drifted" for x in drifts)]
+    note = (
+        "<p>#REval at the alert k and r on the ground-truth hashtags of each popularity band of "
+        "the thesaurus: <em>head</em> = the most used hashtags carrying the first half of all uses, "
+        "<em>torso</em> = the next 30%, <em>tail</em> = the rest, <em>novel</em> = unknown to the "
+        "thesaurus (only an exact recommendation can hit). Drift columns: the events after the "
+        "injection.</p>"
+    )
+    return head + note + _table(header, rows, [False, *([True] * (len(header) - 1))]) + "</section>"

@@ -1,0 +1,81 @@
+"""Slices of the score by the ground truth's popularity: head, torso, tail and novel.
+
+A recommender that is good on the few hashtags everybody uses and useless on the long
+tail looks fine on average (paper ``002_…``: cores and cold start).  Each thesaurus
+version ranks its hashtags by training frequency (the tweets its mean averages); the
+most used hashtags that together carry the first ``head`` share of all uses are the
+*head*, the next ones up to the ``torso`` share the *torso*, the rest the *tail*; a
+ground-truth hashtag the thesaurus does not know is *novel* (cold start: only an exact
+recommendation can hit it).  Shares, not counts, so the bands mean the same on a feed
+of a thousand tweets and of a billion.
+
+An event is scored in a slice on the ground-truth hashtags of that slice: Eq. 4 with G
+cut to them, so one event can count in several slices, each with its own |G|.  Four
+fixed labels: bounded, whatever the vocabulary.
+
+>>> bands = Bands(["flood", "fire", "rain", "hail"], [60, 25, 10, 5])
+>>> [bands.of(h) for h in ("flood", "fire", "rain", "hail", "sharknado")]
+['head', 'torso', 'tail', 'tail', 'novel']
+>>> slice_scores([[0, 1 << 30], [1 << 30, 1 << 30]], ["flood", "sharknado"], bands, [0, 10])
+{'head': [1.0, 1.0], 'novel': [0.0, 0.0]}
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from stream.metrics import reval_by_k
+
+__all__ = ["DEFAULT_SHARES", "SLICES", "Bands", "slice_scores"]
+
+SLICES = ("head", "torso", "tail", "novel")
+#: Cumulative shares of hashtag uses that end the head and the torso.
+DEFAULT_SHARES = (0.5, 0.8)
+
+
+class Bands:
+    """Each known hashtag's popularity band in one thesaurus version."""
+
+    def __init__(
+        self,
+        hashtags: Sequence[str],
+        counts: npt.ArrayLike,
+        shares: tuple[float, float] = DEFAULT_SHARES,
+    ) -> None:
+        head, torso = shares
+        if not 0.0 < head <= torso <= 1.0:
+            raise ValueError(f"band shares must satisfy 0 < head <= torso <= 1, got {shares}")
+        uses = np.asarray(counts, dtype=np.float64)
+        if uses.shape != (len(hashtags),):
+            raise ValueError(f"{len(hashtags)} hashtags but {uses.shape} counts")
+        # Most used first, ties by name: the same bands on every build of the same counts.
+        order = sorted(range(len(hashtags)), key=lambda i: (-uses[i], hashtags[i]))
+        total = float(uses.sum())
+        self.shares = shares
+        self._band: dict[str, str] = {}
+        before = 0.0  # uses of the hashtags ranked above this one (sums of counts: exact)
+        for i in order:
+            name = "head" if before < head * total else "torso" if before < torso * total else "tail"
+            self._band[hashtags[i]] = name
+            before += uses[i]
+
+    def of(self, hashtag: str) -> str:
+        return self._band.get(hashtag, "novel")
+
+
+def slice_scores(
+    matrix: Sequence[Sequence[int]], truth: Sequence[str], bands: Bands, ks: Sequence[int]
+) -> dict[str, list[float]]:
+    """#REval-hit-ratio at each k of ``ks`` on the ground truths of each slice that has
+    any (``matrix`` is the |R| x |G| rank matrix of :func:`stream.metrics.rank_matrix`)."""
+    columns: dict[str, list[int]] = {}
+    for j, hashtag in enumerate(truth):
+        columns.setdefault(bands.of(hashtag), []).append(j)
+    return {
+        label: reval_by_k([[row[j] for j in columns[label]] for row in matrix], len(columns[label]), ks)
+        for label in SLICES
+        if label in columns
+    }
