@@ -43,6 +43,7 @@ __all__ = [
     "duration_text",
     "enough_events",
     "episodes",
+    "evaluable",
     "hold",
     "inject",
     "mutual_synonym",
@@ -318,6 +319,14 @@ def enough_events(series: Series, at: Floats, rules: Rules) -> Bools:
     quality alerts are silent elsewhere)."""
     scored = np.where(np.isnan(series.reval), np.nan, 1.0)
     return _window_sums(series.t, scored, at, rules.quality_window)[1] >= rules.min_events
+
+
+def evaluable(series: Series, at: Floats, rules: Rules) -> Bools:
+    """Instants at which the drop rules can fire at all: enough events now and a baseline
+    (some offset's window with events).  On a sparse feed these, not the signals, bound
+    the detection delays."""
+    past = baseline(series.t, series.reval, at, rules.quality_window, rules.baseline_offsets)
+    return enough_events(series, at, rules) & ~np.isnan(past)
 
 
 def _below(a: Floats, b: Floats) -> Bools:

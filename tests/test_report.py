@@ -169,7 +169,9 @@ def test_the_example_has_one_inline_svg_plot_per_expected_figure(example_report:
     ids = re.findall(r'\bid="([^"]+)"', page)
     assert len(ids) == len(set(ids)), "ids repeat across the inline SVGs"
     assert set(re.findall(r'(?:href="#|url\(#)([^")]+)', page)) <= set(ids), "a reference points nowhere"
-    assert "no slices in this run" in page
+    # The sample feed's backtest has the four popularity slices, control and drifted.
+    assert "no slices in this run" not in page
+    assert all(f"<td>{label}</td>" in page for label in ("head", "torso", "tail", "novel"))
     # Self-contained: nothing to fetch, nothing to run.
     assert not re.search(r"<script|<link|<img|<iframe|\bsrc=|url\(\s*['\"]?(https?:|//)", page, re.I)
     # What was run, readable without having run it.
