@@ -18,7 +18,7 @@ from stream.chance import ChanceModel, corrected
 from stream.metrics import ExactScores, Mean, exact_from_ranks, rank_matrix, reval_by_k
 from stream.rank import DCG, RankWeights, ranked_by_k
 from stream.records import Recommendation
-from stream.slices import Bands, slice_scores
+from stream.slices import Bands, columns_by_slice, slice_scores
 from stream.thesaurus import Thesaurus
 
 DEFAULT_KS: tuple[int, ...] = (0, 5, 10, 20, 30, 40, 50, 60, 70)
@@ -191,6 +191,7 @@ def score_event(
     exact: dict[str, ExactScores] = {}
     ranked: dict[str, dict[int, float]] = {}
     slices: dict[str, dict[str, dict[int, float]]] = {}
+    columns = columns_by_slice(truth, cache.bands) if cache.bands is not None else {}
     for r in rs:
         rows = matrix[:r] if r is not None else matrix
         observed = reval_by_k(rows, len(truth), ks)
@@ -202,10 +203,10 @@ def score_event(
             }
         exact[r_label(r)] = exact_from_ranks(rows, len(truth))
         ranked[r_label(r)] = dict(zip(ks, ranked_by_k(rows, len(truth), ks, weights), strict=True))
-        if cache.bands is not None:
+        if columns:
             slices[r_label(r)] = {
                 name: dict(zip(ks, values, strict=True))
-                for name, values in slice_scores(rows, truth, cache.bands, ks).items()
+                for name, values in slice_scores(rows, columns, ks, observed).items()
             }
     unknown = sum(1 for h in recommended if not cache.known(h))
     return EventScore(

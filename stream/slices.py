@@ -16,7 +16,10 @@ fixed labels: bounded, whatever the vocabulary.
 >>> bands = Bands(["flood", "fire", "rain", "hail"], [60, 25, 10, 5])
 >>> [bands.of(h) for h in ("flood", "fire", "rain", "hail", "sharknado")]
 ['head', 'torso', 'tail', 'tail', 'novel']
->>> slice_scores([[0, 1 << 30], [1 << 30, 1 << 30]], ["flood", "sharknado"], bands, [0, 10])
+>>> columns = columns_by_slice(["flood", "sharknado"], bands)
+>>> columns
+{'head': [0], 'novel': [1]}
+>>> slice_scores([[0, 1 << 30], [1 << 30, 1 << 30]], columns, [0, 10])
 {'head': [1.0, 1.0], 'novel': [0.0, 0.0]}
 """
 
@@ -29,7 +32,7 @@ import numpy.typing as npt
 
 from stream.metrics import reval_by_k
 
-__all__ = ["DEFAULT_SHARES", "SLICES", "Bands", "slice_scores"]
+__all__ = ["DEFAULT_SHARES", "SLICES", "Bands", "columns_by_slice", "slice_scores"]
 
 SLICES = ("head", "torso", "tail", "novel")
 #: Cumulative shares of hashtag uses that end the head and the torso.
@@ -66,16 +69,28 @@ class Bands:
         return self._band.get(hashtag, "novel")
 
 
-def slice_scores(
-    matrix: Sequence[Sequence[int]], truth: Sequence[str], bands: Bands, ks: Sequence[int]
-) -> dict[str, list[float]]:
-    """#REval-hit-ratio at each k of ``ks`` on the ground truths of each slice that has
-    any (``matrix`` is the |R| x |G| rank matrix of :func:`stream.metrics.rank_matrix`)."""
+def columns_by_slice(truth: Sequence[str], bands: Bands) -> dict[str, list[int]]:
+    """The ground truths' positions in each slice they fall in (once per event)."""
     columns: dict[str, list[int]] = {}
     for j, hashtag in enumerate(truth):
         columns.setdefault(bands.of(hashtag), []).append(j)
+    return {label: columns[label] for label in SLICES if label in columns}
+
+
+def slice_scores(
+    matrix: Sequence[Sequence[int]],
+    columns: dict[str, list[int]],
+    ks: Sequence[int],
+    whole: list[float] | None = None,
+) -> dict[str, list[float]]:
+    """#REval-hit-ratio at each k of ``ks`` on the ground truths of each slice of
+    ``columns`` (:func:`columns_by_slice`); ``matrix`` is the |R| x |G| rank matrix of
+    :func:`stream.metrics.rank_matrix`.  ``whole``: Eq. 4 on all of G, already computed,
+    reused for a slice that holds every ground truth (the usual case: one band)."""
+    n_truth = len(matrix[0]) if matrix else 0
     return {
-        label: reval_by_k([[row[j] for j in columns[label]] for row in matrix], len(columns[label]), ks)
-        for label in SLICES
-        if label in columns
+        label: list(whole)
+        if whole is not None and len(cols) == n_truth
+        else reval_by_k([[row[j] for j in cols] for row in matrix], len(cols), ks)
+        for label, cols in columns.items()
     }

@@ -10,7 +10,7 @@ from prometheus_client import generate_latest
 from stream.metrics import reval_hit_ratio
 from stream.records import Recommendation
 from stream.scoring import NeighbourCache, score_event
-from stream.slices import SLICES, Bands, slice_scores
+from stream.slices import SLICES, Bands, columns_by_slice, slice_scores
 from stream.thesaurus import build_neighbour_table
 from workers.adapters.exporter import Exporter, LabelGuard, QualityMetrics
 from workers.adapters.store import neighbour_cache
@@ -50,7 +50,7 @@ def test_a_slice_is_eq4_on_its_ground_truths() -> None:
 
     matrix = rank_matrix(recommended, truth, cache.ranks)
     ks = [0, 1, 3]
-    got = slice_scores(matrix, truth, bands, ks)
+    got = slice_scores(matrix, columns_by_slice(truth, bands), ks)
     assert set(got) == {"head", "torso", "tail", "novel"}
     for label in got:
         cut = [g for g in truth if bands.of(g) == label]
@@ -72,6 +72,10 @@ def test_scorer_and_metrics_carry_the_slices() -> None:
     assert set(result.slices["all"]) == {"head", "novel"}
     assert result.slices["all"]["head"][0] == 1.0 and result.slices["all"]["novel"][0] == 0.0
     assert result.to_json()["reval_hit_ratio_slices"]["all"]["head"] == {"0": 1.0, "3": 1.0}
+    # One band only: the slice is Eq. 4 on the whole ground truth (reused, not recomputed).
+    single = score_event(event, ("floods",), cache, ks=(0, 3), rs=(1, None))
+    assert {r: list(v) for r, v in single.slices.items()} == {"1": ["torso"], "all": ["torso"]}
+    assert all(single.slices[r]["torso"] == single.reval[r] for r in ("1", "all"))
     exporter = Exporter()
     quality = QualityMetrics(
         exporter, ks=(0, 3), rs=(None,), windows=(300,), guard=LabelGuard(), window_label=lambda s: "5m"
