@@ -64,7 +64,8 @@ class ThesaurusMetadata:
 
     ``hubness_method`` is the neighbour ranking (:mod:`stream.hubness`), ``depth`` how
     many neighbours per hashtag the neighbour table holds, ``hubness`` the k-occurrence
-    report of that table (:class:`stream.hubness.HubnessReport` as a dict).
+    report of that table (:class:`stream.hubness.HubnessReport` as a dict), ``drift`` what
+    moved since the version before it (the index job fills it in before publishing).
 
     >>> m = ThesaurusMetadata(model_id="vinai/bertweet-base", dimension=768, count=2,
     ...                       built_at="2024-01-01T00:00:00Z", version="abc", n_trees=50,
@@ -88,6 +89,9 @@ class ThesaurusMetadata:
     format: str = FORMAT
     #: SHA-256 of each file of the thesaurus directory, checked before any is used.
     checksums: dict[str, str] | None = None
+    #: Meaning drift from the version before (:meth:`stream.drift.ThesaurusDrift.to_dict`:
+    #: quantiles and the movers with their old and new neighbours); None for a first version.
+    drift: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -102,7 +106,7 @@ class ThesaurusMetadata:
             raise ThesaurusFormatError(
                 f"thesaurus metadata: expected a JSON object, got {type(data).__name__}"
             )
-        optional = {"max_distance", "hubness_method", "depth", "hubness", "format", "checksums"}
+        optional = {"max_distance", "hubness_method", "depth", "hubness", "format", "checksums", "drift"}
         missing = [f.name for f in fields(cls) if f.name not in data and f.name not in optional]
         if missing:
             raise ThesaurusFormatError(f"thesaurus metadata: missing key(s) {', '.join(missing)}")
@@ -120,6 +124,8 @@ class ThesaurusMetadata:
         values["depth"] = _expect(data.get("depth", 0), int, "depth")
         hubness = data.get("hubness")
         values["hubness"] = None if hubness is None else dict(_expect(hubness, Mapping, "hubness"))
+        drift = data.get("drift")
+        values["drift"] = None if drift is None else dict(_expect(drift, Mapping, "drift"))
         values["format"] = _expect(data.get("format", ""), str, "format")
         checksums = data.get("checksums")
         if checksums is not None:

@@ -12,6 +12,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 import redis
+from typer.testing import CliRunner
 
 from stream.drift import IncomparableVersionsError, Snapshot, compare, hashtag_shifts, jaccard
 from stream.hubness import DEFAULT_METHOD
@@ -19,6 +20,7 @@ from stream.means import HashtagMeans
 from workers.adapters.exporter import Exporter
 from workers.adapters.redis_means import Contribution, RedisMeans
 from workers.adapters.store import AnnoyThesaurus, ThesaurusStore, build_from_means, thesaurus_drift
+from workers.commands.cli import app
 from workers.commands.drift import thesaurus_diff
 from workers.service.index import Indexer
 from workers.settings import Settings
@@ -370,6 +372,18 @@ def test_the_index_job_exports_the_drift_of_each_new_version(
     p50, p99 = gauge("reval_thesaurus_shift", quantile="0.5"), gauge("reval_thesaurus_shift", quantile="0.99")
     assert 0.0 <= p50 < 0.1 < p99  # one hashtag of 33 moved far, the rest barely
     assert 0.0 <= gauge("reval_thesaurus_top10_changed_share") < 0.5
+    # The movers travel with the version, in its metadata.json (checked like the rest on load).
+    first_meta, second = (
+        indexer.store.load("v000002").metadata,
+        json.loads((tmp_path / "store" / "v000002" / "metadata.json").read_text()),
+    )
+    assert first_meta.drift == second["drift"]
+    movers = second["drift"]["movers"]
+    assert movers[0]["hashtag"] == "flood3" and movers[0]["cosine"] < 0.5
+    assert set(movers[0]["new_neighbours"]) & {n for n in _names() if n.startswith("vote")}
+    assert second["drift"]["compared"] == len(_names()) and second["drift"]["from_version"]
+    shown = CliRunner().invoke(app, ["thesaurus", "inspect", str(tmp_path / "store" / "v000002")])
+    assert shown.exit_code == 0 and "moved most since" in shown.output and "#flood3" in shown.output
     # Never a label per hashtag: the three quantiles are all the series there are.
     samples = next(iter(x.thesaurus_shift.collect())).samples
     assert sorted(sample.labels["quantile"] for sample in samples) == ["0.5", "0.9", "0.99"]

@@ -588,6 +588,19 @@ class AnnoyThesaurus(BaseThesaurus):
     def metadata(self) -> ThesaurusMetadata:
         return self.table.metadata
 
+    def annotate(self, **fields: Any) -> None:
+        """Change metadata fields (e.g. ``drift``) of a thesaurus not saved yet: they are
+        written with it by :meth:`save`.  Checksums cover the other files, so the field
+        is part of the version as published."""
+        self.table = NeighbourTable(
+            self.table.hashtags,
+            self.table.neighbour_ids,
+            self.table.distances,
+            self.table.counts,
+            dataclasses.replace(self.table.metadata, **fields),
+            self.table.stats,
+        )
+
     @property
     def hashtags(self) -> tuple[str, ...]:
         """All hashtags, in id order."""

@@ -11,6 +11,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -225,6 +226,10 @@ def thesaurus_inspect(
         table.add_row(key, str(meta[key]))
     out.print(table)
     _print_hubness(meta.get("hubness") or {}, th.metadata.hubness_method)
+    drift = meta.get("drift") or {}
+    if drift.get("movers"):  # written by the index job: what moved since the version before
+        moved = ", ".join(f"#{m['hashtag']} ({m['cosine']:.2f})" for m in drift["movers"][:10])
+        out.print(f"moved most since {drift.get('from_version')}: {escape(moved)}")
 
 
 @thesaurus_app.command("diff")

@@ -11,6 +11,7 @@ from typing import Any
 
 import faust
 
+from stream.drift import ThesaurusDrift
 from stream.means import HashtagMeans
 from stream.thesaurus import Thesaurus
 from workers.adapters.exporter import Exporter
@@ -28,8 +29,9 @@ from workers.settings import Settings
 
 log = logging.getLogger("reval.workers")
 
-#: Movers named in the log line of each new version (the gauges carry no hashtag).
-DRIFT_LOGGED = 5
+#: Movers kept in each new version's metadata (the log line names the first 5; the gauges
+#: carry no hashtag).
+DRIFT_MOVERS = 20
 
 
 class Indexer:
@@ -68,10 +70,13 @@ class Indexer:
         # Opened before publishing: with keep=1 the publish prunes the previous version.
         previous = self._current()
         try:
+            drift = self._drift(previous, thesaurus)
+            if drift is not None and previous is not None:  # the movers travel with the version
+                thesaurus.annotate(drift={"from_version": previous.version, **drift.to_dict()})
             version = self.store.publish(thesaurus)
             self._publish_gauges(thesaurus, version, time.perf_counter() - started)
             log.info("index %s: %d hashtags (%d changed)", version, len(thesaurus), changed)
-            self._publish_drift(previous, thesaurus, version)
+            self._publish_drift(drift, version)
         finally:
             if previous is not None:
                 previous.close()
@@ -86,17 +91,19 @@ class Indexer:
             log.warning("index: previous version unreadable, no drift reported (%s)", exc)
             return None
 
-    def _publish_drift(
-        self, previous: AnnoyThesaurus | None, thesaurus: AnnoyThesaurus, version: str
-    ) -> None:
-        """Which hashtags' meaning moved since the previous version: gauges and a log line.
-        Never fails the build: the version is already published."""
-        drift = None
-        if previous is not None:
-            try:
-                drift = thesaurus_drift(previous, thesaurus, top=DRIFT_LOGGED)
-            except ValueError as exc:  # another model or hubness method: cosines are meaningless
-                log.info("index %s: no drift against the previous version (%s)", version, exc)
+    def _drift(self, previous: AnnoyThesaurus | None, thesaurus: AnnoyThesaurus) -> ThesaurusDrift | None:
+        """Which hashtags' meaning moved since the previous version; None when there is none
+        or the two are not comparable.  Never fails the build."""
+        if previous is None:
+            return None
+        try:
+            return thesaurus_drift(previous, thesaurus, top=DRIFT_MOVERS)
+        except ValueError as exc:  # another model or hubness method: cosines are meaningless
+            log.info("index: no drift against the previous version (%s)", exc)
+            return None
+
+    def _publish_drift(self, drift: ThesaurusDrift | None, version: str) -> None:
+        """The drift's gauges (never a label per hashtag) and a log line with the movers."""
         self.x.set_thesaurus_drift(drift)
         if drift is not None and drift.shift_quantiles is not None:
             log.info(
@@ -107,7 +114,7 @@ class Indexer:
                 drift.shift_quantiles.p50,
                 drift.shift_quantiles.p99,
                 100.0 * (drift.share_top10_changed_over_half or 0.0),
-                ", ".join(f"#{m.hashtag} ({m.cosine:.2f})" for m in drift.movers) or "none",
+                ", ".join(f"#{m.hashtag} ({m.cosine:.2f})" for m in drift.movers[:5]) or "none",
             )
 
     def _publish_gauges(self, thesaurus: Thesaurus, version: str, seconds: float | None) -> None:
