@@ -17,7 +17,7 @@ from tests.test_deploy import require_binary
 from tests.test_prometheus import Prometheus
 from workers.adapters.feeds import sample_feed
 from workers.adapters.rules import rule_params
-from workers.commands.backtest import rules_for
+from workers.commands.backtest import EMBEDDING_SIGNAL, rules_for
 from workers.commands.cli import app
 
 runner = CliRunner()
@@ -179,8 +179,12 @@ def test_backtest_end_to_end(backtest_run: tuple[Path, Path, list[str]], tmp_pat
     detection = json.loads((out / "detection.json").read_text())
     rows = detection["signals"]
     assert {(r["drift"], r["signal"]) for r in rows} == {
-        (d, s) for d in ("swap:least-popular", "vocab:1") for s in bt.SIGNALS
+        (d, s) for d in ("swap:least-popular", "vocab:1") for s in [*bt.SIGNALS, EMBEDDING_SIGNAL]
     }
+    # The embedding test ran at the refits, with its own calibration beside it.
+    embedding = detection["embedding_drift"]
+    assert embedding["tests"] and all(0 < t["p_value"] <= 1 for t in embedding["tests"])
+    assert embedding["calibration_alarm_rate"] is not None
     assert all({"signal", "drift", "delay_s", "false_alarms_per_day"} <= set(r) for r in rows)
     by = {(r["drift"], r["signal"]): r for r in rows}
     # Every recommended hashtag respelled: the unknown share jumps from 0 to 1.
