@@ -115,6 +115,13 @@ class Settings(BaseSettings):
         DEFAULT_METHOD, description="Neighbour ranking: raw, center, csls, center+csls, mp (see README)"
     )
 
+    # Embedding drift test (stream.mmd): the embed workers keep a bounded sample of tweet
+    # embeddings per event-time bucket; the index job compares the last window with the one before.
+    drift_sample_rate: float = Field(0.1, ge=0, le=1, description="Share of embedded tweets sampled")
+    drift_sample_cap: int = Field(300, ge=2, description="Most sampled tweets per bucket")
+    drift_bucket_s: int = Field(3600, ge=1, description="Event-time bucket of the samples (seconds)")
+    drift_window_s: int = Field(86400, ge=1, description="Recent window (and reference before it)")
+
     # Scoring
     ks: str = Field(",".join(map(str, DEFAULT_KS)), description="Synonym counts k")
     rs: str = Field(",".join(map(str, DEFAULT_RS)), description="Top-r cut-offs")

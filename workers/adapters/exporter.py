@@ -41,6 +41,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric, SummaryMetricFamil
 
 from stream.drift import QUANTILES, ThesaurusDrift
 from stream.metrics import ExactScores
+from stream.mmd import MmdResult
 from stream.scoring import EventScore, r_label
 from stream.windows import RollingMean
 
@@ -208,6 +209,21 @@ class Exporter:
         )
         # Meaning drift from the previous version to the current one (stream.drift): summary
         # quantiles only, never a label per hashtag (the movers go to the log).
+        # The embedding drift test (stream.mmd) of the index job: NaN until both windows
+        # hold samples.
+        self.embedding_mmd = Gauge(
+            "reval_embedding_drift_mmd",
+            "MMD² between tweet embeddings of the last drift window and of the window before",
+            registry=r,
+        )
+        self.embedding_p_value = Gauge(
+            "reval_embedding_drift_p_value",
+            "Permutation p-value of that MMD (small: the tweets changed)",
+            registry=r,
+        )
+        self.embedding_samples = Gauge(
+            "reval_embedding_drift_samples", "Tweets compared, per window", ["window"], registry=r
+        )
         self.thesaurus_shift = Gauge(
             "reval_thesaurus_shift",
             "Quantile of 1 - cosine between a hashtag's vectors in the previous and the current version",
@@ -266,6 +282,13 @@ class Exporter:
         share = drift.share_top10_changed_over_half if drift is not None else None
         self.thesaurus_top10_changed_share.set(math.nan if share is None else share)
         self.thesaurus_drift_compared.set(math.nan if drift is None else drift.compared)
+
+    def set_embedding_drift(self, result: MmdResult | None) -> None:
+        """The last embedding drift test; NaN when there were too few samples to test."""
+        self.embedding_mmd.set(math.nan if result is None else result.statistic)
+        self.embedding_p_value.set(math.nan if result is None else result.p_value)
+        self.embedding_samples.labels("reference").set(0 if result is None else result.n_reference)
+        self.embedding_samples.labels("recent").set(0 if result is None else result.n_recent)
 
     def _index_age(self) -> float:
         return time.time() - self._built_at if self._built_at else float("nan")

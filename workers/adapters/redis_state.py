@@ -14,6 +14,9 @@ it is Redis Cluster safe.
 ``{prefix}:j:deadlines``  -- ZSET of ``<tweet id>\\0<event id>`` by the time the event
     expires unmatched; written in the same pipeline (an index, not state).
 ``{prefix}:j:bytes``      -- the bytes of waiting events (approximate: the metric of it).
+``{prefix}:sample:<bucket>`` -- HASH: a bounded sample of the tweet embeddings of one
+    event-time bucket (``claimant`` -> float32 bytes), for the embedding drift test; expires
+    after two drift windows.
 
 Delivery: an event is *settled* only after its score (or ``join_expired`` letter) was
 acknowledged by the broker (:meth:`RedisJoin.settle`), so a crash at any point before
@@ -23,9 +26,13 @@ redelivers it: scores are at-least-once.
 from __future__ import annotations
 
 import json
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, cast
+
+import numpy as np
+import numpy.typing as npt
 
 from workers.adapters.redis_client import Client, eval_many
 
@@ -80,6 +87,85 @@ _DUE = """
 if redis.call('HEXISTS', KEYS[1], 't') == 1 then return false end
 return redis.call('HGET', KEYS[1], 'e:' .. ARGV[1])
 """
+
+
+# ARGV: field, vector bytes, cap, ttl.  Adds one sampled embedding unless the bucket is
+# full; a redelivered one (same field) is already in.  Returns 1 when added.
+_SAMPLE = """
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then return 0 end
+if redis.call('HLEN', KEYS[1]) >= tonumber(ARGV[3]) then return 0 end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+redis.call('EXPIRE', KEYS[1], ARGV[4])
+return 1
+"""
+
+
+class RedisSamples:
+    """Bounded samples of tweet embeddings per event-time bucket, for the embedding drift
+    test (:mod:`stream.mmd`) the index job runs.
+
+    Whether a tweet is sampled is decided by a hash of its claimant (``topic:partition:
+    offset``), so a redelivered batch samples the same tweets, and each tweet is one field:
+    exactly once in the sample, like the means.  A bucket keeps at most ``cap`` tweets (the
+    first sampled), so memory is bounded by ``cap x dim x 4`` bytes per bucket whatever the
+    traffic.  Every script touches one key: cluster safe.
+    """
+
+    def __init__(
+        self,
+        client: Client,
+        prefix: str = "reval",
+        *,
+        rate: float = 0.1,
+        cap: int = 300,
+        bucket_s: int = 3600,
+        window_s: int = 86400,
+    ) -> None:
+        if not 0.0 <= rate <= 1.0:
+            raise ValueError(f"sample rate must be within [0, 1], got {rate}")
+        self.client = client
+        self.prefix = f"{prefix}:sample"
+        self.rate, self.cap, self.bucket_s, self.window_s = rate, cap, bucket_s, window_s
+        self.ttl = 2 * window_s + bucket_s
+        self._add = cast(Any, client).register_script(_SAMPLE)
+
+    def sampled(self, claimant: str) -> bool:
+        return zlib.crc32(claimant.encode()) < self.rate * 2**32
+
+    def add(self, items: Sequence[tuple[str, float, npt.NDArray[np.floating[Any]]]]) -> int:
+        """``(claimant, event time in seconds, vector)`` of embedded tweets; one round trip.
+        Returns how many went into a sample."""
+        calls = [
+            (
+                f"{self.prefix}:{int(when // self.bucket_s)}",
+                (claimant, np.asarray(vector, dtype="<f4").tobytes(), self.cap, self.ttl),
+            )
+            for claimant, when, vector in items
+            if self.sampled(claimant)
+        ]
+        return sum(int(x) for x in eval_many(self.client, self._add, calls)) if calls else 0
+
+    def windows(self) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
+        """(reference, recent): the samples of the last ``window_s`` of event time, ending at
+        the newest bucket (event time, not the clock: a replay is judged at its own dates),
+        and of the ``window_s`` before them."""
+        names = (_text(key).rsplit(":", 1)[1] for key in self.client.scan_iter(match=f"{self.prefix}:*"))
+        buckets = sorted(int(name) for name in names if name.lstrip("-").isdigit())
+        if not buckets:
+            empty = np.zeros((0, 0), dtype=np.float32)
+            return empty, empty
+        span = max(1, self.window_s // self.bucket_s)
+        newest = buckets[-1]
+        recent = [b for b in buckets if newest - span < b <= newest]
+        reference = [b for b in buckets if newest - 2 * span < b <= newest - span]
+        return self._read(reference), self._read(recent)
+
+    def _read(self, buckets: Sequence[int]) -> npt.NDArray[np.float32]:
+        pipe = self.client.pipeline(transaction=False)
+        for bucket in buckets:
+            pipe.hvals(f"{self.prefix}:{bucket}")
+        rows = [np.frombuffer(v, dtype="<f4") for values in pipe.execute() for v in values]
+        return np.vstack(rows) if rows else np.zeros((0, 0), dtype=np.float32)
 
 
 class RedisClaims:

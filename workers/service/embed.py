@@ -19,7 +19,7 @@ from workers.adapters.exporter import Exporter
 from workers.adapters.kafka_client import TopicIdentity
 from workers.adapters.redis_client import Client, with_retry
 from workers.adapters.redis_means import Contribution, RedisMeans
-from workers.adapters.redis_state import RedisSeen
+from workers.adapters.redis_state import RedisSamples, RedisSeen
 from workers.service.incarnation import Incarnations
 from workers.service.records import Record, admit
 from workers.service.runtime import Outcome, Output, Runtime, Step, Topics, letter, record_of
@@ -40,6 +40,7 @@ class Embedder:
         self.incarnations = incarnations
         self.means = RedisMeans(client, prefix=settings.redis_prefix, dim=encoder.dim)
         self.seen = RedisSeen(client, settings.redis_prefix, ttl=settings.dedup_ttl_s)
+        self.samples = samples_of(client, settings)
 
     def admit(self, records: Sequence[Record]) -> tuple[list[Item], list[Output]]:
         """Parse and pre-process once: the tweets to embed, and the dead letters."""
@@ -97,6 +98,9 @@ class Embedder:
             "running means", lambda: self.means.apply(contributions), report=self.x.redis_report
         )
         self.x.redis_seconds.labels("apply").observe(time.perf_counter() - started)
+        # The embedding drift test's sample: idempotent too (one field per claimant).
+        sample = [(claimant(r), _event_time(r, p), v) for (r, p), v in zip(kept, vectors, strict=True)]
+        with_retry("drift sample", lambda: self.samples.add(sample), report=self.x.redis_report)
 
         def count() -> None:  # once, when the batch is through
             self.x.embed_seconds.observe(seconds)
@@ -107,6 +111,24 @@ class Embedder:
 
         outcome.after.append(count)
         return outcome
+
+
+def _event_time(record: Record, prepared: Prepared) -> float:
+    """The tweet's time (``created_at``), else the Kafka timestamp: the sample's bucket."""
+    created = prepared.tweet.created_at
+    return created.timestamp() if created is not None else record.time
+
+
+def samples_of(client: Client, settings: Settings) -> RedisSamples:
+    """The embedding samples as the settings configure them (embed workers and index job)."""
+    return RedisSamples(
+        client,
+        settings.redis_prefix,
+        rate=settings.drift_sample_rate,
+        cap=settings.drift_sample_cap,
+        bucket_s=settings.drift_bucket_s,
+        window_s=settings.drift_window_s,
+    )
 
 
 def load_encoder(settings: Settings) -> Any:

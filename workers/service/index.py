@@ -13,6 +13,7 @@ import faust
 
 from stream.drift import ThesaurusDrift
 from stream.means import HashtagMeans
+from stream.mmd import MmdResult, mmd_test
 from stream.thesaurus import Thesaurus
 from workers.adapters.exporter import Exporter
 from workers.adapters.redis_client import with_retry
@@ -24,6 +25,7 @@ from workers.adapters.store import (
     thesaurus_drift,
     version_number,
 )
+from workers.service.embed import samples_of
 from workers.service.runtime import Runtime
 from workers.settings import Settings
 
@@ -42,6 +44,7 @@ class Indexer:
         self.x = exporter
         self.means = RedisMeans(client, prefix=settings.redis_prefix)
         self.store = ThesaurusStore(Path(settings.index_dir), keep=settings.index_keep)
+        self.samples = samples_of(client, settings)
         current = self.store.current_version()
         if current is not None:
             self._publish_gauges(self.store.load(current), current, None)
@@ -77,6 +80,7 @@ class Indexer:
             self._publish_gauges(thesaurus, version, time.perf_counter() - started)
             log.info("index %s: %d hashtags (%d changed)", version, len(thesaurus), changed)
             self._publish_drift(drift, version)
+            self._embedding_drift()
         finally:
             if previous is not None:
                 previous.close()
@@ -101,6 +105,24 @@ class Indexer:
         except ValueError as exc:  # another model or hubness method: cosines are meaningless
             log.info("index: no drift against the previous version (%s)", exc)
             return None
+
+    def _embedding_drift(self) -> MmdResult | None:
+        """Did the tweets change?  The MMD test (:mod:`stream.mmd`) between the embed
+        workers' samples of the last drift window and of the window before; exported, and
+        None (NaN gauges) while either window has fewer than 2 samples."""
+        reference, recent = with_retry("drift sample", self.samples.windows)
+        result = None
+        if min(len(reference), len(recent)) >= 2 and reference.shape[1] == recent.shape[1]:
+            result = mmd_test(reference, recent, seed=int(time.time()))
+            log.info(
+                "index: embedding drift MMD %.5f, p %.3f (%d reference, %d recent tweets)",
+                result.statistic,
+                result.p_value,
+                result.n_reference,
+                result.n_recent,
+            )
+        self.x.set_embedding_drift(result)
+        return result
 
     def _publish_drift(self, drift: ThesaurusDrift | None, version: str) -> None:
         """The drift's gauges (never a label per hashtag) and a log line with the movers."""
