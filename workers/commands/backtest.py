@@ -37,6 +37,7 @@ import numpy as np
 import numpy.typing as npt
 
 from stream import backtest as bt
+from stream.cleaning import Prepared
 from stream.drift import Mover
 from stream.experiment import ProgressFactory, labelled, load_corpus, no_progress
 from stream.hubness import DEFAULT_METHOD
@@ -193,14 +194,39 @@ class _Scores:
         return bt.Series(t, self.reval, self.corrected, self.exact, self.recommended, self.unknown)
 
 
-def run_backtest(
-    feeds: Sequence[str | Path], config: BacktestConfig, *, progress: ProgressFactory = no_progress
-) -> Backtest:
-    """Replay ``feeds`` with ``config``; see the module docstring."""
+@dataclass
+class _Feed:
+    """The replayed feed: tweets in event-time order, their embeddings, the scored events
+    (labelled tweets after the warm-up), the refit points and each drift's start."""
+
+    prepared: list[Prepared]
+    times: npt.NDArray[np.float64]
+    vectors: npt.NDArray[np.float32]
+    model_id: str
+    events: list[int]  # indices into prepared
+    t_events: npt.NDArray[np.float64]
+    warm_end: float
+    points: list[float]
+    starts: dict[str, float]
+
+    @property
+    def first(self) -> float:
+        return float(self.t_events[0])
+
+    @property
+    def last(self) -> float:
+        return float(self.t_events[-1])
+
+
+def _load(
+    feeds: Sequence[str | Path],
+    config: BacktestConfig,
+    injections: list[bt.Injection],
+    progress: ProgressFactory,
+    timings: dict[str, float],
+) -> _Feed:
+    """Read, clean and embed the feed; place the warm-up, the refits and the injections."""
     started = time.perf_counter()
-    timings: dict[str, float] = {}
-    injections = config.parsed()
-    params = rule_params(config.rules_profile, list(config.rules_set))
     corpus = load_corpus(
         read_tweets(feeds), limit=config.limit, language_filter=config.language_filter, progress=progress
     )
@@ -212,13 +238,11 @@ def run_backtest(
         raise ValueError(f"only {len(prepared)} tweets with a created_at time: nothing to backtest")
     times = np.array([_seconds(p.tweet.created_at) for p in prepared])  # type: ignore[arg-type]
     timings["read"] = round(time.perf_counter() - started, 2)
-
-    tick = time.perf_counter()
+    started = time.perf_counter()
     vectors, model_id = bertag_vectors(
         prepared, config.model, dtype=config.dtype, batch_size=config.batch_size, progress=progress
     )
-    timings["embed"] = round(time.perf_counter() - tick, 2)
-
+    timings["embed"] = round(time.perf_counter() - started, 2)
     warm_end = float(times[int(len(prepared) * config.warmup)])
     refit = config.refit_days * DAY
     points = list(np.arange(warm_end, float(times[-1]) + refit, refit))
@@ -235,124 +259,173 @@ def run_backtest(
                 f"--inject {inj.label}@{_iso(starts[inj.label])} is outside the scored period "
                 f"{_iso(first)} .. {_iso(last)}"
             )
+    return _Feed(prepared, times, vectors, model_id, events, t_events, warm_end, points, starts)
 
-    words = None
-    if config.recommender == "mowe":
-        from workers.adapters.word_vectors import train_word_vectors  # gensim: the experiment extra
 
-        tick = time.perf_counter()
-        n_warm = int(np.searchsorted(times, warm_end, side="left"))
-        docs = [p.text.split() for p in prepared[:n_warm]]
-        words = train_word_vectors(docs, "word2vec", vector_size=config.vector_size, seed=config.seed)
-        timings["word2vec"] = round(time.perf_counter() - tick, 2)
+class _Walk:
+    """Walks the feed forward: at each refit point, the means so far, the recommender
+    refitted, the thesaurus rebuilt; then the interval's events recommended, drifted and
+    scored, in the control run and in each drifted run."""
 
-    def fit(method: str, upto: int) -> BaseRecommender:
+    def __init__(
+        self, feed: _Feed, config: BacktestConfig, injections: list[bt.Injection], k: int, r: int
+    ) -> None:
+        self.feed, self.config, self.injections, self.k, self.r = feed, config, injections, k, r
+        self.ks = tuple(sorted({*DEFAULT_KS, k}))
+        self.label = r_label(r)
+        n = len(feed.events)
+        self.control = _Scores(n, len(self.ks))
+        self.runs = {inj.label: _Scores(n, len(self.ks)) for inj in injections}
+        self.health: list[dict[str, Any]] = []  # the thesaurus at each refit: size, hubness, drift
+        self.movers: tuple[Mover, ...] = ()  # the last refit's
+        self.embedding_tests: list[dict[str, Any]] = []  # the MMD test at each refit (stream.mmd)
+        self.rng = np.random.default_rng(config.seed)
+        self.fitted: dict[int, BaseRecommender] = {}  # refit index -> model (stale drifts)
+        self.words: Any = None
+
+    def fit(self, method: str, upto: int) -> BaseRecommender:
         """``method`` trained on the labelled tweets of the ``train_days`` before index ``upto``."""
-        since = int(np.searchsorted(times, times[upto - 1] - config.train_days * DAY, side="left"))
+        times, prepared = self.feed.times, self.feed.prepared
+        since = int(np.searchsorted(times, times[upto - 1] - self.config.train_days * DAY, side="left"))
         train = [labelled(p) for p in prepared[since:upto] if p.hashtags]
         if method == "mowe":
-            return MoweRecommender(word_vectors=words).fit(train)
-        return make_recommender(method, seed=config.seed).fit(train)
+            return MoweRecommender(word_vectors=self.words).fit(train)
+        return make_recommender(method, seed=self.config.seed).fit(train)
 
-    _, k, r_text = rules_for(params, 1.0)
-    r = int(r_text)
-    label = r_label(r)
-    ks = tuple(sorted({*DEFAULT_KS, k}))
+    def run(self, progress: ProgressFactory, timings: dict[str, float]) -> None:
+        feed, config = self.feed, self.config
+        if config.recommender == "mowe":
+            from workers.adapters.word_vectors import train_word_vectors  # gensim: the experiment extra
 
-    def score_into(col: _Scores, lo: int, lists: list[list[str]], cache: NeighbourCache) -> None:
-        for j, recs in enumerate(lists, start=lo):
-            p = prepared[events[j]]
-            event = Recommendation(
-                p.tweet.id, tuple(recs), p.hashtags, config.recommender, p.tweet.created_at
+            started = time.perf_counter()
+            n_warm = int(np.searchsorted(feed.times, feed.warm_end, side="left"))
+            docs = [p.text.split() for p in feed.prepared[:n_warm]]
+            self.words = train_word_vectors(
+                docs, "word2vec", vector_size=config.vector_size, seed=config.seed
             )
-            s = score_event(event, p.hashtags, cache, ks, (r,))
+            timings["word2vec"] = round(time.perf_counter() - started, 2)
+        started = time.perf_counter()
+        means = HashtagMeans(dim=int(feed.vectors.shape[1]))
+        segment = np.searchsorted(np.array(feed.points), feed.t_events, side="right") - 1
+        refit = config.refit_days * DAY
+        lookback = max((float(i.amount) * DAY for i in self.injections if i.kind == "stale"), default=0.0)
+        previous: AnnoyThesaurus | None = None
+        before = lo = 0
+        advance = progress(
+            f"walking forward ({len(feed.points)} refits, {len(self.injections) + 1} runs)", len(feed.points)
+        )
+        for index, point in enumerate(feed.points):
+            upto = int(np.searchsorted(feed.times, point, side="left"))  # the tweets before this refit
+            means.update_batch([p.hashtags for p in feed.prepared[before:upto]], feed.vectors[before:upto])
+            before = upto
+            hi = int(np.searchsorted(segment, index, side="right"))
+            if hi > lo:
+                found = _embedding_test(feed.times, feed.vectors, point, refit, seed=config.seed + index)
+                if found is not None:
+                    self.embedding_tests.append(found)
+            model = self.fitted[index] = self.fit(config.recommender, upto)
+            for old in [q for q in self.fitted if feed.points[q] < point - lookback - refit]:
+                del self.fitted[old]  # older than any stale drift looks back
+            if hi > lo:
+                thesaurus = build_from_means(
+                    means,
+                    model_id=feed.model_id,
+                    method=config.hubness,
+                    depth=max(self.ks),
+                    n_trees=config.n_trees,
+                    seed=config.seed,
+                )
+                if thesaurus is None:
+                    raise ValueError(f"no hashtag embedded before {_iso(point)}: lower --warmup")
+                row, self.movers = _health(point, thesaurus, previous)
+                self.health.append(row)
+                previous = thesaurus
+                self._interval(index, point, upto, lo, hi, model, thesaurus)
+            lo = hi
+            advance(1)
+        timings["walk_forward"] = round(time.perf_counter() - started, 2)
+
+    def _interval(
+        self,
+        index: int,
+        point: float,
+        upto: int,
+        lo: int,
+        hi: int,
+        model: BaseRecommender,
+        thesaurus: AnnoyThesaurus,
+    ) -> None:
+        """Events ``lo:hi`` (those since this refit): recommended, drifted from each start, scored."""
+        feed, k, r = self.feed, self.k, self.r
+        cache = neighbour_cache(thesaurus, max(self.ks))
+        tweets = [feed.prepared[feed.events[j]].tweet for j in range(lo, hi)]
+        base = model.recommend_many(tweets, r)
+        self._score(self.control, lo, base, cache)
+        vocabulary = list(thesaurus.hashtags)
+
+        def synonym(h: str, taken: set[str]) -> str | None:
+            return bt.mutual_synonym(h, taken, lambda x: thesaurus.neighbours(x, k) if x in thesaurus else [])
+
+        for inj in self.injections:
+            start = feed.starts[inj.label]
+            whole: list[list[str]] | None = None
+            if feed.t_events[hi - 1] >= start and inj.kind == "stale":
+                stale = max(0, bisect_right(feed.points, point - float(inj.amount) * DAY) - 1)
+                whole = self.fitted[stale].recommend_many(tweets, r)
+            elif feed.t_events[hi - 1] >= start and inj.kind == "swap":
+                whole = self.fit(inj.amount, upto).recommend_many(tweets, r)
+            lists = [
+                recs
+                if feed.t_events[j] < start
+                else whole[j - lo]
+                if whole is not None
+                else bt.inject(
+                    inj.kind,
+                    inj.fraction,
+                    recs,
+                    self.rng,
+                    vocabulary=vocabulary,
+                    synonym=synonym,
+                    known=thesaurus.__contains__,
+                )
+                for j, recs in zip(range(lo, hi), base, strict=True)
+            ]
+            self._score(self.runs[inj.label], lo, lists, cache)
+
+    def _score(self, col: _Scores, lo: int, lists: list[list[str]], cache: NeighbourCache) -> None:
+        """The scorer's path (:func:`stream.scoring.score_event`) for events ``lo:``."""
+        feed, k, label = self.feed, self.k, self.label
+        for j, recs in enumerate(lists, start=lo):
+            p = feed.prepared[feed.events[j]]
+            event = Recommendation(
+                p.tweet.id, tuple(recs), p.hashtags, self.config.recommender, p.tweet.created_at
+            )
+            s = score_event(event, p.hashtags, cache, self.ks, (self.r,))
             col.recommended[j], col.unknown[j] = s.n_recommended, s.unknown_recommended
             if s.unscorable is None:
-                col.by_k[j] = [s.reval[label][x] for x in ks]
+                col.by_k[j] = [s.reval[label][x] for x in self.ks]
                 col.reval[j] = s.reval[label][k]
                 for name, by_k in s.slices.get(label, {}).items():
                     col.slices[name][j] = by_k[k]
                 col.corrected[j] = s.corrected.get(label, {}).get(k, math.nan)
                 col.exact[j] = s.exact[label].hit_ratio
 
-    n = len(events)
-    control = _Scores(n, len(ks))
-    runs = {inj.label: _Scores(n, len(ks)) for inj in injections}
-    health: list[dict[str, Any]] = []  # the thesaurus at each refit: size, hubness, drift
-    embedding_tests: list[dict[str, Any]] = []  # the MMD test at each refit (stream.mmd)
-    previous: AnnoyThesaurus | None = None
-    movers: tuple[Mover, ...] = ()  # the last refit's
-    rng = np.random.default_rng(config.seed)
-    means = HashtagMeans(dim=int(vectors.shape[1]))
-    segment = np.searchsorted(np.array(points), t_events, side="right") - 1
-    lookback = max((float(i.amount) * DAY for i in injections if i.kind == "stale"), default=0.0)
-    fitted: dict[int, BaseRecommender] = {}
-    before = lo = 0
-    tick = time.perf_counter()
-    advance = progress(f"walking forward ({len(points)} refits, {len(injections) + 1} runs)", len(points))
-    for index, point in enumerate(points):
-        upto = int(np.searchsorted(times, point, side="left"))  # the tweets before this refit
-        means.update_batch([p.hashtags for p in prepared[before:upto]], vectors[before:upto])
-        before = upto
-        hi = int(np.searchsorted(segment, index, side="right"))
-        if hi > lo:
-            found = _embedding_test(times, vectors, point, refit, seed=config.seed + index)
-            if found is not None:
-                embedding_tests.append(found)
-        model = fitted[index] = fit(config.recommender, upto)
-        for old in [q for q in fitted if points[q] < point - lookback - refit]:
-            del fitted[old]  # older than any stale drift looks back
-        if hi > lo:
-            thesaurus = build_from_means(
-                means,
-                model_id=model_id,
-                method=config.hubness,
-                depth=max(ks),
-                n_trees=config.n_trees,
-                seed=config.seed,
-            )
-            if thesaurus is None:
-                raise ValueError(f"no hashtag embedded before {_iso(point)}: lower --warmup")
-            row, movers = _health(point, thesaurus, previous)
-            health.append(row)
-            previous = thesaurus
-            cache = neighbour_cache(thesaurus, max(ks))
-            tweets = [prepared[events[j]].tweet for j in range(lo, hi)]
-            base = model.recommend_many(tweets, r)
-            score_into(control, lo, base, cache)
-            vocabulary = list(thesaurus.hashtags)
 
-            def synonym(h: str, taken: set[str], th: Any = thesaurus) -> str | None:
-                return bt.mutual_synonym(h, taken, lambda x: th.neighbours(x, k) if x in th else [])
-
-            for inj in injections:
-                start = starts[inj.label]
-                whole: list[list[str]] | None = None
-                if t_events[hi - 1] >= start and inj.kind == "stale":
-                    stale = max(0, bisect_right(points, point - float(inj.amount) * DAY) - 1)
-                    whole = fitted[stale].recommend_many(tweets, r)
-                elif t_events[hi - 1] >= start and inj.kind == "swap":
-                    whole = fit(inj.amount, upto).recommend_many(tweets, r)
-                lists = [
-                    recs
-                    if t_events[j] < start
-                    else whole[j - lo]
-                    if whole is not None
-                    else bt.inject(
-                        inj.kind,
-                        inj.fraction,
-                        recs,
-                        rng,
-                        vocabulary=vocabulary,
-                        synonym=synonym,
-                        known=thesaurus.__contains__,
-                    )
-                    for j, recs in zip(range(lo, hi), base, strict=True)
-                ]
-                score_into(runs[inj.label], lo, lists, cache)
-        lo = hi
-        advance(1)
-    timings["walk_forward"] = round(time.perf_counter() - tick, 2)
+def run_backtest(
+    feeds: Sequence[str | Path], config: BacktestConfig, *, progress: ProgressFactory = no_progress
+) -> Backtest:
+    """Replay ``feeds`` with ``config``; see the module docstring."""
+    started = time.perf_counter()
+    timings: dict[str, float] = {}
+    injections = config.parsed()
+    params = rule_params(config.rules_profile, list(config.rules_set))
+    _, k, r_text = rules_for(params, 1.0)
+    feed = _load(feeds, config, injections, progress, timings)
+    walk = _Walk(feed, config, injections, k, int(r_text))
+    walk.run(progress, timings)
+    control, runs, t_events, starts = walk.control, walk.runs, feed.t_events, feed.starts
+    first, last, n, r, ks = feed.first, feed.last, len(feed.events), walk.r, walk.ks
+    embedding_tests = walk.embedding_tests
 
     scored = int(np.count_nonzero(~np.isnan(control.reval)))
     unscaled, _, _ = rules_for(params, 1.0)
@@ -440,17 +513,17 @@ def run_backtest(
         "rules_profile": config.rules_profile,
         "rules_set": list(config.rules_set),
         "period": {"first_event": _iso(first), "last_event": _iso(last), "days": round(days, 2)},
-        "warmup_until": _iso(warm_end),
-        "tweets": len(prepared),
+        "warmup_until": _iso(feed.warm_end),
+        "tweets": len(feed.prepared),
         "events": n,
         "scored_events": scored,
-        "refits": len(points),
+        "refits": len(feed.points),
         # Where the quality window holds fewer than min_events, the quality alerts cannot fire.
         "instants_drop_rules_evaluable": round(float(can_fire.mean()), 4),
         "instants_with_enough_events": round(
             float(bt.enough_events(control.series(t_events), at, rules).mean()), 4
         ),
-        "model_id": model_id,
+        "model_id": feed.model_id,
         "false_alarm_episodes": false_alarms,
         "effects": effects,
         "goal": goal(rows),
@@ -469,8 +542,8 @@ def run_backtest(
         },
         "k_curve": _k_curves(ks, t_events, rules.quality_window, control, runs, starts),
         "thesaurus": {
-            "refits": health,
-            "movers": [m.to_dict() for m in movers],
+            "refits": walk.health,
+            "movers": [m.to_dict() for m in walk.movers],
         },
     }
     series = _series(at, t_events, rules, control, runs, control_firing)
