@@ -784,6 +784,27 @@ def recommend_cmd(
         raise fail(f"no event written: no tweet of --feed to recommend for{why}", code=1)
 
 
+def _progress_bars() -> tuple[Progress, Any]:
+    """Progress bars on stderr for a long command, and the ``progress(description, total)``
+    factory (:data:`stream.experiment.ProgressFactory`) that opens one bar each."""
+    progress = Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=err,
+        transient=False,
+    )
+
+    def track(description: str, total: int | None) -> Any:
+        task = progress.add_task(description, total=total)
+        return lambda n: progress.advance(task, n)
+
+    return progress, track
+
+
 @app.command("evaluate")
 def evaluate_cmd(
     feeds: Annotated[
@@ -872,21 +893,7 @@ def evaluate_cmd(
         ev.check_results_dir(out_dir, replace=force)
     except (OSError, ValueError) as exc:
         raise fail(str(exc)) from None
-    progress = Progress(
-        SpinnerColumn(),
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-        console=err,
-        transient=False,
-    )
-
-    def track(description: str, total: int | None) -> Any:
-        task = progress.add_task(description, total=total)
-        return lambda n: progress.advance(task, n)
-
+    progress, track = _progress_bars()
     try:
         with progress:
             experiment = ev.run_experiment(feeds, config, progress=track)
@@ -1027,21 +1034,7 @@ def backtest_cmd(
             raise ValueError(f"--backfill {backfill} is not empty: blocks go into a new or empty directory")
     except (OSError, ValueError) as exc:
         raise fail(str(exc)) from None
-    progress = Progress(
-        SpinnerColumn(),
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-        console=err,
-        transient=False,
-    )
-
-    def track(description: str, total: int | None) -> Any:
-        task = progress.add_task(description, total=total)
-        return lambda n: progress.advance(task, n)
-
+    progress, track = _progress_bars()
     try:
         with progress:
             result = bk.run_backtest(feeds, config, progress=track)
