@@ -241,13 +241,15 @@ def test_apply_then_read_all_equals_the_in_memory_means(store: RedisMeans) -> No
     assert store.dim == 768
 
 
-def test_stored_sums_are_bit_exact_with_a_model_of_the_script(store: RedisMeans) -> None:
-    """The Lua arithmetic is what the docstring says: per call, the float64 suffix sums of each
-    partition are added (in double) to the stored sum, which is rounded to block floating point
-    (int32 mantissas, one exponent, half to even)."""
+def test_stored_sums_are_bit_exact_with_a_model_of_the_store(store: RedisMeans) -> None:
+    """The arithmetic is what the docstring says: per call, each partition's float64 suffix
+    sum is appended to the pending log; a fold adds the log, in order and in double, to the
+    stored sum and rounds once to block floating point (int32 mantissas, one exponent, half
+    to even); a read adds the pending log to the stored sum without rounding."""
     rng = np.random.default_rng(1)
     vectors = bert_like(rng, 420)
-    model = np.zeros(768)
+    writer = RedisMeans(store.client, prefix=store.prefix, fold_after=5)
+    stored, log = np.zeros(768), list[np.ndarray]()
 
     def write(total: np.ndarray) -> np.ndarray:
         mx = np.abs(total).max()
@@ -260,14 +262,30 @@ def test_stored_sums_are_bit_exact_with_a_model_of_the_script(store: RedisMeans)
         stacked = np.stack(rows).astype(np.float64)
         return np.cumsum(stacked[::-1], axis=0)[-1]  # d_1 = v_k + ... + v_1, as the client sums
 
+    def plus_log() -> np.ndarray:
+        total = stored.copy()
+        for delta in log:
+            total += delta
+        return total
+
+    folds = 0
     for start in range(0, len(vectors), 7):  # 7 tweets a batch from partitions 0 and 1
         rows = list(vectors[start : start + 7])
-        store.apply([Contribution("t", i % 2, start + i, ["hot"], v) for i, v in enumerate(rows)])
-        delta = suffix_sum(rows[0::2]) + suffix_sum(rows[1::2])
-        model = write(model + delta)
+        result = writer.apply([Contribution("t", i % 2, start + i, ["hot"], v) for i, v in enumerate(rows)])
+        log += [suffix_sum(rows[0::2]), suffix_sum(rows[1::2])]
+        if len(log) >= 5:
+            stored, log = write(plus_log()), []
+            folds += 1
+        assert result.folded == (0 if log else 1)
+    assert folds == 20 and len(log) == 0  # 60 calls of 2 deltas: every 3rd call logs 6 >= 5
+    writer.apply([Contribution("t", 0, 1000, ["hot"], vectors[0])])
+    log.append(vectors[0].astype(np.float64))
     got = store.read(["hot"])["hot"]
-    assert got.count == len(vectors)
-    assert np.array_equal(got.total, model)
+    assert got.count == len(vectors) + 1
+    assert np.array_equal(got.total, plus_log())  # pending, unrounded
+    assert np.array_equal(store.read(["hot"], fold=True)["hot"].total, plus_log())
+    assert np.array_equal(store.read(["hot"])["hot"].total, write(plus_log()))  # folded: rounded
+    assert store.client.exists(store.log_key("hot")) == 0
 
 
 def test_precision_against_a_float64_batch_recomputation(store: RedisMeans) -> None:
@@ -384,7 +402,9 @@ def test_a_batch_may_list_a_partition_out_of_order(store: RedisMeans) -> None:
 # Hypothesis: a log of records in several partitions; consumers that crash at arbitrary points
 # of a pipeline (any subset of its per-hashtag calls applied), commit only now and then, are
 # replaced after a rebalance while the old one keeps writing as a zombie, and re-read from the
-# committed offsets in a new interleaving with new batch boundaries.  Integer vectors make the
+# committed offsets in a new interleaving with new batch boundaries; writers fold their logs
+# after 1, 2 or 50 deltas, and other processes read states and fold them later (stale folds
+# must be refused or land without losing what was appended since).  Integer vectors make the
 # sums exact, so the comparison with the batch recomputation is exact equality.
 
 DIM = 3
@@ -420,6 +440,8 @@ class Consumer:
 def simulate(client: redis.Redis | RedisCluster, log: list[Contribution], data: st.DataObject):
     prefix = _prefix()
     committed: dict[tuple[str, int], int] = {}
+    fold_after = data.draw(st.sampled_from([1, 2, 50]))
+    stale: list[tuple[RedisMeans, dict]] = []  # folds read earlier, written later (a slow index job)
 
     def join() -> Consumer:
         """A consumer (new process) reading from the committed offsets, freshly interleaved."""
@@ -431,7 +453,7 @@ def simulate(client: redis.Redis | RedisCluster, log: list[Contribution], data: 
         pending: deque[Contribution] = deque()
         while any(queues):
             pending.append(rnd.choice([q for q in queues if q]).popleft())
-        return Consumer(RedisMeans(client, prefix=prefix), pending)
+        return Consumer(RedisMeans(client, prefix=prefix, fold_after=fold_after), pending)
 
     try:
         owner, zombies = join(), list[Consumer]()
@@ -442,7 +464,12 @@ def simulate(client: redis.Redis | RedisCluster, log: list[Contribution], data: 
             if not batch:
                 continue
             plan = actor.store._plan(batch)
-            event = data.draw(st.sampled_from(["ok", "ok", "crash", "rebalance"]))
+            event = data.draw(st.sampled_from(["ok", "ok", "crash", "rebalance", "fold"]))
+            if event == "fold":  # another process reads now and folds later, if ever
+                reader = RedisMeans(client, prefix=prefix)
+                stale.append((reader, reader._read_states(list("abcd"))))
+                if data.draw(st.booleans()):
+                    reader._fold(stale.pop(data.draw(st.integers(0, len(stale) - 1)))[1])
             if event == "crash":  # kill -9 mid-pipeline: any subset of the per-key calls ran
                 ran = data.draw(st.lists(st.booleans(), min_size=len(plan.calls), max_size=len(plan.calls)))  # fmt: skip
                 calls = tuple(c for c, r in zip(plan.calls, ran, strict=True) if r)
@@ -462,6 +489,8 @@ def simulate(client: redis.Redis | RedisCluster, log: list[Contribution], data: 
                 owner = join()
         while batch := owner.poll(5):
             applied += owner.store.apply(batch).applied
+        for reader, states in stale:  # every stale fold lands at the end: all but races refused
+            reader._fold(states)
 
         expected = in_memory(log, DIM)
         got = RedisMeans(client, prefix=prefix).read_all()
@@ -566,7 +595,7 @@ def test_clear_deletes_everything_under_the_prefix_only(store: RedisMeans) -> No
     try:
         neighbour.apply([Contribution("t", 0, 0, ["a"], np.ones(3))])
         store.apply([Contribution("t", 0, 0, ["a", "b"], np.ones(3))])
-        assert store.clear() == 4  # 2 hashtags, the changed set, the dim key
+        assert store.clear() == 6  # 2 hashtags with their logs, the changed set, the dim key
         assert store.read_all() == {} and store.changed_count() == 0
         assert set(neighbour.read_all()) == {"a"}
     finally:
@@ -582,6 +611,9 @@ def test_memory_usage_of_a_768d_hashtag_with_four_partitions(store: RedisMeans) 
          for p in range(4) for i in range(2)]
     )  # fmt: skip
     assert len(store.watermarks("coronavirus")) == 4
+    logged = store.memory_usage("coronavirus")
+    assert logged is not None and logged > 4 * 768 * 8  # 4 pending float64 deltas
+    assert store.fold(["coronavirus"]) == 1  # what the index job's read does
     usage = store.memory_usage("coronavirus")
     assert usage is not None
     print(f"MEMORY USAGE ({info.get('mem_allocator')}): {usage} bytes")

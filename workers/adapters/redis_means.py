@@ -95,6 +95,7 @@ calls and 1.4e-6 after 10^5 (float32: 9.4e-6 / 1.8e-4).  Counts are exact.
 
 from __future__ import annotations
 
+import math
 import re
 import struct
 from collections.abc import Iterable, Iterator, Sequence
@@ -120,26 +121,27 @@ _META_HEADER = struct.Struct("<dIi")  # count, dim, shared exponent
 _READ_CHUNK = 500  # keys per pipelined HMGET round trip in read_all
 
 _APPLY_LUA = """
--- Add one batch's contributions to ONE hashtag's running mean, exactly once.
--- KEYS[1]: the hashtag's hash.  ARGV: dim, head, ngroups, then per partition group:
---   id ("topic:partition"), k, offsets o_1 < ... < o_k, then k float64 LE suffix sums
---   d_j = v_j + ... + v_k.  Applies the items with offset > the stored watermark.
--- The sum is int32 mantissas q_i with a shared exponent e: sum_i = q_i * 2^-e.
+-- Add one batch's contributions to ONE hashtag's running mean, exactly once, without a
+-- single float operation: the chosen float64 suffix sums are appended, as raw bytes, to the
+-- hashtag's pending log; the count and the watermarks move in the same atomic call.
+-- KEYS[1]: the hashtag's hash; KEYS[2]: its pending log (a string, same hash tag and slot).
+-- ARGV: dim, head, ngroups, then per partition group: id ("topic:partition"), k, offsets
+--   o_1 < ... < o_k, then k float64 LE suffix sums d_j = v_j + ... + v_k.  Applies the
+--   items with offset > the stored watermark.  Returns {applied, skipped, log bytes}.
 local dim = tonumber(ARGV[1])
-local head = tonumber(ARGV[2])
+local ntail = dim - tonumber(ARGV[2])
 local ngroups = tonumber(ARGV[3])
-local ntail = dim - head
-local cur = redis.call('HMGET', KEYS[1], 's', 'm')
-local s, m = cur[1], cur[2]
-local count, e = 0, 0
+local m = redis.call('HGET', KEYS[1], 'm')
+local count, e, tail = 0, 0, string.rep('\\0', 4 * ntail)
 local marks, names = {}, {}
 if m then
   local d, pos
   count, d, e, pos = struct.unpack('<dI4i4', m)
-  if d ~= dim or #s ~= 4 * head then
+  if d ~= dim then
     return redis.error_reply('REVALDIM ' .. KEYS[1] .. ' holds ' .. d ..
       '-d sums, got ' .. dim .. '-d vectors')
   end
+  tail = string.sub(m, pos, pos + 4 * ntail - 1)
   pos = pos + 4 * ntail
   local name, off
   while pos <= #m do
@@ -169,54 +171,39 @@ for g = 1, ngroups do
   skipped = skipped + first - 1
   i = i + 2 + 2 * k
 end
-if applied == 0 then return {0, skipped} end
-local dfmt = '<' .. string.rep('d', dim)
-local sum = {struct.unpack(dfmt, picked[1])}
-for p = 2, #picked do
-  local d = {struct.unpack(dfmt, picked[p])}
-  for j = 1, dim do sum[j] = sum[j] + d[j] end
-end
-local hfmt = '<' .. string.rep('i4', head)
-local tfmt = '<' .. string.rep('i4', ntail)
-local mx = 0
-if m then
-  local q = {struct.unpack(hfmt, s)}
-  if ntail > 0 then
-    local t = {struct.unpack(tfmt, m, 17)}
-    for j = 1, ntail do q[head + j] = t[j] end
-  end
-  local inv = math.ldexp(1, -e)  -- q * 2^-e, exactly
-  for j = 1, dim do
-    local x = q[j] * inv + sum[j]
-    sum[j] = x
-    if x < 0 then x = -x end
-    if x > mx then mx = x end
-  end
-else
-  for j = 1, dim do
-    local x = sum[j]
-    if x < 0 then x = -x end
-    if x > mx then mx = x end
-  end
-end
--- New shared exponent: the largest |component| scaled into [2^30, 2^31) (capped so that
--- 2^e stays a normal double).  Adding and subtracting 1.5 * 2^52 rounds to an integer,
--- half to even.
-local RNE = 6755399441055744
-e = 0
-if mx > 0 then
-  local _, x = math.frexp(mx)
-  e = math.min(31 - x, 1000)
-  if (math.ldexp(mx, e) + RNE) - RNE >= 2147483648 then e = e - 1 end
-end
-local sc = math.ldexp(1, e)
-for j = 1, dim do sum[j] = (sum[j] * sc + RNE) - RNE end
-count = count + applied
-local parts = {struct.pack('<dI4i4', count, dim, e)}
-if ntail > 0 then parts[2] = struct.pack(tfmt, unpack(sum, head + 1, dim)) end
+if applied == 0 then return {0, skipped, redis.call('STRLEN', KEYS[2])} end
+local logged = redis.call('APPEND', KEYS[2], table.concat(picked))
+local parts = {struct.pack('<dI4i4', count + applied, dim, e), tail}
 for _, name in ipairs(names) do parts[#parts + 1] = struct.pack('<sd', name, marks[name]) end
-redis.call('HSET', KEYS[1], 's', struct.pack(hfmt, unpack(sum, 1, head)), 'm', table.concat(parts))
-return {applied, skipped}
+redis.call('HSET', KEYS[1], 'm', table.concat(parts))
+return {applied, skipped, logged}
+"""
+
+_FOLD_LUA = """
+-- Replace a hashtag's stored sum and the first L bytes of its pending log by their total,
+-- computed by the client from what it read -- unless another fold came first.
+-- KEYS as the apply script.  ARGV: fold generation read, L, head mantissas, exponent, tail
+-- mantissas.  The count and the watermarks are not touched.  Returns 1 if folded.
+local g = tonumber(redis.call('HGET', KEYS[1], 'g') or 0)
+local m = redis.call('HGET', KEYS[1], 'm')
+if g ~= tonumber(ARGV[1]) or not m then return 0 end
+local count, dim = struct.unpack('<dI4', m)
+local tail = ARGV[5]
+redis.call('HSET', KEYS[1], 's', ARGV[3], 'g', g + 1, 'm',
+  struct.pack('<dI4i4', count, dim, tonumber(ARGV[4])) .. tail .. string.sub(m, 17 + #tail))
+local L = tonumber(ARGV[2])
+if redis.call('STRLEN', KEYS[2]) <= L then
+  redis.call('DEL', KEYS[2])
+else
+  redis.call('SET', KEYS[2], redis.call('GETRANGE', KEYS[2], L, -1))
+end
+return 1
+"""
+
+_READ_LUA = """
+-- One hashtag's state, atomically across its two keys: s, m, fold generation, pending log.
+local v = redis.call('HMGET', KEYS[1], 's', 'm', 'g')
+return {v[1], v[2], v[3], redis.call('GET', KEYS[2])}
 """
 
 _TAKE_LUA = """
@@ -252,14 +239,16 @@ class ApplyResult:
     """Updates already applied before (redelivery) or repeated within the batch."""
     hashtags: frozenset[str]
     """Hashtags whose running mean changed."""
+    folded: int = 0
+    """Hashtags whose pending log reached ``fold_after`` deltas and was folded into the sum."""
 
 
 @dataclass(frozen=True)
 class _Call:
-    """One script call: all of a batch's items for one hashtag (one key)."""
+    """One script call: all of a batch's items for one hashtag (its two keys, one slot)."""
 
     hashtag: str
-    key: str
+    keys: tuple[str, str]
     args: tuple[bytes | int | str, ...]
 
 
@@ -269,17 +258,30 @@ class _Plan:
     duplicates: int  # (tweet, hashtag) updates repeated within the batch itself
 
 
+@dataclass(frozen=True)
+class _State:
+    """One hashtag's keys as read atomically: what a fold starts from."""
+
+    mean: RunningMean
+    generation: int
+    logged: int  # bytes of pending log included in ``mean``
+
+
 class RedisMeans:
     """Per-hashtag running means in Redis, updated exactly once per Kafka record.
 
     Works with :class:`redis.Redis` and :class:`redis.cluster.RedisCluster` clients
     (``decode_responses`` must be off: the sums are binary).  ``dim`` may be given,
     or is fixed by the first :meth:`apply` (and shared through ``{prefix}:dim``).
+    ``fold_after``: pending deltas a hashtag's log may reach before :meth:`apply` folds
+    it into the stored sum (``read(..., fold=True)`` folds whatever it reads).
     Two stores on one Redis need prefixes that are not ``other + ":..."`` of each
     other, since reads and :meth:`clear` SCAN for ``{prefix}:*``.
     """
 
-    def __init__(self, client: Client, prefix: str = "reval", dim: int | None = None) -> None:
+    def __init__(
+        self, client: Client, prefix: str = "reval", dim: int | None = None, fold_after: int = 8
+    ) -> None:
         if not _PREFIX_RE.fullmatch(prefix):
             raise ValueError(
                 f"prefix {prefix!r} must match {_PREFIX_RE.pattern} "
@@ -289,15 +291,21 @@ class RedisMeans:
             raise ValueError("RedisMeans needs a client with decode_responses=False")
         if dim is not None and dim < 1:
             raise ValueError(f"dim must be positive, got {dim}")
+        if fold_after < 1:
+            raise ValueError(f"fold_after must be at least 1, got {fold_after}")
         self.client = client
         self.prefix = prefix
+        self.fold_after = fold_after
         self._wanted_dim = dim
         self._dim: int | None = None  # set once checked against {prefix}:dim
         self._unfinished: _Plan | None = None  # a plan whose pipeline failed part-way
         # types-redis 4.6 (the stubs installed beside redis-py 8) predates RedisCluster's
         # scripting support and Script.sha; both exist at run time.
         scripting = cast(redis.Redis, client)
-        self._apply_script: Any = scripting.register_script(_APPLY_LUA)
+        self._scripts: dict[str, Any] = {
+            name: scripting.register_script(lua)
+            for name, lua in (("apply", _APPLY_LUA), ("fold", _FOLD_LUA), ("read", _READ_LUA))
+        }
         self._take_script: Any = scripting.register_script(_TAKE_LUA)
         self._changed_key = f"{prefix}:changed"
         self._dim_key = f"{prefix}:dim"
@@ -326,6 +334,13 @@ class RedisMeans:
         """The hash holding ``hashtag``'s state (the hashtag is its cluster hash tag)."""
         return f"{self.prefix}:h:{{{hashtag}}}"
 
+    def log_key(self, hashtag: str) -> str:
+        """The string holding ``hashtag``'s pending log (same hash tag, same cluster slot)."""
+        return f"{self.prefix}:p:{{{hashtag}}}"
+
+    def _keys(self, hashtag: str) -> tuple[str, str]:
+        return self.key(hashtag), self.log_key(hashtag)
+
     def _hashtag_of(self, key: bytes | str) -> str:
         text = key.decode() if isinstance(key, bytes) else key
         return text[len(self.prefix) + 4 : -1]
@@ -341,9 +356,10 @@ class RedisMeans:
         """Add a batch of embedded tweets to their hashtags' running means, exactly once.
 
         One pipelined round trip: one atomic script call per distinct hashtag plus one
-        SADD to the changed set.  Contributions must arrive in offset order per partition
-        across batches (Kafka's order); within a batch any order is fine.  Raises
-        :class:`DimensionError` / :class:`ValueError` before touching Redis.
+        SADD to the changed set; then, for the hashtags whose pending log reached
+        ``fold_after`` deltas, two more (read, fold).  Contributions must arrive in offset
+        order per partition across batches (Kafka's order); within a batch any order is
+        fine.  Raises :class:`DimensionError` / :class:`ValueError` before touching Redis.
 
         If a previous call failed part-way (connection lost, timeout, failover), its calls
         are run again first, in the same pipeline: they are idempotent, and this way a
@@ -393,7 +409,7 @@ class RedisMeans:
                 args.append(len(offsets))
                 args.extend(offsets)
                 args.extend(_suffix_sums([items[o] for o in offsets]))
-            calls.append(_Call(tag, self.key(tag), tuple(args)))
+            calls.append(_Call(tag, self._keys(tag), tuple(args)))
         return _Plan(tuple(calls), duplicates)
 
     def _check_batch(self, contributions: Sequence[Contribution]) -> int | None:
@@ -444,14 +460,15 @@ class RedisMeans:
             )
 
     def _execute(self, plan: _Plan, changed: bool = True) -> ApplyResult:
-        """Run the plan's calls in one pipeline (the crash tests run subsets of a plan)."""
+        """Run the plan's calls in one pipeline, then fold the logs that grew long (the crash
+        tests run subsets of a plan)."""
         if not plan.calls:
             return ApplyResult(0, plan.duplicates, frozenset())
         results = self._run_pipeline(plan, changed)
         if any(isinstance(r, NoScriptError) for r in results):
             # Script cache flushed or a new node: load it and run the whole pipeline again,
             # which is safe because every call is idempotent (the watermarks skip what ran).
-            self._load_script()
+            self._load_scripts()
             results = self._run_pipeline(plan, changed)
         errors = [r for r in results if isinstance(r, Exception)]
         if errors:
@@ -460,52 +477,104 @@ class RedisMeans:
                 raise DimensionError(str(first)) from first
             raise first
         applied = skipped = 0
-        touched = []
-        for call, (n_applied, n_skipped) in zip(plan.calls, results, strict=False):
+        touched, long_logs = [], []
+        limit = self.fold_after * 8 * int(self.dim or 1)
+        for call, (n_applied, n_skipped, logged) in zip(plan.calls, results, strict=False):
             applied += int(n_applied)
             skipped += int(n_skipped)
             if n_applied:
                 touched.append(call.hashtag)
-        return ApplyResult(applied, skipped + plan.duplicates, frozenset(touched))
+            if int(logged) >= limit:
+                long_logs.append(call.hashtag)
+        folded = self.fold(long_logs) if long_logs else 0
+        return ApplyResult(applied, skipped + plan.duplicates, frozenset(touched), folded)
 
     def _run_pipeline(self, plan: _Plan, changed: bool) -> list[Any]:
         pipe = self.client.pipeline(transaction=False)
-        sha = self._apply_script.sha
+        sha = self._scripts["apply"].sha
         for call in plan.calls:
             # Not Script.__call__: on a Pipeline it adds a SCRIPT EXISTS round trip per
             # execute, and ClusterPipeline blocks the evalsha() method (not the command).
-            pipe.execute_command("EVALSHA", sha, 1, call.key, *call.args)
+            pipe.execute_command("EVALSHA", sha, 2, *call.keys, *call.args)
         if changed:
             pipe.sadd(self._changed_key, *(call.hashtag for call in plan.calls))
         return list(pipe.execute(raise_on_error=False))
 
-    def _load_script(self) -> None:
+    def _evalsha_all(self, script: str, calls: Sequence[tuple[str, Sequence[Any]]]) -> list[Any]:
+        """One pipelined EVALSHA of ``script`` per (hashtag, args); reloads after NOSCRIPT."""
+        for attempt in (0, 1):
+            pipe = self.client.pipeline(transaction=False)
+            for tag, args in calls:
+                pipe.execute_command("EVALSHA", self._scripts[script].sha, 2, *self._keys(tag), *args)
+            results = list(pipe.execute(raise_on_error=False))
+            if attempt or not any(isinstance(r, NoScriptError) for r in results):
+                break
+            self._load_scripts()  # read and fold scripts are safe to rerun
+        errors = [r for r in results if isinstance(r, Exception)]
+        if errors:
+            raise errors[0]
+        return results
+
+    def _load_scripts(self) -> None:
         # SCRIPT LOAD goes to every primary on a cluster client.
-        self._apply_script.sha = cast(redis.Redis, self.client).script_load(_APPLY_LUA)
+        for name, lua in (("apply", _APPLY_LUA), ("fold", _FOLD_LUA), ("read", _READ_LUA)):
+            self._scripts[name].sha = cast(redis.Redis, self.client).script_load(lua)
+
+    # -- folding --------------------------------------------------------------
+
+    def fold(self, hashtags: Iterable[str]) -> int:
+        """Fold the pending logs of ``hashtags`` into their stored sums; return how many folded.
+
+        Reads each hashtag atomically, sums in float64 here (Redis does no float work),
+        rounds once to the stored block floating point, and writes back with a compare-and-
+        set on the fold generation: a fold that lost a race to another is dropped, and
+        deltas appended meanwhile stay in the log.  Safe to run from any process, any time.
+        """
+        return self._fold(self._read_states(list(dict.fromkeys(hashtags))))
+
+    def _fold(self, states: dict[str, _State]) -> int:
+        todo = [(tag, st) for tag, st in states.items() if st.logged]
+        if not todo:
+            return 0
+        calls = []
+        for tag, st in todo:
+            head, exponent, tail = _encode_sum(st.mean.total)
+            calls.append((tag, [st.generation, st.logged, head, exponent, tail]))
+        results = []
+        for start in range(0, len(calls), _READ_CHUNK):
+            results += self._evalsha_all("fold", calls[start : start + _READ_CHUNK])
+        return sum(int(r) for r in results)
 
     # -- reading --------------------------------------------------------------
 
-    def read(self, hashtags: Iterable[str]) -> dict[str, RunningMean]:
-        """The running means of those ``hashtags`` that have one (pipelined HMGET)."""
-        tags = list(dict.fromkeys(hashtags))
-        out: dict[str, RunningMean] = {}
+    def read(self, hashtags: Iterable[str], fold: bool = False) -> dict[str, RunningMean]:
+        """The running means of those ``hashtags`` that have one (pipelined atomic reads).
+
+        ``fold=True`` also folds every pending log read (what the index job does, so that
+        a hashtag's memory comes back to its folded size after each rebuild).
+        """
+        states = self._read_states(list(dict.fromkeys(hashtags)))
+        if fold:
+            self._fold(states)
+        return {tag: st.mean for tag, st in states.items()}
+
+    def _read_states(self, tags: list[str]) -> dict[str, _State]:
+        out: dict[str, _State] = {}
         for start in range(0, len(tags), _READ_CHUNK):
             chunk = tags[start : start + _READ_CHUNK]
-            pipe = self.client.pipeline(transaction=False)
-            for tag in chunk:
-                pipe.hmget(self.key(tag), "s", "m")
-            for tag, (s, m) in zip(chunk, pipe.execute(), strict=True):
-                if s is not None and m is not None:
-                    out[tag] = _decode(s, m)
+            replies = self._evalsha_all("read", [(tag, []) for tag in chunk])
+            for tag, (s, m, g, pending) in zip(chunk, replies, strict=True):
+                if m is not None:
+                    out[tag] = _State(_decode(s, m, pending), int(g or 0), len(pending or b""))
         return out
 
-    def read_all(self) -> dict[str, RunningMean]:
-        """Every hashtag's running mean (SCAN under the prefix, then pipelined HMGETs).
+    def read_all(self, fold: bool = False) -> dict[str, RunningMean]:
+        """Every hashtag's running mean (SCAN under the prefix, then pipelined reads).
 
         Each hashtag is read atomically; the whole is not a snapshot across hashtags
         (writers keep going), which is fine for a periodically rebuilt index.
         """
-        return self.read(self.hashtags())
+        return self.read(self.hashtags(), fold=fold)
 
     def hashtags(self) -> Iterator[str]:
         """Names of the stored hashtags, in SCAN order (may repeat: SCAN may)."""
@@ -520,9 +589,11 @@ class RedisMeans:
         return _decode_marks(cast(bytes, m))  # a binary client: decode_responses is off
 
     def memory_usage(self, hashtag: str) -> int | None:
-        """Bytes Redis uses for ``hashtag``'s key (``MEMORY USAGE key SAMPLES 0``)."""
-        usage = self.client.memory_usage(self.key(hashtag), samples=0)
-        return None if usage is None else int(usage)
+        """Bytes Redis uses for ``hashtag``'s keys (``MEMORY USAGE key SAMPLES 0``, both keys)."""
+        usages = [self.client.memory_usage(key, samples=0) for key in self._keys(hashtag)]
+        if usages[0] is None:
+            return None
+        return sum(int(u) for u in usages if u is not None)
 
     # -- the index job's trigger ---------------------------------------------
 
@@ -558,14 +629,40 @@ def _suffix_sums(vectors: Sequence[npt.NDArray[np.float64]]) -> list[bytes]:
     return [row.tobytes() for row in sums]
 
 
-def _decode(s: bytes, m: bytes) -> RunningMean:
-    """Rebuild a :class:`RunningMean` from the ``s`` and ``m`` fields."""
+def _decode(s: bytes | None, m: bytes, pending: bytes | None) -> RunningMean:
+    """Rebuild a :class:`RunningMean` from the ``s`` and ``m`` fields and the pending log.
+
+    The stored sum (zero before the first fold) plus the logged deltas, added in log order
+    in float64: the order the tests' model of the store uses.
+    """
     count, dim, exponent = _META_HEADER.unpack_from(m, 0)
-    head = len(s) // 4
-    mantissas = np.empty(dim, dtype=np.float64)
-    mantissas[:head] = np.frombuffer(s, dtype="<i4")
+    head = min(dim, HEAD_COMPONENTS)
+    mantissas = np.zeros(dim, dtype=np.float64)
+    if s is not None:
+        mantissas[:head] = np.frombuffer(s, dtype="<i4")
     mantissas[head:] = np.frombuffer(m, dtype="<i4", count=dim - head, offset=_META_HEADER.size)
-    return RunningMean(int(count), np.ldexp(mantissas, -exponent))
+    total = np.ldexp(mantissas, -exponent)
+    if pending:
+        for delta in np.frombuffer(pending, dtype="<f8").reshape(-1, dim):
+            total += delta
+    return RunningMean(int(count), total)
+
+
+def _encode_sum(total: npt.NDArray[np.float64]) -> tuple[bytes, int, bytes]:
+    """A sum as block floating point: (head int32 mantissas, shared exponent, tail mantissas).
+
+    The exponent puts the largest |component| in [2**30, 2**31) (capped so that ``2**e``
+    stays a normal double); each component rounds half to even onto the grid ``2**-e``.
+    """
+    mx = float(np.abs(total).max())
+    exponent = 0
+    if mx > 0:
+        exponent = min(31 - math.frexp(mx)[1], 1000)
+        if np.rint(math.ldexp(mx, exponent)) >= 2**31:
+            exponent -= 1
+    mantissas = np.rint(np.ldexp(total, exponent)).astype("<i4")
+    head = min(len(total), HEAD_COMPONENTS)
+    return mantissas[:head].tobytes(), exponent, mantissas[head:].tobytes()
 
 
 def _decode_marks(m: bytes) -> dict[tuple[str, int], int]:
