@@ -1,26 +1,30 @@
-"""Benchmark workers.redis_store: running-mean updates/s per worker and bytes per hashtag.
+"""Benchmark the running-mean store: Redis server CPU per embedded tweet, updates/s, bytes per hashtag.
 
-Why: each embed worker must push its (tweet, hashtag) updates into Redis faster
-than it embeds (BERTweet on CPU: ~30-110 tweets/s; target here: >= 5,000
-updates/s, so Redis is never the bottleneck and one Redis serves many
-workers), and a hashtag's state must stay <= 3.5 KB so millions fit.
+Why: one Redis core serves every embed worker, so its CPU per (tweet, hashtag)
+update bounds the whole embed tier (issue 12 §3: a GPU worker embeds tens of
+thousands of tweets/s).  Round 1's script decoded, added and re-encoded the
+768-d sum in Lua on every call (~100 µs of server CPU per update); the store
+now appends the chosen float64 suffix sum to a pending log and the clients fold
+it.  A hashtag's folded state must stay <= 3.5 KB so millions fit.
 
 Workload: 768-d float32 BERT-like vectors; batches of 64 tweets from 4 Kafka
 partitions; each tweet has 1-3 hashtags drawn Zipf-like (p ~ 1/rank^1.1) from
 5,000.  An "update" is one (tweet, distinct hashtag) pair added to a running
 mean.  Methods, measured in the same run against the same Redis, alternating
-in ABC CBA order (the machine is shared and noisy) over equal time slices:
+in ABC CBA order (the machine is shared and noisy) over equal time slices,
+each slice's Redis server CPU (``INFO cpu``) taken around it:
 
 * ``apply``      -- RedisMeans.apply: one pipeline per batch, one atomic script
-                    call per distinct hashtag (exactly-once watermarks).
-* ``script/upd`` -- the same script, one call (and round trip) per update:
-                    what batching + pipelining buys.
+                    call per distinct hashtag appending to its log (exactly-once
+                    watermarks), writer folds after ``fold_after`` deltas.
+* ``round-1 script`` -- the same plan through round 1's read-modify-write
+                    script (kept in this file as the baseline).
 * ``HINCRBYFLOAT`` -- the naive layout: one HINCRBYFLOAT per dimension (768
                     fields of decimal text) + HINCRBY count, pipelined per
                     update (one round trip per update); no exactly-once at all.
 
-    python bench/bench_redis.py                         # prints a markdown section
-    python bench/bench_redis.py --out /tmp/redis_bench.md
+    python -m bench.bench_redis                         # prints a markdown section
+    python -m bench.bench_redis --out /tmp/redis_bench.md
 """
 
 from __future__ import annotations
@@ -42,6 +46,108 @@ import redis
 from workers.adapters.redis_means import Contribution, RedisMeans
 
 REPO = Path(__file__).resolve().parents[1]
+
+ROUND1_LUA = """
+-- Round 1's script, kept here as the baseline: a read-modify-write of the whole sum in Lua.
+-- Add one batch's contributions to ONE hashtag's running mean, exactly once.
+-- KEYS[1]: the hashtag's hash.  ARGV: dim, head, ngroups, then per partition group:
+--   id ("topic:partition"), k, offsets o_1 < ... < o_k, then k float64 LE suffix sums
+--   d_j = v_j + ... + v_k.  Applies the items with offset > the stored watermark.
+-- The sum is int32 mantissas q_i with a shared exponent e: sum_i = q_i * 2^-e.
+local dim = tonumber(ARGV[1])
+local head = tonumber(ARGV[2])
+local ngroups = tonumber(ARGV[3])
+local ntail = dim - head
+local cur = redis.call('HMGET', KEYS[1], 's', 'm')
+local s, m = cur[1], cur[2]
+local count, e = 0, 0
+local marks, names = {}, {}
+if m then
+  local d, pos
+  count, d, e, pos = struct.unpack('<dI4i4', m)
+  if d ~= dim or #s ~= 4 * head then
+    return redis.error_reply('REVALDIM ' .. KEYS[1] .. ' holds ' .. d ..
+      '-d sums, got ' .. dim .. '-d vectors')
+  end
+  pos = pos + 4 * ntail
+  local name, off
+  while pos <= #m do
+    name, off, pos = struct.unpack('<sd', m, pos)
+    marks[name] = off
+    names[#names + 1] = name
+  end
+end
+-- Per partition: the suffix sum of the items above the watermark, which moves to o_k.
+local picked = {}
+local applied, skipped = 0, 0
+local i = 4
+for g = 1, ngroups do
+  local name = ARGV[i]
+  local k = tonumber(ARGV[i + 1])
+  local mark = marks[name]
+  local first = 1
+  if mark then
+    while first <= k and tonumber(ARGV[i + 1 + first]) <= mark do first = first + 1 end
+  end
+  if first <= k then
+    picked[#picked + 1] = ARGV[i + 1 + k + first]
+    if not mark then names[#names + 1] = name end
+    marks[name] = tonumber(ARGV[i + 1 + k])
+    applied = applied + k - first + 1
+  end
+  skipped = skipped + first - 1
+  i = i + 2 + 2 * k
+end
+if applied == 0 then return {0, skipped} end
+local dfmt = '<' .. string.rep('d', dim)
+local sum = {struct.unpack(dfmt, picked[1])}
+for p = 2, #picked do
+  local d = {struct.unpack(dfmt, picked[p])}
+  for j = 1, dim do sum[j] = sum[j] + d[j] end
+end
+local hfmt = '<' .. string.rep('i4', head)
+local tfmt = '<' .. string.rep('i4', ntail)
+local mx = 0
+if m then
+  local q = {struct.unpack(hfmt, s)}
+  if ntail > 0 then
+    local t = {struct.unpack(tfmt, m, 17)}
+    for j = 1, ntail do q[head + j] = t[j] end
+  end
+  local inv = math.ldexp(1, -e)  -- q * 2^-e, exactly
+  for j = 1, dim do
+    local x = q[j] * inv + sum[j]
+    sum[j] = x
+    if x < 0 then x = -x end
+    if x > mx then mx = x end
+  end
+else
+  for j = 1, dim do
+    local x = sum[j]
+    if x < 0 then x = -x end
+    if x > mx then mx = x end
+  end
+end
+-- New shared exponent: the largest |component| scaled into [2^30, 2^31) (capped so that
+-- 2^e stays a normal double).  Adding and subtracting 1.5 * 2^52 rounds to an integer,
+-- half to even.
+local RNE = 6755399441055744
+e = 0
+if mx > 0 then
+  local _, x = math.frexp(mx)
+  e = math.min(31 - x, 1000)
+  if (math.ldexp(mx, e) + RNE) - RNE >= 2147483648 then e = e - 1 end
+end
+local sc = math.ldexp(1, e)
+for j = 1, dim do sum[j] = (sum[j] * sc + RNE) - RNE end
+count = count + applied
+local parts = {struct.pack('<dI4i4', count, dim, e)}
+if ntail > 0 then parts[2] = struct.pack(tfmt, unpack(sum, head + 1, dim)) end
+for _, name in ipairs(names) do parts[#parts + 1] = struct.pack('<sd', name, marks[name]) end
+redis.call('HSET', KEYS[1], 's', struct.pack(hfmt, unpack(sum, 1, head)), 'm', table.concat(parts))
+return {applied, skipped}
+"""
+
 
 
 def workload(n_tweets: int, n_tags: int, dim: int, partitions: int, seed: int = 0) -> list[Contribution]:
@@ -70,7 +176,9 @@ class Method:
         self.batches = batches
         self.next = 0
         self.updates = 0
+        self.tweets = 0
         self.seconds = 0.0
+        self.server_seconds = 0.0
         self.rates: list[float] = []
         self.prefix = f"bench-reval-{uuid.uuid4().hex[:10]}"
         self.store = RedisMeans(client, prefix=self.prefix)
@@ -80,7 +188,8 @@ class Method:
 
     def run_slice(self, seconds: float) -> None:
         start = time.perf_counter()
-        done = 0
+        cpu0 = server_cpu(self.client)
+        done = tweets = 0
         while time.perf_counter() - start < seconds:
             batch = self.batches[self.next % len(self.batches)]
             if self.next and self.next % len(self.batches) == 0:
@@ -89,8 +198,11 @@ class Method:
             self.next += 1
             self.process(batch)
             done += n_updates(batch)
+            tweets += len(batch)
         elapsed = time.perf_counter() - start
+        self.server_seconds += server_cpu(self.client) - cpu0
         self.updates += done
+        self.tweets += tweets
         self.seconds += elapsed
         self.rates.append(done / elapsed)
 
@@ -107,12 +219,18 @@ class Apply(Method):
         self.store.apply(batch)
 
 
-class ScriptPerUpdate(Method):
+class Round1Script(Method):
+    """The same plan (one call per hashtag per batch, pipelined) through round 1's script."""
+
+    def __init__(self, name: str, client: redis.Redis, batches: list[list[Contribution]]) -> None:
+        super().__init__(name, client, batches)
+        self.sha = client.script_load(ROUND1_LUA)
+
     def process(self, batch: list[Contribution]) -> None:
-        for c in batch:
-            for tag in dict.fromkeys(c.hashtags):
-                single = Contribution(c.topic, c.partition, c.offset, [tag], c.vector)
-                self.store._execute(self.store._plan([single]), changed=False)
+        pipe = self.client.pipeline(transaction=False)
+        for call in self.store._plan(batch).calls:
+            pipe.execute_command("EVALSHA", self.sha, 1, call.keys[0], *call.args)
+        pipe.execute()
 
 
 class HincrbyfloatPerDim(Method):
@@ -138,6 +256,12 @@ def server_cpu(client: redis.Redis) -> float:
     return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
 
 
+def script_usec(client: redis.Redis) -> float:
+    """Microseconds Redis spent inside EVALSHA so far (``INFO commandstats``)."""
+    stats = client.info("commandstats").get("cmdstat_evalsha", {})
+    return float(stats.get("usec", 0))
+
+
 def memory_stats(store: RedisMeans, hashtags: list[str]) -> tuple[list[int], dict[int, list[int]]]:
     """MEMORY USAGE of every stored hashtag, and grouped by how many partitions fed it."""
     usages: list[int] = []
@@ -149,6 +273,46 @@ def memory_stats(store: RedisMeans, hashtags: list[str]) -> tuple[list[int], dic
         usages.append(usage)
         by_partitions.setdefault(len(store.watermarks(tag)), []).append(usage)
     return usages, by_partitions
+
+
+def feed_through(store: RedisMeans, batches: list[list[Contribution]], rmw_sha: str | None) -> dict[str, float]:
+    """The whole feed once, timed, with Redis' own CPU and script time around it.
+
+    ``rmw_sha``: run the plans through round 1's script instead of ``apply`` (no folds).
+    Ends as the index job would: one read of every hashtag (folding the logs, for apply).
+    """
+    client = store.client
+    plan_s = exec_s = 0.0
+    cpu0, usec0 = server_cpu(client), script_usec(client)
+    folded = 0
+    for batch in batches:
+        t0 = time.perf_counter()
+        plan = store._plan(batch)
+        t1 = time.perf_counter()
+        if rmw_sha is None:
+            folded += store._execute(plan).folded
+        else:
+            pipe = client.pipeline(transaction=False)
+            for call in plan.calls:
+                pipe.execute_command("EVALSHA", rmw_sha, 1, call.keys[0], *call.args)
+            pipe.execute()
+        t2 = time.perf_counter()
+        plan_s += t1 - t0
+        exec_s += t2 - t1
+    write_cpu = server_cpu(client) - cpu0
+    write_usec = script_usec(client) - usec0
+    t0 = time.perf_counter()
+    cpu1 = server_cpu(client)
+    store.read_all(fold=rmw_sha is None)
+    return {
+        "plan_s": plan_s,
+        "exec_s": exec_s,
+        "write_cpu": write_cpu,
+        "script_usec": write_usec,
+        "read_cpu": server_cpu(client) - cpu1,
+        "read_s": time.perf_counter() - t0,
+        "folded": folded,
+    }
 
 
 def main(argv: list[str] | None = None) -> str:
@@ -171,33 +335,27 @@ def main(argv: list[str] | None = None) -> str:
     batches = [tweets[i : i + args.batch] for i in range(0, len(tweets), args.batch)]
     total_updates = sum(n_updates(b) for b in batches)
 
-    # 1. End-to-end: the whole feed through apply(), timed, with the plan/execute split and
-    #    Redis' own CPU; then a full redelivery of the same feed (all skipped), as after a crash.
+    # 1. The whole feed through each write path, Redis' own CPU around it; for apply, then a
+    #    full redelivery of the same feed (all skipped), as after a crash, and the memory.
+    rmw_store = RedisMeans(client, prefix=f"bench-reval-{uuid.uuid4().hex[:10]}")
+    round1 = feed_through(rmw_store, batches, client.script_load(ROUND1_LUA))
+    rmw_store.clear()
     main_store = RedisMeans(client, prefix=f"bench-reval-{uuid.uuid4().hex[:10]}")
-    plan_s = exec_s = 0.0
-    cpu0 = server_cpu(client)
-    for batch in batches:
-        t0 = time.perf_counter()
-        plan = main_store._plan(batch)
-        t1 = time.perf_counter()
-        main_store._execute(plan)
-        t2 = time.perf_counter()
-        plan_s += t1 - t0
-        exec_s += t2 - t1
-    cpu_s = server_cpu(client) - cpu0
+    hashtags_before = sorted(set(main_store.hashtags()))
+    now = feed_through(main_store, batches, None)
     calls = sum(len(main_store._plan(b).calls) for b in batches[:50]) / min(50, len(batches))
     t0 = time.perf_counter()
     skipped = sum(main_store.apply(b).skipped for b in batches)
     redeliver_s = time.perf_counter() - t0
-    assert skipped == total_updates, (skipped, total_updates)
+    assert skipped == total_updates and not hashtags_before, (skipped, total_updates)
     hashtags = sorted(set(main_store.hashtags()))
     usages, by_partitions = memory_stats(main_store, hashtags)
     main_store.clear()
 
     # 2. Ratios against the baselines, alternating ABC CBA over equal time slices.
     methods: list[Method] = [
-        Apply("apply (pipelined batch)", client, batches),
-        ScriptPerUpdate("script call per update", client, batches),
+        Apply("apply (append to log, fold on the worker)", client, batches),
+        Round1Script("round-1 script (sum in Lua)", client, batches),
         HincrbyfloatPerDim("HINCRBYFLOAT per dimension", client, batches),
     ]
     order: list[Method] = []
@@ -211,24 +369,31 @@ def main(argv: list[str] | None = None) -> str:
         m.close()
 
     apply_rate = statistics.median(methods[0].rates)
+    apply_cpu = methods[0].server_seconds / methods[0].updates
     rows = []
     for m in methods:
         rate = statistics.median(m.rates)
+        cpu = m.server_seconds / m.updates
         rows.append(
             f"| {m.name} | {rate:,.0f} | {min(m.rates):,.0f}–{max(m.rates):,.0f} "
-            f"| {m.updates:,} | {apply_rate / rate:,.1f}× |"
+            f"| {m.updates:,} | {apply_rate / rate:,.1f}× | {cpu * 1e6:,.1f} "
+            f"| {m.server_seconds / m.tweets * 1e6:,.1f} | {cpu / apply_cpu:,.1f}× |"
         )
     mem_rows = [
         f"| {p} | {len(v):,} | {statistics.median(v):,.0f} | {max(v):,} |"
         for p, v in sorted(by_partitions.items())
     ]
-    command = "python " + shlex.join(["bench/bench_redis.py", *(argv or sys.argv[1:])])
-    e2e_rate = total_updates / (plan_s + exec_s)
+
+    def per(x: float, n: int) -> str:
+        return f"{x / n * 1e6:,.1f}"
+
+    command = "python -m bench.bench_redis " + shlex.join(argv if argv is not None else sys.argv[1:])
+    e2e = now["plan_s"] + now["exec_s"]
     report = "\n".join(
         [
-            "## Redis running-mean store (`workers/redis_store.py`)",
+            "## Redis running-mean store (`workers/adapters/redis_means.py`)",
             "",
-            f"Command: `{command}`",
+            f"Command: `{command.strip()}`",
             "",
             f"Redis {server['redis_version']} ({mem_info.get('mem_allocator')}) at {args.url}, "
             f"same machine; Python {platform.python_version()}, redis-py {redis.__version__}, "
@@ -238,28 +403,45 @@ def main(argv: list[str] | None = None) -> str:
             f"{args.hashtags:,} → {total_updates:,} updates, {calls:.0f} script calls "
             "(distinct hashtags) per batch on average.",
             "",
+            "### Redis server CPU, whole feed (one worker; ends with the index job's read of every hashtag)",
+            "",
+            "| write path | server CPU µs / tweet | µs / update | of which inside EVALSHA µs / update "
+            "| index read µs / hashtag | folds by the worker |",
+            "|---|---|---|---|---|---|",
+            f"| apply (log + fold) | **{per(now['write_cpu'], args.tweets)}** | "
+            f"{per(now['write_cpu'], total_updates)} | {now['script_usec'] / total_updates:,.1f} | "
+            f"{per(now['read_cpu'], len(hashtags))} (folds) | {now['folded']:,.0f} |",
+            f"| round-1 script | {per(round1['write_cpu'], args.tweets)} | "
+            f"{per(round1['write_cpu'], total_updates)} | {round1['script_usec'] / total_updates:,.1f} | "
+            f"{per(round1['read_cpu'], len(hashtags))} | — |",
+            "",
+            f"Server CPU per tweet, round 1 / now: **{round1['write_cpu'] / now['write_cpu']:,.1f}×** "
+            f"(writes only; {(round1['write_cpu'] + round1['read_cpu']) / (now['write_cpu'] + now['read_cpu']):,.1f}× "
+            "with the index read).",
+            "",
             "### Whole feed through `apply` (one worker)",
             "",
             "| measure | value |",
             "|---|---|",
-            f"| updates/s, end to end | **{e2e_rate:,.0f}** (target ≥ 5,000) |",
-            f"| tweets/s, end to end | {args.tweets / (plan_s + exec_s):,.0f} |",
-            f"| client-side plan (validate, group, suffix sums) | {plan_s / len(batches) * 1e3:.2f}"
-            f" ms/batch ({plan_s / (plan_s + exec_s):.0%}) |",
-            f"| pipeline round trip (scripts run) | {exec_s / len(batches) * 1e3:.2f} ms/batch |",
-            f"| Redis server CPU | {cpu_s / total_updates * 1e6:.1f} µs/update "
-            f"(≈ {total_updates / cpu_s:,.0f} updates/s per Redis core) |",
+            f"| updates/s, end to end | **{total_updates / e2e:,.0f}** (target ≥ 5,000) |",
+            f"| tweets/s, end to end | {args.tweets / e2e:,.0f} |",
+            f"| client-side plan (validate, group, suffix sums) | {now['plan_s'] / len(batches) * 1e3:.2f}"
+            f" ms/batch ({now['plan_s'] / e2e:.0%}) |",
+            f"| pipeline round trips (scripts, folds) | {now['exec_s'] / len(batches) * 1e3:.2f} ms/batch |",
+            f"| index job's read of all {len(hashtags):,} hashtags, folding | {now['read_s']:.2f} s |",
             f"| redelivery of the whole feed (all skipped as duplicates) | "
             f"{total_updates / redeliver_s:,.0f} updates/s |",
             "",
             "### Against baselines (same run, alternating ABC CBA slices of "
-            f"{args.slice:g} s, {args.rounds} rounds)",
+            f"{args.slice:g} s, {args.rounds} rounds; server CPU from `INFO cpu` around each slice)",
             "",
-            "| method | median updates/s | range | updates timed | apply is … faster |",
-            "|---|---|---|---|---|",
+            "| method | median updates/s | range | updates timed | apply is … faster "
+            "| server CPU µs / update | µs / tweet | … more server CPU than apply |",
+            "|---|---|---|---|---|---|---|---|",
             *rows,
             "",
-            "### Bytes per hashtag (`MEMORY USAGE key SAMPLES 0`, target ≤ 3.5 KB = 3,584 B)",
+            "### Bytes per hashtag after the index job's folding read "
+            "(`MEMORY USAGE key SAMPLES 0`, both keys; target ≤ 3.5 KB = 3,584 B)",
             "",
             "| partitions feeding the hashtag | hashtags | median bytes | max bytes |",
             "|---|---|---|---|",
@@ -267,7 +449,9 @@ def main(argv: list[str] | None = None) -> str:
             "",
             f"All {len(usages):,} hashtags: median {statistics.median(usages):,.0f} B, "
             f"max {max(usages):,} B.  The naive HINCRBYFLOAT layout: "
-            f"{naive_bytes:,} B for one hashtag.",
+            f"{naive_bytes:,} B for one hashtag.  Between index rebuilds a hashtag written since "
+            f"the last one also holds its pending log: {args.dim * 8:,} B per delta, at most "
+            f"`fold_after` ({main_store.fold_after}) deltas plus one batch's.",
             "",
         ]
     )

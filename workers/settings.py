@@ -91,6 +91,9 @@ class Settings(BaseSettings):
     redis_prefix: str = Field("reval", description="Prefix of every Redis key")
     redis_cluster: bool = Field(False, description="Use a Redis Cluster client")
     dedup_ttl_s: int = Field(7 * 86400, ge=60, description="Memory of retweet duplicates")
+    means_fold_after: int = Field(
+        8, ge=1, description="Pending deltas a hashtag's log holds before the embed worker folds it"
+    )
 
     # Embedding
     model: str = Field("vinai/bertweet-base", description="Hub id, local path or 'minilm'")

@@ -5,30 +5,35 @@ hashtags; the periodic index job reads all of them.  The maths lives in
 :mod:`stream.means` (:class:`~stream.means.RunningMean`); this module only
 stores it, and adds the one thing memory cannot give: **exactly-once effect
 under Kafka redelivery**, atomically, one network round trip per batch, safe
-on Redis Cluster.
+on Redis Cluster -- with **no float arithmetic on the Redis server**, whose one
+core is shared by every embed worker.
 
 Key layout (``prefix`` defaults to ``reval``)
 ---------------------------------------------
 ``{prefix}:h:{<hashtag>}``  -- one HASH per hashtag; the braces make the
-    hashtag the Redis Cluster hash tag, and every script call touches exactly
-    this one key.  Two binary fields, little-endian:
+    hashtag the Redis Cluster hash tag.  Binary fields, little-endian:
 
-    ``s``  the first ``min(dim, 766)`` components of the sum as int32
-           mantissas (see *Precision*).
+    ``s``  the first ``min(dim, 766)`` components of the *folded* sum as int32
+           mantissas (see *Precision*); absent until the first fold (zero).
     ``m``  meta: ``count`` (float64, an exact integer), ``dim`` (uint32), the
            shared exponent ``e`` (int32), the remaining ``dim - 766`` int32
            mantissas (2 for 768-d), then one *watermark* per Kafka partition
            that ever fed this hashtag: ``"<topic>:<partition>\\0"`` and the
            highest offset already applied to this hashtag (float64, exact).
+    ``g``  the fold generation (an integer; absent: 0).
 
-    The sum's component ``i`` is ``mantissa[i] * 2**-e``.  Why split it over
-    two fields: jemalloc (Redis' allocator) rounds an allocation up to its size
-    class, and 3,072 bytes in one string (+6 bytes of SDS header) land in the
-    3,584-byte class; 766 int32 + header fit the 3,072-byte class exactly.
-    ``MEMORY USAGE`` of a 768-d hashtag fed by 4 partitions is ~3.4 KB on
-    Redis 7 (float32 in one field plus one field per watermark: ~4.1 KB); each
-    further partition adds ``len("topic:partition") + 9`` bytes, rounded up to
-    an allocator size class.
+``{prefix}:p:{<hashtag>}``  -- the hashtag's *pending log*: a STRING of float64
+    ``dim``-vectors appended since the last fold.  Same hash tag, so the same
+    cluster slot as the hash: every script touches these two keys only.
+
+    The running sum is ``s * 2**-e`` + the log's vectors (added in log order).
+    Why split the sum over two fields: jemalloc (Redis' allocator) rounds an
+    allocation up to its size class, and 3,072 bytes in one string (+6 bytes of
+    SDS header) land in the 3,584-byte class; 766 int32 + header fit the
+    3,072-byte class exactly.  ``MEMORY USAGE`` of a folded 768-d hashtag fed by
+    4 partitions is ~3.4 KB on Redis 7; each further partition adds
+    ``len("topic:partition") + 9`` bytes, rounded up to a size class.  A pending
+    log adds 6 KB per delta (768-d) until it is folded.
 
 ``{prefix}:changed``  -- a SET of hashtags applied to since the index job last
     called :meth:`RedisMeans.take_changed`.  Written with one SADD in the same
@@ -45,8 +50,11 @@ the old ones.  Each hashtag's ``m`` field keeps, per (topic, partition), the
 watermark ``W`` = highest offset applied to *this hashtag*.  A batch becomes
 one script call per hashtag, carrying for each partition that hashtag's items
 ``o_1 < ... < o_k`` and the float64 *suffix sums* ``d_j = v_j + ... + v_k``.
-The script (atomic, one key) finds the first ``j`` with ``o_j > W``, adds
-``d_j`` and ``k - j + 1`` to the sum and count, and sets ``W = o_k``.
+The script (atomic, one slot) finds the first ``j`` with ``o_j > W``, appends
+``d_j`` to the pending log as raw bytes, adds ``k - j + 1`` to the count, and
+sets ``W = o_k``.  It decodes no vector: its cost is the meta field and a
+memcpy, not 768 Lua numbers (round 1's read-modify-write script spent ~100 µs
+of server CPU per update on exactly that; ``bench/bench_redis.py`` compares).
 
 Invariant, per (hashtag, partition): the records applied are exactly those of
 that hashtag with offset ``<= W``.  It holds because an actor (worker, or a
@@ -60,6 +68,17 @@ any point of a pipeline (any *subset* of its per-hashtag calls applied -- a
 cluster pipeline runs per node), followed by redelivery with any new batch
 boundaries, gives every hashtag the (count, sum) of a batch recomputation.
 
+Folding changes the representation, never the value: a client reads ``s``,
+``m``, ``g`` and the log atomically, adds them in float64 *on the client*,
+rounds once, and a compare-and-set script replaces ``s``/``e``/tail and the
+first ``L`` bytes of the log (``L`` = what it read) -- only if ``g`` is still
+what it read, then ``g + 1``.  Deltas appended meanwhile lie past ``L`` and
+stay; a fold that lost a race to another (or a stale one from a slow process)
+is refused.  The writer folds a hashtag whose log reached ``fold_after``
+deltas (default 8: a hot hashtag's log stays under 48 KB at 768-d); the index
+job folds everything it reads, so between rebuilds only hashtags written since
+the last one hold a log.
+
 What the caller must do (the usual at-least-once consumer contract):
 commit a Kafka offset only after :meth:`RedisMeans.apply` has returned for
 every record below it.  If ``apply`` raises, retrying the same batch is safe
@@ -70,27 +89,31 @@ hole below a watermark.  Offsets of a partition must only grow outside
 redelivery: recreating a topic under the same name (offsets restart at 0)
 needs a fresh prefix.
 
+Hot hashtags on Redis Cluster: a hashtag's two keys live in one slot, so all
+its updates go to one node, one script call per batch and partition group --
+a trending hashtag costs its node one memcpy-sized call per batch of each
+worker, not one per tweet, and the fold runs on the worker's CPU.
+
 Precision
 ---------
-The sum is stored in 4 bytes per component like float32, but as *block
+The folded sum is stored in 4 bytes per component like float32, but as *block
 floating point*: int32 mantissas sharing one exponent per hashtag, chosen on
-every write so the largest component uses 30-31 bits.  A write rounds each
+every fold so the largest component uses 30-31 bits.  A fold rounds each
 component to the grid ``2**-e`` (round half to even, so float32 inputs, whose
 low bits often fall exactly on a half, are not biased), an absolute error of
 at most ``max|sum_i| * 2**-31`` -- about 2**-31 of the sum's norm, ~100x less
 than float32's per-component ``2**-24 * |sum_i|`` for the large components
-that dominate the unit vector's error.  The float64 suffix sums are exact to
-float64 and the script adds them (and the decoded stored sum) in double, so
-there is one rounding per script call and hashtag, not per tweet; a test
-checks the stored sums bit for bit against a numpy model of exactly this.
-Measured against a float64 batch
-recomputation (numpy model of the script, 768-d, one call per tweet), max
-per-component error of the unit vector after 10^4 / 10^5 / 3*10^5 calls:
-BERT-like (anisotropic) vectors 1.8e-8 / 4.8e-8 / 9.5e-8 (float32 storage:
-2.1e-7 / 9.3e-7 / 7.2e-6); isotropic Gaussian 6e-9 / 1.6e-8 / 2.8e-8
-(float32: 3.6e-7 / 1.2e-6 / 1.6e-6).  The worst case is the same vector
-over and over (a spam bot): rounding is then systematic, 1.3e-7 after 10^4
-calls and 1.4e-6 after 10^5 (float32: 9.4e-6 / 1.8e-4).  Counts are exact.
+that dominate the unit vector's error.  The logged deltas are float64 suffix
+sums, exact to float64, and a fold adds them in double, so there is one
+rounding per fold (every ``fold_after`` deltas or index rebuild), fewer than
+round 1's one per script call; a test checks the stored sums bit for bit
+against a numpy model of exactly this.  Round 1 measured, with one rounding
+per call (768-d, against a float64 batch recomputation), max per-component
+error of the unit vector after 10^4 / 10^5 / 3*10^5 calls: BERT-like vectors
+1.8e-8 / 4.8e-8 / 9.5e-8 (float32 storage: 2.1e-7 / 9.3e-7 / 7.2e-6); the
+worst case, the same vector over and over (a spam bot), 1.3e-7 after 10^4
+calls (float32: 9.4e-6); folding less often only lowers these.  Counts are
+exact.
 """
 
 from __future__ import annotations

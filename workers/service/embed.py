@@ -38,7 +38,9 @@ class Embedder:
         self.x = exporter
         self.encoder = encoder
         self.incarnations = incarnations
-        self.means = RedisMeans(client, prefix=settings.redis_prefix, dim=encoder.dim)
+        self.means = RedisMeans(
+            client, prefix=settings.redis_prefix, dim=encoder.dim, fold_after=settings.means_fold_after
+        )
         self.seen = RedisSeen(client, settings.redis_prefix, ttl=settings.dedup_ttl_s)
         self.samples = samples_of(client, settings)
 
