@@ -4,95 +4,92 @@ The embed workers add every embedded tweet to the running mean of each of its
 hashtags; the periodic index job reads all of them.  The maths lives in
 :mod:`stream.means` (:class:`~stream.means.RunningMean`); this module only
 stores it, and adds the one thing memory cannot give: **exactly-once effect
-under Kafka redelivery**, atomically, one network round trip per batch, safe
-on Redis Cluster -- with **no float arithmetic on the Redis server**, whose one
-core is shared by every embed worker.
+under Kafka redelivery**, safe on Redis Cluster -- with **no float arithmetic
+and no scripts on the Redis write path**, since one Redis core serves every
+embed worker.
 
 Key layout (``prefix`` defaults to ``reval``)
 ---------------------------------------------
-``{prefix}:h:{<hashtag>}``  -- one HASH per hashtag; the braces make the
-    hashtag the Redis Cluster hash tag.  Binary fields, little-endian:
+``{prefix}:p:{<hashtag>}``  -- the hashtag's *log*: a HASH of the records not yet
+    folded, field ``"<topic>:<partition>:<offset>"`` (the Kafka coordinates),
+    value the tweet's vector as little-endian float32 (float64 if float32 would
+    round it).  The braces make the hashtag the Redis Cluster hash tag.
 
-    ``s``  the first ``min(dim, 766)`` components of the *folded* sum as int32
-           mantissas (see *Precision*); absent until the first fold (zero).
-    ``m``  meta: ``count`` (float64, an exact integer), ``dim`` (uint32), the
-           shared exponent ``e`` (int32), the remaining ``dim - 766`` int32
-           mantissas (2 for 768-d), then one *watermark* per Kafka partition
-           that ever fed this hashtag: ``"<topic>:<partition>\\0"`` and the
-           highest offset already applied to this hashtag (float64, exact).
+``{prefix}:h:{<hashtag>}``  -- the hashtag's *folded* state, a HASH written only
+    by folds (same hash tag, so the same slot as its log):
+
+    ``s``  the first ``min(dim, 766)`` components of the folded sum as int32
+           mantissas (see *Precision*).
+    ``m``  meta: folded ``count`` (float64, an exact integer), ``dim`` (uint32),
+           the shared exponent ``e`` (int32), the remaining ``dim - 766`` int32
+           mantissas (2 for 768-d), then one *folded watermark* per Kafka
+           partition that ever fed this hashtag: ``"<topic>:<partition>\\0"``
+           and the highest offset folded (float64, exact).  (Round 1's layout:
+           its keys read as folded states.)
     ``g``  the fold generation (an integer; absent: 0).
 
-``{prefix}:p:{<hashtag>}``  -- the hashtag's *pending log*: a STRING of float64
-    ``dim``-vectors appended since the last fold.  Same hash tag, so the same
-    cluster slot as the hash: every script touches these two keys only.
+    The running mean is the folded state plus the log's records above their
+    partition's folded watermark.  Why split the sum over two fields: jemalloc
+    (Redis' allocator) rounds an allocation up to its size class, and 3,072
+    bytes in one string (+6 bytes of SDS header) land in the 3,584-byte class;
+    766 int32 + header fit the 3,072-byte class exactly.  ``MEMORY USAGE`` of a
+    folded 768-d hashtag fed by 4 partitions is ~3.4 KB on Redis 7; each further
+    partition adds ``len("topic:partition") + 9`` bytes, rounded up to a size
+    class.  Each logged record adds ~3.1 KB (768-d float32) until folded.
 
-    The running sum is ``s * 2**-e`` + the log's vectors (added in log order).
-    Why split the sum over two fields: jemalloc (Redis' allocator) rounds an
-    allocation up to its size class, and 3,072 bytes in one string (+6 bytes of
-    SDS header) land in the 3,584-byte class; 766 int32 + header fit the
-    3,072-byte class exactly.  ``MEMORY USAGE`` of a folded 768-d hashtag fed by
-    4 partitions is ~3.4 KB on Redis 7; each further partition adds
-    ``len("topic:partition") + 9`` bytes, rounded up to a size class.  A pending
-    log adds 6 KB per delta (768-d) until it is folded.
-
-``{prefix}:changed``  -- a SET of hashtags applied to since the index job last
-    called :meth:`RedisMeans.take_changed`.  Written with one SADD in the same
-    pipeline as the scripts, *not* atomically with them: it is only a trigger
-    heuristic (a crash may leave it over-full, never the sums wrong).
+``{prefix}:changed``  -- a SET of hashtags written to since the index job last
+    called :meth:`RedisMeans.take_changed`; only a trigger heuristic (a crash
+    may leave it over-full, never the sums wrong).
 
 ``{prefix}:dim``  -- the vector dimension, fixed by the first write (SET NX).
 
-Exactly-once design
--------------------
-Kafka delivers each partition in offset order and, after a crash, redelivers
-from the last *committed* offset, with batch boundaries that need not match
-the old ones.  Each hashtag's ``m`` field keeps, per (topic, partition), the
-watermark ``W`` = highest offset applied to *this hashtag*.  A batch becomes
-one script call per hashtag, carrying for each partition that hashtag's items
-``o_1 < ... < o_k`` and the float64 *suffix sums* ``d_j = v_j + ... + v_k``.
-The script (atomic, one slot) finds the first ``j`` with ``o_j > W``, appends
-``d_j`` to the pending log as raw bytes, adds ``k - j + 1`` to the count, and
-sets ``W = o_k``.  It decodes no vector: its cost is the meta field and a
-memcpy, not 768 Lua numbers (round 1's read-modify-write script spent ~100 µs
-of server CPU per update on exactly that; ``bench/bench_redis.py`` compares).
+Write path and exactly-once design
+----------------------------------
+A batch is two pipelined round trips: ``HGET`` of each hashtag's ``m`` (its
+folded watermarks), then one ``HSET`` per hashtag of its records above them,
+plus ``HLEN``.  Writing a record is idempotent by its field name, so redelivery
+(any batch boundaries, any crash point: a pipeline applies any subset of its
+per-hashtag HSETs, each atomic) adds nothing twice to the log; records already
+folded are skipped by the watermark, and a reader ignores any that a race wrote
+again (below).  ``bench/bench_redis.py`` measures the server CPU against round
+1's script, which decoded, added and re-encoded the 768-d sum in Lua per call.
 
-Invariant, per (hashtag, partition): the records applied are exactly those of
-that hashtag with offset ``<= W``.  It holds because an actor (worker, or a
-zombie of it during a rebalance) submits a record only after its own earlier
-records of that partition were applied or skipped (earlier batch calls have
-completed; earlier items of the same call come first), and everything below
-the offset it started from was committed, i.e. applied.  So when an item with
-``o > W`` arrives, nothing between ``W`` and ``o`` is missing, and applying it
-keeps the invariant; an item with ``o <= W`` is already in.  Hence a crash at
-any point of a pipeline (any *subset* of its per-hashtag calls applied -- a
-cluster pipeline runs per node), followed by redelivery with any new batch
-boundaries, gives every hashtag the (count, sum) of a batch recomputation.
+A *fold* moves a hashtag's log into its folded state: a client reads ``h``,
+the log and ``g`` again (equal ``g``: no fold in between, so the two are
+consistent; else it reads again), adds the records above the watermarks to the
+stored sum in float64 *on the client*, rounds once, and a compare-and-set script
+writes the new ``s``, ``m`` (count, watermarks raised to the highest offsets
+folded) and ``g + 1``, and deletes the log fields it read -- only if ``g`` is
+still what it read.  Records logged meanwhile stay; a fold that lost a race to
+another (or a stale one from a slow process) is refused.  The embed worker folds
+a hashtag whose log reached ``fold_after`` records (default 8, so a hot
+hashtag's log stays ~25 KB); the index job folds everything it reads.
 
-Folding changes the representation, never the value: a client reads ``s``,
-``m``, ``g`` and the log atomically, adds them in float64 *on the client*,
-rounds once, and a compare-and-set script replaces ``s``/``e``/tail and the
-first ``L`` bytes of the log (``L`` = what it read) -- only if ``g`` is still
-what it read, then ``g + 1``.  Deltas appended meanwhile lie past ``L`` and
-stay; a fold that lost a race to another (or a stale one from a slow process)
-is refused.  The writer folds a hashtag whose log reached ``fold_after``
-deltas (default 8: a hot hashtag's log stays under 48 KB at 768-d); the index
-job folds everything it reads, so between rebuilds only hashtags written since
-the last one hold a log.
+Why raising a watermark to the highest offset folded loses nothing, per
+(hashtag, partition): an actor (worker, or its zombie during a rebalance)
+writes a hashtag's records of a partition in offset order -- one atomic HSET
+per batch, batches one after another, a failed one re-run before the next --
+starting from a committed offset below which everything was written before the
+commit.  So when a fold reads a record ``o``, every record of that hashtag and
+partition below ``o`` is in the same read or was folded before.  A record
+redelivered after its fold is skipped at write (its offset is at or below the
+watermark read just before); if a fold lands between that check and the HSET,
+the record is logged again, ignored by reads, and dropped by the next fold.
 
 What the caller must do (the usual at-least-once consumer contract):
 commit a Kafka offset only after :meth:`RedisMeans.apply` has returned for
 every record below it.  If ``apply`` raises, retrying the same batch is safe
 (it is idempotent, which is also why redis-py's own retry-on-disconnect is
 safe here), and so is going on: the next ``apply`` of the same instance first
-re-runs the failed calls, so even a caller that swallows the error leaves no
-hole below a watermark.  Offsets of a partition must only grow outside
+re-runs the failed calls.  Offsets of a partition must only grow outside
 redelivery: recreating a topic under the same name (offsets restart at 0)
-needs a fresh prefix.
+needs a fresh prefix.  Without a script on the write path Redis cannot refuse
+a vector of another dimension (the writers check ``{prefix}:dim``); a read
+names the hashtag instead of mixing dimensions.
 
-Hot hashtags on Redis Cluster: a hashtag's two keys live in one slot, so all
-its updates go to one node, one script call per batch and partition group --
-a trending hashtag costs its node one memcpy-sized call per batch of each
-worker, not one per tweet, and the fold runs on the worker's CPU.
+Hot hashtags on Redis Cluster: a hashtag's keys live in one slot, so all its
+writes go to one node -- one HSET per batch of each worker, the fold's float
+work on the worker's CPU, the node's share a memcpy per record.
 
 Precision
 ---------
@@ -103,17 +100,16 @@ component to the grid ``2**-e`` (round half to even, so float32 inputs, whose
 low bits often fall exactly on a half, are not biased), an absolute error of
 at most ``max|sum_i| * 2**-31`` -- about 2**-31 of the sum's norm, ~100x less
 than float32's per-component ``2**-24 * |sum_i|`` for the large components
-that dominate the unit vector's error.  The logged deltas are float64 suffix
-sums, exact to float64, and a fold adds them in double, so there is one
-rounding per fold (every ``fold_after`` deltas or index rebuild), fewer than
-round 1's one per script call; a test checks the stored sums bit for bit
-against a numpy model of exactly this.  Round 1 measured, with one rounding
-per call (768-d, against a float64 batch recomputation), max per-component
-error of the unit vector after 10^4 / 10^5 / 3*10^5 calls: BERT-like vectors
-1.8e-8 / 4.8e-8 / 9.5e-8 (float32 storage: 2.1e-7 / 9.3e-7 / 7.2e-6); the
-worst case, the same vector over and over (a spam bot), 1.3e-7 after 10^4
-calls (float32: 9.4e-6); folding less often only lowers these.  Counts are
-exact.
+that dominate the unit vector's error.  Logged records are exact, a fold adds
+them in double, so there is one rounding per fold (every ``fold_after``
+records, or index rebuild), fewer than round 1's one per batch; a test checks
+the sums bit for bit against a numpy model of exactly this.  Round 1 measured,
+with one rounding per call (768-d, against a float64 batch recomputation), max
+per-component error of the unit vector after 10^4 / 10^5 / 3*10^5 calls:
+BERT-like vectors 1.8e-8 / 4.8e-8 / 9.5e-8 (float32 storage: 2.1e-7 / 9.3e-7 /
+7.2e-6); the worst case, the same vector over and over (a spam bot), 1.3e-7
+after 10^4 calls (float32: 9.4e-6); folding less often only lowers these.
+Counts are exact.
 """
 
 from __future__ import annotations
@@ -129,7 +125,7 @@ import numpy as np
 import numpy.typing as npt
 import redis
 from redis.cluster import RedisCluster
-from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import NoScriptError
 
 from stream.means import RunningMean, Vector
 
@@ -143,90 +139,18 @@ _PREFIX_RE = re.compile(r"[A-Za-z0-9_.:\-]+")
 _META_HEADER = struct.Struct("<dIi")  # count, dim, shared exponent
 _READ_CHUNK = 500  # keys per pipelined HMGET round trip in read_all
 
-_APPLY_LUA = """
--- Add one batch's contributions to ONE hashtag's running mean, exactly once, without a
--- single float operation: the chosen float64 suffix sums are appended, as raw bytes, to the
--- hashtag's pending log; the count and the watermarks move in the same atomic call.
--- KEYS[1]: the hashtag's hash; KEYS[2]: its pending log (a string, same hash tag and slot).
--- ARGV: dim, head, ngroups, then per partition group: id ("topic:partition"), k, offsets
---   o_1 < ... < o_k, then k float64 LE suffix sums d_j = v_j + ... + v_k.  Applies the
---   items with offset > the stored watermark.  Returns {applied, skipped, log bytes}.
-local dim = tonumber(ARGV[1])
-local ntail = dim - tonumber(ARGV[2])
-local ngroups = tonumber(ARGV[3])
-local m = redis.call('HGET', KEYS[1], 'm')
-local count, e, tail = 0, 0, string.rep('\\0', 4 * ntail)
-local marks, names = {}, {}
-if m then
-  local d, pos
-  count, d, e, pos = struct.unpack('<dI4i4', m)
-  if d ~= dim then
-    return redis.error_reply('REVALDIM ' .. KEYS[1] .. ' holds ' .. d ..
-      '-d sums, got ' .. dim .. '-d vectors')
-  end
-  tail = string.sub(m, pos, pos + 4 * ntail - 1)
-  pos = pos + 4 * ntail
-  local name, off
-  while pos <= #m do
-    name, off, pos = struct.unpack('<sd', m, pos)
-    marks[name] = off
-    names[#names + 1] = name
-  end
-end
--- Per partition: the suffix sum of the items above the watermark, which moves to o_k.
-local picked = {}
-local applied, skipped = 0, 0
-local i = 4
-for g = 1, ngroups do
-  local name = ARGV[i]
-  local k = tonumber(ARGV[i + 1])
-  local mark = marks[name]
-  local first = 1
-  if mark then
-    while first <= k and tonumber(ARGV[i + 1 + first]) <= mark do first = first + 1 end
-  end
-  if first <= k then
-    picked[#picked + 1] = ARGV[i + 1 + k + first]
-    if not mark then names[#names + 1] = name end
-    marks[name] = tonumber(ARGV[i + 1 + k])
-    applied = applied + k - first + 1
-  end
-  skipped = skipped + first - 1
-  i = i + 2 + 2 * k
-end
-if applied == 0 then return {0, skipped, redis.call('STRLEN', KEYS[2])} end
-local logged = redis.call('APPEND', KEYS[2], table.concat(picked))
-local parts = {struct.pack('<dI4i4', count + applied, dim, e), tail}
-for _, name in ipairs(names) do parts[#parts + 1] = struct.pack('<sd', name, marks[name]) end
-redis.call('HSET', KEYS[1], 'm', table.concat(parts))
-return {applied, skipped, logged}
-"""
-
 _FOLD_LUA = """
--- Replace a hashtag's stored sum and the first L bytes of its pending log by their total,
--- computed by the client from what it read -- unless another fold came first.
--- KEYS as the apply script.  ARGV: fold generation read, L, head mantissas, exponent, tail
--- mantissas.  The count and the watermarks are not touched.  Returns 1 if folded.
+-- Replace a hashtag's folded state by the one the client computed from what it read, and
+-- drop the log fields it folded -- unless another fold came first (generation check).
+-- KEYS[1]: the hashtag's hash; KEYS[2]: its log (a hash; same hash tag, same slot).
+-- ARGV: generation read, new s, new m, then the names of the log fields folded.
 local g = tonumber(redis.call('HGET', KEYS[1], 'g') or 0)
-local m = redis.call('HGET', KEYS[1], 'm')
-if g ~= tonumber(ARGV[1]) or not m then return 0 end
-local count, dim = struct.unpack('<dI4', m)
-local tail = ARGV[5]
-redis.call('HSET', KEYS[1], 's', ARGV[3], 'g', g + 1, 'm',
-  struct.pack('<dI4i4', count, dim, tonumber(ARGV[4])) .. tail .. string.sub(m, 17 + #tail))
-local L = tonumber(ARGV[2])
-if redis.call('STRLEN', KEYS[2]) <= L then
-  redis.call('DEL', KEYS[2])
-else
-  redis.call('SET', KEYS[2], redis.call('GETRANGE', KEYS[2], L, -1))
+if g ~= tonumber(ARGV[1]) then return 0 end
+redis.call('HSET', KEYS[1], 's', ARGV[2], 'm', ARGV[3], 'g', g + 1)
+for i = 4, #ARGV, 1000 do  -- HDEL in slices: unpack() is bounded by Lua's C stack
+  redis.call('HDEL', KEYS[2], unpack(ARGV, i, math.min(i + 999, #ARGV)))
 end
 return 1
-"""
-
-_READ_LUA = """
--- One hashtag's state, atomically across its two keys: s, m, fold generation, pending log.
-local v = redis.call('HMGET', KEYS[1], 's', 'm', 'g')
-return {v[1], v[2], v[3], redis.call('GET', KEYS[2])}
 """
 
 _TAKE_LUA = """
@@ -257,22 +181,24 @@ class ApplyResult:
     """What :meth:`RedisMeans.apply` did, counted in (tweet, hashtag) updates."""
 
     applied: int
-    """Updates added to a running mean."""
+    """Updates newly written to their hashtag's log.  (Exact but for one race: a record
+    redelivered while another process folds that very record counts here again; the means
+    never count it twice, since reads and folds drop records at or below the watermark.)"""
     skipped: int
-    """Updates already applied before (redelivery) or repeated within the batch."""
+    """Updates already in the log or folded (redelivery), or repeated within the batch."""
     hashtags: frozenset[str]
-    """Hashtags whose running mean changed."""
+    """Hashtags whose log got a new record."""
     folded: int = 0
-    """Hashtags whose pending log reached ``fold_after`` deltas and was folded into the sum."""
+    """Hashtags whose log reached ``fold_after`` records and was folded into the sum."""
 
 
 @dataclass(frozen=True)
 class _Call:
-    """One script call: all of a batch's items for one hashtag (its two keys, one slot)."""
+    """All of a batch's records for one hashtag: one HSET on its log (atomic, one slot)."""
 
     hashtag: str
     keys: tuple[str, str]
-    args: tuple[bytes | int | str, ...]
+    fields: tuple[tuple[str, bytes], ...]  # ("topic:partition:offset", vector bytes)
 
 
 @dataclass(frozen=True)
@@ -283,11 +209,12 @@ class _Plan:
 
 @dataclass(frozen=True)
 class _State:
-    """One hashtag's keys as read atomically: what a fold starts from."""
+    """One hashtag as read consistently: its mean, and what a fold of it would write."""
 
     mean: RunningMean
     generation: int
-    logged: int  # bytes of pending log included in ``mean``
+    fields: tuple[bytes, ...]  # every log field read (valid and stale): a fold drops them
+    marks: dict[str, int]  # partition id -> highest offset in the mean
 
 
 class RedisMeans:
@@ -296,8 +223,8 @@ class RedisMeans:
     Works with :class:`redis.Redis` and :class:`redis.cluster.RedisCluster` clients
     (``decode_responses`` must be off: the sums are binary).  ``dim`` may be given,
     or is fixed by the first :meth:`apply` (and shared through ``{prefix}:dim``).
-    ``fold_after``: pending deltas a hashtag's log may reach before :meth:`apply` folds
-    it into the stored sum (``read(..., fold=True)`` folds whatever it reads).
+    ``fold_after``: log records a hashtag may hold before :meth:`apply` folds them into
+    its sum (``read(..., fold=True)`` folds whatever it reads).
     Two stores on one Redis need prefixes that are not ``other + ":..."`` of each
     other, since reads and :meth:`clear` SCAN for ``{prefix}:*``.
     """
@@ -325,10 +252,7 @@ class RedisMeans:
         # types-redis 4.6 (the stubs installed beside redis-py 8) predates RedisCluster's
         # scripting support and Script.sha; both exist at run time.
         scripting = cast(redis.Redis, client)
-        self._scripts: dict[str, Any] = {
-            name: scripting.register_script(lua)
-            for name, lua in (("apply", _APPLY_LUA), ("fold", _FOLD_LUA), ("read", _READ_LUA))
-        }
+        self._fold_script: Any = scripting.register_script(_FOLD_LUA)
         self._take_script: Any = scripting.register_script(_TAKE_LUA)
         self._changed_key = f"{prefix}:changed"
         self._dim_key = f"{prefix}:dim"
@@ -354,11 +278,11 @@ class RedisMeans:
     # -- keys ---------------------------------------------------------------
 
     def key(self, hashtag: str) -> str:
-        """The hash holding ``hashtag``'s state (the hashtag is its cluster hash tag)."""
+        """The hash holding ``hashtag``'s folded state (the hashtag is its cluster hash tag)."""
         return f"{self.prefix}:h:{{{hashtag}}}"
 
     def log_key(self, hashtag: str) -> str:
-        """The string holding ``hashtag``'s pending log (same hash tag, same cluster slot)."""
+        """The hash holding ``hashtag``'s log of records not yet folded (same slot)."""
         return f"{self.prefix}:p:{{{hashtag}}}"
 
     def _keys(self, hashtag: str) -> tuple[str, str]:
@@ -378,25 +302,24 @@ class RedisMeans:
     def apply(self, contributions: Sequence[Contribution]) -> ApplyResult:
         """Add a batch of embedded tweets to their hashtags' running means, exactly once.
 
-        One pipelined round trip: one atomic script call per distinct hashtag plus one
-        SADD to the changed set; then, for the hashtags whose pending log reached
-        ``fold_after`` deltas, two more (read, fold).  Contributions must arrive in offset
-        order per partition across batches (Kafka's order); within a batch any order is
-        fine.  Raises :class:`DimensionError` / :class:`ValueError` before touching Redis.
+        Two pipelined round trips: the folded watermarks, then one HSET per distinct
+        hashtag (its records, keyed by Kafka coordinates, into its log) plus one SADD to
+        the changed set; then, for the hashtags whose log reached ``fold_after`` records,
+        two more (read, fold).
+        Contributions must arrive in offset order per partition across batches (Kafka's
+        order); within a batch any order is fine.  Raises :class:`DimensionError` /
+        :class:`ValueError` before touching Redis.
 
         If a previous call failed part-way (connection lost, timeout, failover), its calls
-        are run again first, in the same pipeline: they are idempotent, and this way a
-        caller that logs the error and goes on with the next batch instead of retrying
-        cannot leave a hole below a watermark.  (So: one instance per consumer.)
+        are run again first: they are idempotent, and this way a caller that logs the error
+        and goes on with the next batch instead of retrying cannot leave a hole below a
+        record it writes later.  (So: one instance per consumer.)
         """
         plan = self._plan(contributions)
         if self._unfinished is not None:
             plan = _Plan(self._unfinished.calls + plan.calls, plan.duplicates)
         try:
             result = self._execute(plan)
-        except DimensionError:  # the server refused a key's dimension: retrying cannot help
-            self._unfinished = None
-            raise
         except Exception:
             self._unfinished = plan
             raise
@@ -404,36 +327,24 @@ class RedisMeans:
         return result
 
     def _plan(self, contributions: Sequence[Contribution]) -> _Plan:
-        """Validate and group a batch into per-hashtag script calls (no I/O after the dim check)."""
+        """Validate and group a batch into per-hashtag HSETs (no I/O after the dim check)."""
         dim = self._check_batch(contributions)
         if dim is None:
             return _Plan((), 0)
         self._fix_dim(dim)
-        # hashtag -> partition id -> offset -> vector (first occurrence wins)
-        groups: dict[str, dict[str, dict[int, npt.NDArray[np.float64]]]] = {}
+        groups: dict[str, dict[str, bytes]] = {}  # hashtag -> field -> vector (first one wins)
         duplicates = 0
         for c in contributions:
-            pid = f"{c.topic}:{int(c.partition)}"
-            offset = int(c.offset)  # numpy integers too
-            vector = np.asarray(c.vector, dtype=np.float64)
+            name = f"{c.topic}:{int(c.partition)}:{int(c.offset)}"  # numpy integers too
+            value = _vector_bytes(c.vector)
             for tag in dict.fromkeys(c.hashtags):  # a tweet counts once per distinct hashtag
-                items = groups.setdefault(tag, {}).setdefault(pid, {})
-                if offset in items:
+                fields = groups.setdefault(tag, {})
+                if name in fields:
                     duplicates += 1
                 else:
-                    items[offset] = vector
-        calls = []
-        head = min(dim, HEAD_COMPONENTS)
-        for tag, partitions in groups.items():
-            args: list[bytes | int | str] = [dim, head, len(partitions)]
-            for pid, items in partitions.items():
-                offsets = sorted(items)
-                args.append(pid)
-                args.append(len(offsets))
-                args.extend(offsets)
-                args.extend(_suffix_sums([items[o] for o in offsets]))
-            calls.append(_Call(tag, self._keys(tag), tuple(args)))
-        return _Plan(tuple(calls), duplicates)
+                    fields[name] = value
+        calls = tuple(_Call(tag, self._keys(tag), tuple(f.items())) for tag, f in groups.items())
+        return _Plan(calls, duplicates)
 
     def _check_batch(self, contributions: Sequence[Contribution]) -> int | None:
         """Validate every contribution; return the batch's common dimension (None: no updates)."""
@@ -483,98 +394,87 @@ class RedisMeans:
             )
 
     def _execute(self, plan: _Plan, changed: bool = True) -> ApplyResult:
-        """Run the plan's calls in one pipeline, then fold the logs that grew long (the crash
+        """Run the plan's HSETs in one pipeline, then fold the logs that grew long (the crash
         tests run subsets of a plan)."""
         if not plan.calls:
             return ApplyResult(0, plan.duplicates, frozenset())
-        results = self._run_pipeline(plan, changed)
-        if any(isinstance(r, NoScriptError) for r in results):
-            # Script cache flushed or a new node: load it and run the whole pipeline again,
-            # which is safe because every call is idempotent (the watermarks skip what ran).
-            self._load_scripts()
-            results = self._run_pipeline(plan, changed)
-        errors = [r for r in results if isinstance(r, Exception)]
-        if errors:
-            first = errors[0]
-            if isinstance(first, ResponseError) and "REVALDIM" in str(first):
-                raise DimensionError(str(first)) from first
-            raise first
-        applied = skipped = 0
+        # Round trip 1: the folded watermarks.  A record at or below its partition's was
+        # folded already (a redelivery): it is not written again.
+        pipe = self.client.pipeline(transaction=False)
+        for call in plan.calls:
+            pipe.hget(call.keys[0], "m")
+        writes, skipped = [], plan.duplicates
+        for call, m in zip(plan.calls, pipe.execute(), strict=True):
+            marks = _decode_marks(m) if m else {}
+            fields = [f for f in call.fields if _offset(f[0]) > marks.get(_pid(f[0]), -1)]
+            skipped += len(call.fields) - len(fields)
+            if fields:
+                writes.append((call, fields))
+        # Round trip 2: one HSET per hashtag -- all of this batch's records of it land
+        # together or not -- and the log's length, to fold long ones.
+        pipe = self.client.pipeline(transaction=False)
+        for call, fields in writes:
+            pipe.hset(call.keys[1], mapping=dict(fields))
+            pipe.hlen(call.keys[1])
+        if changed and writes:
+            pipe.sadd(self._changed_key, *(call.hashtag for call, _ in writes))
+        replies = pipe.execute()
+        applied = 0
         touched, long_logs = [], []
-        limit = self.fold_after * 8 * int(self.dim or 1)
-        for call, (n_applied, n_skipped, logged) in zip(plan.calls, results, strict=False):
-            applied += int(n_applied)
-            skipped += int(n_skipped)
-            if n_applied:
+        for i, (call, fields) in enumerate(writes):
+            new, length = int(replies[2 * i]), int(replies[2 * i + 1])
+            applied += new
+            skipped += len(fields) - new
+            if new:
                 touched.append(call.hashtag)
-            if int(logged) >= limit:
+            if length >= self.fold_after:
                 long_logs.append(call.hashtag)
         folded = self.fold(long_logs) if long_logs else 0
-        return ApplyResult(applied, skipped + plan.duplicates, frozenset(touched), folded)
-
-    def _run_pipeline(self, plan: _Plan, changed: bool) -> list[Any]:
-        pipe = self.client.pipeline(transaction=False)
-        sha = self._scripts["apply"].sha
-        for call in plan.calls:
-            # Not Script.__call__: on a Pipeline it adds a SCRIPT EXISTS round trip per
-            # execute, and ClusterPipeline blocks the evalsha() method (not the command).
-            pipe.execute_command("EVALSHA", sha, 2, *call.keys, *call.args)
-        if changed:
-            pipe.sadd(self._changed_key, *(call.hashtag for call in plan.calls))
-        return list(pipe.execute(raise_on_error=False))
-
-    def _evalsha_all(self, script: str, calls: Sequence[tuple[str, Sequence[Any]]]) -> list[Any]:
-        """One pipelined EVALSHA of ``script`` per (hashtag, args); reloads after NOSCRIPT."""
-        for attempt in (0, 1):
-            pipe = self.client.pipeline(transaction=False)
-            for tag, args in calls:
-                pipe.execute_command("EVALSHA", self._scripts[script].sha, 2, *self._keys(tag), *args)
-            results = list(pipe.execute(raise_on_error=False))
-            if attempt or not any(isinstance(r, NoScriptError) for r in results):
-                break
-            self._load_scripts()  # read and fold scripts are safe to rerun
-        errors = [r for r in results if isinstance(r, Exception)]
-        if errors:
-            raise errors[0]
-        return results
-
-    def _load_scripts(self) -> None:
-        # SCRIPT LOAD goes to every primary on a cluster client.
-        for name, lua in (("apply", _APPLY_LUA), ("fold", _FOLD_LUA), ("read", _READ_LUA)):
-            self._scripts[name].sha = cast(redis.Redis, self.client).script_load(lua)
+        return ApplyResult(applied, skipped, frozenset(touched), folded)
 
     # -- folding --------------------------------------------------------------
 
     def fold(self, hashtags: Iterable[str]) -> int:
-        """Fold the pending logs of ``hashtags`` into their stored sums; return how many folded.
+        """Fold the logs of ``hashtags`` into their stored sums; return how many folded.
 
-        Reads each hashtag atomically, sums in float64 here (Redis does no float work),
+        Reads each hashtag consistently, sums in float64 here (Redis does no float work),
         rounds once to the stored block floating point, and writes back with a compare-and-
         set on the fold generation: a fold that lost a race to another is dropped, and
-        deltas appended meanwhile stay in the log.  Safe to run from any process, any time.
+        records logged meanwhile stay in the log.  Safe to run from any process, any time.
         """
         return self._fold(self._read_states(list(dict.fromkeys(hashtags))))
 
     def _fold(self, states: dict[str, _State]) -> int:
-        todo = [(tag, st) for tag, st in states.items() if st.logged]
-        if not todo:
-            return 0
-        calls = []
-        for tag, st in todo:
-            head, exponent, tail = _encode_sum(st.mean.total)
-            calls.append((tag, [st.generation, st.logged, head, exponent, tail]))
-        results = []
-        for start in range(0, len(calls), _READ_CHUNK):
-            results += self._evalsha_all("fold", calls[start : start + _READ_CHUNK])
-        return sum(int(r) for r in results)
+        todo = [(tag, st) for tag, st in states.items() if st.fields]
+        folded = 0
+        for start in range(0, len(todo), _READ_CHUNK):
+            pipe = self.client.pipeline(transaction=False)
+            for tag, st in todo[start : start + _READ_CHUNK]:
+                s, m = _encode_state(st.mean, st.marks)
+                # Not Script.__call__: on a Pipeline it adds a SCRIPT EXISTS round trip per
+                # execute, and ClusterPipeline blocks the evalsha() method (not the command).
+                pipe.execute_command(
+                    "EVALSHA", self._fold_script.sha, 2, *self._keys(tag), st.generation, s, m, *st.fields
+                )
+            replies = pipe.execute(raise_on_error=False)
+            if any(isinstance(r, NoScriptError) for r in replies):
+                # Script cache flushed or a new node: load and rerun.  A fold that did land
+                # moved the generation, so its rerun is refused: folds are safe to repeat.
+                self._fold_script.sha = cast(redis.Redis, self.client).script_load(_FOLD_LUA)
+                return folded + self._fold(dict(todo[start:]))
+            errors = [r for r in replies if isinstance(r, Exception)]
+            if errors:
+                raise errors[0]
+            folded += sum(int(r) for r in replies)
+        return folded
 
     # -- reading --------------------------------------------------------------
 
     def read(self, hashtags: Iterable[str], fold: bool = False) -> dict[str, RunningMean]:
-        """The running means of those ``hashtags`` that have one (pipelined atomic reads).
+        """The running means of those ``hashtags`` that have one (pipelined reads).
 
-        ``fold=True`` also folds every pending log read (what the index job does, so that
-        a hashtag's memory comes back to its folded size after each rebuild).
+        ``fold=True`` also folds every log read (what the index job does, so that a
+        hashtag's memory comes back to its folded size after each rebuild).
         """
         states = self._read_states(list(dict.fromkeys(hashtags)))
         if fold:
@@ -582,39 +482,99 @@ class RedisMeans:
         return {tag: st.mean for tag, st in states.items()}
 
     def _read_states(self, tags: list[str]) -> dict[str, _State]:
+        """Read hashtags consistently without a script: the folded state, the log, and the
+        generation again; a fold in between (generation moved) means read that one again."""
         out: dict[str, _State] = {}
-        for start in range(0, len(tags), _READ_CHUNK):
-            chunk = tags[start : start + _READ_CHUNK]
-            replies = self._evalsha_all("read", [(tag, []) for tag in chunk])
-            for tag, (s, m, g, pending) in zip(chunk, replies, strict=True):
-                if m is not None:
-                    out[tag] = _State(_decode(s, m, pending), int(g or 0), len(pending or b""))
-        return out
+        todo = tags
+        for _ in range(100):
+            if not todo:
+                return out
+            retry = []
+            for start in range(0, len(todo), _READ_CHUNK):
+                chunk = todo[start : start + _READ_CHUNK]
+                pipe = self.client.pipeline(transaction=False)
+                for tag in chunk:
+                    h, p = self._keys(tag)
+                    pipe.hmget(h, "s", "m", "g")
+                    pipe.hgetall(p)
+                    pipe.hget(h, "g")
+                replies = pipe.execute()
+                for i, tag in enumerate(chunk):
+                    (s, m, g), log, g_after = replies[3 * i : 3 * i + 3]
+                    if g != g_after:
+                        retry.append(tag)
+                    elif m is not None or log:
+                        out[tag] = self._state(tag, s, m, int(g or 0), log)
+            todo = retry
+        raise RuntimeError(f"{len(todo)} hashtags kept being folded while read: {todo[:5]}")
+
+    def _state(self, tag: str, s: bytes | None, m: bytes | None, g: int, log: dict[bytes, bytes]) -> _State:
+        dim = self._known_dim(m)
+        count, exponent, marks = 0, 0, {}
+        mantissas = np.zeros(dim, dtype=np.float64)
+        if m is not None:
+            count, stored_dim, exponent = _META_HEADER.unpack_from(m, 0)
+            if stored_dim != dim:
+                raise DimensionError(f"{self.key(tag)} holds {stored_dim}-d sums; the store is {dim}-d")
+            head = min(dim, HEAD_COMPONENTS)
+            if s is not None:
+                mantissas[:head] = np.frombuffer(s, dtype="<i4")
+            mantissas[head:] = np.frombuffer(m, dtype="<i4", count=dim - head, offset=_META_HEADER.size)
+            marks = _decode_marks(m)
+        total = np.ldexp(mantissas, -exponent)
+        records = []
+        for name, value in log.items():
+            pid, offset = _pid(name.decode()), _offset(name.decode())
+            if offset > marks.get(pid, -1):  # at or below: a redelivered copy of a folded record
+                records.append((pid, offset, value))
+        records.sort(key=lambda r: (r[0], r[1]))  # a fixed order: reads are reproducible
+        new_marks = dict(marks)
+        for pid, offset, value in records:
+            total += _vector_of(value, dim, tag)
+            new_marks[pid] = max(offset, new_marks.get(pid, -1))
+        mean = RunningMean(int(count) + len(records), total)
+        return _State(mean, g, tuple(log), new_marks)
+
+    def _known_dim(self, m: bytes | None) -> int:
+        """The store's dimension: known, else its key, else (a key lost) this folded state's."""
+        if self.dim is None:
+            stored = self.client.get(self._dim_key)
+            if stored is not None:
+                self._fix_dim(int(cast(bytes, stored)))
+            elif m is not None:
+                return int(_META_HEADER.unpack_from(m, 0)[1])
+            else:
+                raise DimensionError(f"store {self.prefix!r} has records but no {self._dim_key} key")
+        return cast(int, self.dim)
 
     def read_all(self, fold: bool = False) -> dict[str, RunningMean]:
         """Every hashtag's running mean (SCAN under the prefix, then pipelined reads).
 
-        Each hashtag is read atomically; the whole is not a snapshot across hashtags
+        Each hashtag is read consistently; the whole is not a snapshot across hashtags
         (writers keep going), which is fine for a periodically rebuilt index.
         """
         return self.read(self.hashtags(), fold=fold)
 
     def hashtags(self) -> Iterator[str]:
         """Names of the stored hashtags, in SCAN order (may repeat: SCAN may)."""
-        for key in self.client.scan_iter(match=f"{self.prefix}:h:*", count=1000):
+        for key in self.client.scan_iter(match=f"{self.prefix}:[hp]:*", count=1000):
             yield self._hashtag_of(key)
 
     def watermarks(self, hashtag: str) -> dict[tuple[str, int], int]:
-        """``(topic, partition) -> highest offset applied`` to ``hashtag`` (for debugging)."""
-        m = self.client.hget(self.key(hashtag), "m")
-        if m is None:
+        """``(topic, partition) -> highest offset in the mean`` of ``hashtag`` (for debugging)."""
+        state = self._read_states([hashtag]).get(hashtag)
+        if state is None:
             return {}
-        return _decode_marks(cast(bytes, m))  # a binary client: decode_responses is off
+        out = {}
+        for pid, offset in state.marks.items():
+            topic, _, partition = pid.rpartition(":")
+            out[(topic, int(partition))] = offset
+        return out
 
     def memory_usage(self, hashtag: str) -> int | None:
-        """Bytes Redis uses for ``hashtag``'s keys (``MEMORY USAGE key SAMPLES 0``, both keys)."""
+        """Bytes Redis uses for ``hashtag`` (``MEMORY USAGE key SAMPLES 0``, both keys)."""
         usages = [self.client.memory_usage(key, samples=0) for key in self._keys(hashtag)]
-        if usages[0] is None:
+        if all(u is None for u in usages):
             return None
         return sum(int(u) for u in usages if u is not None)
 
@@ -643,40 +603,40 @@ class RedisMeans:
         return len(keys)
 
 
-def _suffix_sums(vectors: Sequence[npt.NDArray[np.float64]]) -> list[bytes]:
-    """``d_j = v_j + ... + v_k`` as float64 little-endian bytes, for j = 1..k."""
-    if len(vectors) == 1:
-        return [vectors[0].astype("<f8").tobytes()]
-    stacked = np.stack(vectors)
-    sums = np.cumsum(stacked[::-1], axis=0)[::-1].astype("<f8")
-    return [row.tobytes() for row in sums]
+def _vector_bytes(vector: Vector) -> bytes:
+    """A record's vector for the log: float32 when that is exact (an encoder's output), else
+    float64 -- never a rounding before the float64 sum."""
+    wide = np.asarray(vector, dtype="<f8")
+    narrow = wide.astype("<f4")
+    return narrow.tobytes() if np.array_equal(narrow, wide) else wide.tobytes()
 
 
-def _decode(s: bytes | None, m: bytes, pending: bytes | None) -> RunningMean:
-    """Rebuild a :class:`RunningMean` from the ``s`` and ``m`` fields and the pending log.
-
-    The stored sum (zero before the first fold) plus the logged deltas, added in log order
-    in float64: the order the tests' model of the store uses.
-    """
-    count, dim, exponent = _META_HEADER.unpack_from(m, 0)
-    head = min(dim, HEAD_COMPONENTS)
-    mantissas = np.zeros(dim, dtype=np.float64)
-    if s is not None:
-        mantissas[:head] = np.frombuffer(s, dtype="<i4")
-    mantissas[head:] = np.frombuffer(m, dtype="<i4", count=dim - head, offset=_META_HEADER.size)
-    total = np.ldexp(mantissas, -exponent)
-    if pending:
-        for delta in np.frombuffer(pending, dtype="<f8").reshape(-1, dim):
-            total += delta
-    return RunningMean(int(count), total)
+def _pid(field: str) -> str:
+    """``"topic:partition"`` of a log field ``"topic:partition:offset"``."""
+    return field.rpartition(":")[0]
 
 
-def _encode_sum(total: npt.NDArray[np.float64]) -> tuple[bytes, int, bytes]:
-    """A sum as block floating point: (head int32 mantissas, shared exponent, tail mantissas).
+def _offset(field: str) -> int:
+    return int(field.rpartition(":")[2])
+
+
+def _vector_of(value: bytes, dim: int, hashtag: str) -> npt.NDArray[np.float64]:
+    if len(value) == 4 * dim:
+        return np.frombuffer(value, dtype="<f4").astype(np.float64)
+    if len(value) == 8 * dim:
+        return np.frombuffer(value, dtype="<f8")
+    raise DimensionError(
+        f"a log record of {hashtag!r} holds {len(value)} bytes: not a {dim}-d float32/float64 vector"
+    )
+
+
+def _encode_state(mean: RunningMean, marks: dict[str, int]) -> tuple[bytes, bytes]:
+    """The ``s`` and ``m`` fields of a folded mean: the sum as block floating point.
 
     The exponent puts the largest |component| in [2**30, 2**31) (capped so that ``2**e``
     stays a normal double); each component rounds half to even onto the grid ``2**-e``.
     """
+    total = mean.total
     mx = float(np.abs(total).max())
     exponent = 0
     if mx > 0:
@@ -685,18 +645,20 @@ def _encode_sum(total: npt.NDArray[np.float64]) -> tuple[bytes, int, bytes]:
             exponent -= 1
     mantissas = np.rint(np.ldexp(total, exponent)).astype("<i4")
     head = min(len(total), HEAD_COMPONENTS)
-    return mantissas[:head].tobytes(), exponent, mantissas[head:].tobytes()
+    m = [_META_HEADER.pack(float(mean.count), len(total), exponent), mantissas[head:].tobytes()]
+    m += [pid.encode() + b"\0" + struct.pack("<d", offset) for pid, offset in sorted(marks.items())]
+    return mantissas[:head].tobytes(), b"".join(m)
 
 
-def _decode_marks(m: bytes) -> dict[tuple[str, int], int]:
+def _decode_marks(m: bytes) -> dict[str, int]:
+    """The folded watermarks in ``m``: ``"topic:partition" -> highest offset folded``."""
     _, dim, _ = _META_HEADER.unpack_from(m, 0)
     pos = _META_HEADER.size + 4 * (dim - min(dim, HEAD_COMPONENTS))
-    marks: dict[tuple[str, int], int] = {}
+    marks: dict[str, int] = {}
     while pos < len(m):
         end = m.index(b"\0", pos)
-        topic, _, partition = m[pos:end].decode().rpartition(":")
         (offset,) = struct.unpack_from("<d", m, end + 1)
-        marks[(topic, int(partition))] = int(offset)
+        marks[m[pos:end].decode()] = int(offset)
         pos = end + 9
     return marks
 
