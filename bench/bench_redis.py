@@ -449,7 +449,7 @@ def main(argv: list[str] | None = None) -> str:
             f"| tweets/s, end to end | {args.tweets / e2e:,.0f} |",
             f"| client-side plan (validate, group, encode) | {now['plan_s'] / len(batches) * 1e3:.2f}"
             f" ms/batch ({now['plan_s'] / e2e:.0%}) |",
-            f"| pipeline round trips (watermarks, HSETs, folds) | {now['exec_s'] / len(batches) * 1e3:.2f} ms/batch |",
+            f"| round trips (watermarks, HSETs, folds) | {now['exec_s'] / len(batches) * 1e3:.2f} ms/batch |",
             f"| index job's read of all {len(hashtags):,} hashtags, folding | {now['read_s']:.2f} s |",
             f"| redelivery of the whole feed (all skipped as duplicates) | "
             f"{total_updates / redeliver_s:,.0f} updates/s |",
