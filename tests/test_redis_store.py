@@ -385,6 +385,34 @@ def test_a_record_logged_again_after_its_fold_is_ignored_then_dropped(store: Red
     assert store.read(["a"])["a"].count == 2 and store.watermarks("a") == {("t", 0): 6}
 
 
+def test_event_time_windows_are_kept_beside_the_all_time_mean(store: RedisMeans) -> None:
+    """Per-hashtag window means come from the same log and fold: the newest ``window_keep``
+    windows of each hashtag survive a fold, the window hash gets a TTL, and records without
+    a time count in the all-time mean only."""
+    windowed = RedisMeans(store.client, prefix=store.prefix, fold_after=100, window_s=3600.0, window_keep=2)
+    hour = 3600.0
+    batch = [
+        Contribution("t", 0, i, ["flood"], np.full(3, float(i)), time=hour * (i // 2) + 1.0) for i in range(8)
+    ] + [Contribution("t", 0, 8, ["flood"], np.full(3, 100.0))]  # no time: all-time only
+    windowed.apply(batch)
+    assert windowed.window_of(hour * 3 + 1.0) == 3
+    before = windowed.read_windows(["flood"])["flood"]
+    assert sorted(before) == [0, 1, 2, 3]
+    assert before[3].count == 2 and np.array_equal(before[3].total, np.full(3, 13.0))
+    means, windows = windowed.read_all_with_windows(fold=True)
+    assert means["flood"].count == 9 and sorted(windows["flood"]) == [0, 1, 2, 3]  # as read
+    after = windowed.read_windows(["flood"])["flood"]
+    assert sorted(after) == [2, 3]  # the fold kept the newest two
+    assert after[2].count == 2 and np.array_equal(after[2].total, np.full(3, 9.0))
+    assert 0 < store.client.ttl(windowed.window_key("flood")) <= 2 * 3600
+    windowed.apply([Contribution("t", 0, 9, ["flood"], np.ones(3), time=hour * 4 + 5)])
+    windowed.fold(["flood"])
+    assert sorted(windowed.read_windows(["flood"])["flood"]) == [3, 4]
+    assert windowed.read(["flood"])["flood"].count == 10
+    with pytest.raises(ValueError, match="non-finite time"):
+        windowed.apply([Contribution("t", 0, 10, ["flood"], np.ones(3), time=float("nan"))])
+
+
 def test_a_hashtag_repeated_in_a_tweet_counts_once(store: RedisMeans) -> None:
     result = store.apply([Contribution("t", 0, 0, ["flood", "flood", "help"], np.ones(3))])
     assert result.applied == 2
@@ -432,7 +460,8 @@ def kafka_logs(draw: st.DrawFn) -> list[Contribution]:
         pid = draw(st.sampled_from(PIDS))
         tags = draw(st.lists(st.sampled_from("abcd"), max_size=3))  # empty and repeats too
         vector = np.array(draw(st.lists(st.integers(-8, 8), min_size=DIM, max_size=DIM)), float)
-        records.append(Contribution(pid[0], pid[1], next_offset[pid], tags, vector))
+        time = draw(st.sampled_from([None, 0.5, 1.5, 2.5, 3.5]))  # event-time windows 0-3
+        records.append(Contribution(pid[0], pid[1], next_offset[pid], tags, vector, time))
         next_offset[pid] += draw(st.integers(1, 3))
     return records
 
@@ -466,7 +495,8 @@ def simulate(client: redis.Redis | RedisCluster, log: list[Contribution], data: 
         pending: deque[Contribution] = deque()
         while any(queues):
             pending.append(rnd.choice([q for q in queues if q]).popleft())
-        return Consumer(RedisMeans(client, prefix=prefix, fold_after=fold_after), pending)
+        store = RedisMeans(client, prefix=prefix, fold_after=fold_after, window_s=1.0, window_keep=10)
+        return Consumer(store, pending)
 
     try:
         owner, zombies = join(), list[Consumer]()
@@ -506,11 +536,23 @@ def simulate(client: redis.Redis | RedisCluster, log: list[Contribution], data: 
             reader._fold(states)
 
         expected = in_memory(log, DIM)
-        got = RedisMeans(client, prefix=prefix).read_all()
+        got, windows = RedisMeans(client, prefix=prefix).read_all_with_windows()
         assert set(got) == set(expected)
         for tag in expected:
             assert got[tag].count == expected[tag].count
             assert np.array_equal(got[tag].total, expected[tag].total)
+        per_window: dict[str, dict[int, tuple[int, np.ndarray]]] = {}
+        for c in log:
+            if c.time is None:
+                continue
+            for tag in set(c.hashtags):
+                count, total = per_window.setdefault(tag, {}).get(int(c.time), (0, np.zeros(DIM)))
+                per_window[tag][int(c.time)] = (count + 1, total + c.vector)
+        assert {t: set(w) for t, w in windows.items()} == {t: set(w) for t, w in per_window.items()}
+        for tag, by_window in per_window.items():
+            for window, (count, total) in by_window.items():
+                assert windows[tag][window].count == count
+                assert np.array_equal(windows[tag][window].total, total)
         assert applied == sum(len(set(c.hashtags)) for c in log)  # each update applied once
     finally:
         RedisMeans(client, prefix=prefix).clear()

@@ -142,13 +142,20 @@ _READ_CHUNK = 500  # keys per pipelined HMGET round trip in read_all
 _FOLD_LUA = """
 -- Replace a hashtag's folded state by the one the client computed from what it read, and
 -- drop the log fields it folded -- unless another fold came first (generation check).
--- KEYS[1]: the hashtag's hash; KEYS[2]: its log (a hash; same hash tag, same slot).
--- ARGV: generation read, new s, new m, then the names of the log fields folded.
+-- KEYS: the hashtag's hash, its log, its windows (hashes with one hash tag: one slot).
+-- ARGV: generation read, new s, new m, window TTL (s; 0: none), n, then n pairs (window,
+--   folded mean), x, then x expired windows, then the names of the log fields folded.
 local g = tonumber(redis.call('HGET', KEYS[1], 'g') or 0)
 if g ~= tonumber(ARGV[1]) then return 0 end
 redis.call('HSET', KEYS[1], 's', ARGV[2], 'm', ARGV[3], 'g', g + 1)
-for i = 4, #ARGV, 1000 do  -- HDEL in slices: unpack() is bounded by Lua's C stack
-  redis.call('HDEL', KEYS[2], unpack(ARGV, i, math.min(i + 999, #ARGV)))
+local n = tonumber(ARGV[5])
+if n > 0 then redis.call('HSET', KEYS[3], unpack(ARGV, 6, 5 + 2 * n)) end
+local i = 6 + 2 * n
+local x = tonumber(ARGV[i])
+if x > 0 then redis.call('HDEL', KEYS[3], unpack(ARGV, i + 1, i + x)) end
+if tonumber(ARGV[4]) > 0 and n > 0 then redis.call('EXPIRE', KEYS[3], ARGV[4]) end
+for j = i + x + 1, #ARGV, 1000 do  -- HDEL in slices: unpack() is bounded by Lua's C stack
+  redis.call('HDEL', KEYS[2], unpack(ARGV, j, math.min(j + 999, #ARGV)))
 end
 return 1
 """
@@ -174,6 +181,9 @@ class Contribution:
     offset: int
     hashtags: Sequence[str]
     vector: Vector
+    time: float | None = None
+    """Event time (seconds since the epoch): the window its vector also counts in, when the
+    store keeps windows (``window_s``)."""
 
 
 @dataclass(frozen=True)
@@ -197,8 +207,8 @@ class _Call:
     """All of a batch's records for one hashtag: one HSET on its log (atomic, one slot)."""
 
     hashtag: str
-    keys: tuple[str, str]
-    fields: tuple[tuple[str, bytes], ...]  # ("topic:partition:offset", vector bytes)
+    keys: tuple[str, str, str]
+    fields: tuple[tuple[str, bytes], ...]  # ("topic:partition:offset[/window]", vector bytes)
 
 
 @dataclass(frozen=True)
@@ -215,6 +225,8 @@ class _State:
     generation: int
     fields: tuple[bytes, ...]  # every log field read (valid and stale): a fold drops them
     marks: dict[str, int]  # partition id -> highest offset in the mean
+    windows: dict[int, RunningMean]  # window number -> the mean of its tweets
+    logged_windows: frozenset[int]  # windows with records in the log: a fold rewrites them
 
 
 class RedisMeans:
@@ -230,7 +242,13 @@ class RedisMeans:
     """
 
     def __init__(
-        self, client: Client, prefix: str = "reval", dim: int | None = None, fold_after: int = 8
+        self,
+        client: Client,
+        prefix: str = "reval",
+        dim: int | None = None,
+        fold_after: int = 8,
+        window_s: float | None = None,
+        window_keep: int = 5,
     ) -> None:
         if not _PREFIX_RE.fullmatch(prefix):
             raise ValueError(
@@ -243,9 +261,15 @@ class RedisMeans:
             raise ValueError(f"dim must be positive, got {dim}")
         if fold_after < 1:
             raise ValueError(f"fold_after must be at least 1, got {fold_after}")
+        if window_s is not None and not window_s > 0:
+            raise ValueError(f"window_s must be positive, got {window_s}")
+        if window_keep < 1:
+            raise ValueError(f"window_keep must be at least 1, got {window_keep}")
         self.client = client
         self.prefix = prefix
         self.fold_after = fold_after
+        self.window_s = window_s
+        self.window_keep = window_keep
         self._wanted_dim = dim
         self._dim: int | None = None  # set once checked against {prefix}:dim
         self._unfinished: _Plan | None = None  # a plan whose pipeline failed part-way
@@ -285,8 +309,18 @@ class RedisMeans:
         """The hash holding ``hashtag``'s log of records not yet folded (same slot)."""
         return f"{self.prefix}:p:{{{hashtag}}}"
 
-    def _keys(self, hashtag: str) -> tuple[str, str]:
-        return self.key(hashtag), self.log_key(hashtag)
+    def window_key(self, hashtag: str) -> str:
+        """The hash holding ``hashtag``'s folded per-window means (same slot)."""
+        return f"{self.prefix}:w:{{{hashtag}}}"
+
+    def window_of(self, time: float) -> int:
+        """The number of the event-time window holding ``time`` (``floor(time / window_s)``)."""
+        if self.window_s is None:
+            raise ValueError("this store keeps no windows (window_s is None)")
+        return math.floor(time / self.window_s)
+
+    def _keys(self, hashtag: str) -> tuple[str, str, str]:
+        return self.key(hashtag), self.log_key(hashtag), self.window_key(hashtag)
 
     def _hashtag_of(self, key: bytes | str) -> str:
         text = key.decode() if isinstance(key, bytes) else key
@@ -336,6 +370,8 @@ class RedisMeans:
         duplicates = 0
         for c in contributions:
             name = f"{c.topic}:{int(c.partition)}:{int(c.offset)}"  # numpy integers too
+            if self.window_s is not None and c.time is not None:
+                name += f"/{self.window_of(c.time)}"  # event time: the same on redelivery
             value = _vector_bytes(c.vector)
             for tag in dict.fromkeys(c.hashtags):  # a tweet counts once per distinct hashtag
                 fields = groups.setdefault(tag, {})
@@ -369,6 +405,8 @@ class RedisMeans:
                     f"{shape[0]}-d vector at {c.topic}:{c.partition}@{c.offset}; "
                     f"the store holds {expected}-d running means"
                 )
+            if c.time is not None and not math.isfinite(c.time):
+                raise ValueError(f"non-finite time {c.time!r} at {c.topic}:{c.partition}@{c.offset}")
             if not np.all(np.isfinite(c.vector)):
                 raise ValueError(f"non-finite vector at {c.topic}:{c.partition}@{c.offset}")
             dim = shape[0]
@@ -406,7 +444,7 @@ class RedisMeans:
         writes, skipped = [], plan.duplicates
         for call, m in zip(plan.calls, pipe.execute(), strict=True):
             marks = _decode_marks(m) if m else {}
-            fields = [f for f in call.fields if _offset(f[0]) > marks.get(_pid(f[0]), -1)]
+            fields = [f for f in call.fields if _above(f[0], marks)]
             skipped += len(call.fields) - len(fields)
             if fields:
                 writes.append((call, fields))
@@ -451,11 +489,14 @@ class RedisMeans:
             pipe = self.client.pipeline(transaction=False)
             for tag, st in todo[start : start + _READ_CHUNK]:
                 s, m = _encode_state(st.mean, st.marks)
+                windows, expired, ttl = self._fold_windows(st)
                 # Not Script.__call__: on a Pipeline it adds a SCRIPT EXISTS round trip per
                 # execute, and ClusterPipeline blocks the evalsha() method (not the command).
                 pipe.execute_command(
-                    "EVALSHA", self._fold_script.sha, 2, *self._keys(tag), st.generation, s, m, *st.fields
-                )
+                    "EVALSHA", self._fold_script.sha, 3, *self._keys(tag), st.generation, s, m, ttl,
+                    len(windows), *(x for pair in windows for x in pair), len(expired), *expired,
+                    *st.fields,
+                )  # fmt: skip
             replies = pipe.execute(raise_on_error=False)
             if any(isinstance(r, NoScriptError) for r in replies):
                 # Script cache flushed or a new node: load and rerun.  A fold that did land
@@ -467,6 +508,18 @@ class RedisMeans:
                 raise errors[0]
             folded += sum(int(r) for r in replies)
         return folded
+
+    def _fold_windows(self, st: _State) -> tuple[list[tuple[int, bytes]], list[int], int]:
+        """A fold's window writes: the windows its log touched, the windows now older than
+        the newest ``window_keep``, and the window hash's TTL (memory of idle hashtags)."""
+        if not st.windows:
+            return [], [], 0
+        newest = max(st.windows)
+        keep = {w for w in st.windows if w > newest - self.window_keep}
+        writes = [(w, _encode_window(st.windows[w])) for w in sorted(st.logged_windows & keep)]
+        expired = sorted(set(st.windows) - keep)
+        ttl = 0 if self.window_s is None else math.ceil(self.window_keep * self.window_s)
+        return writes, expired, ttl
 
     # -- reading --------------------------------------------------------------
 
@@ -494,21 +547,30 @@ class RedisMeans:
                 chunk = todo[start : start + _READ_CHUNK]
                 pipe = self.client.pipeline(transaction=False)
                 for tag in chunk:
-                    h, p = self._keys(tag)
+                    h, p, w = self._keys(tag)
                     pipe.hmget(h, "s", "m", "g")
                     pipe.hgetall(p)
+                    pipe.hgetall(w)
                     pipe.hget(h, "g")
                 replies = pipe.execute()
                 for i, tag in enumerate(chunk):
-                    (s, m, g), log, g_after = replies[3 * i : 3 * i + 3]
+                    (s, m, g), log, windows, g_after = replies[4 * i : 4 * i + 4]
                     if g != g_after:
                         retry.append(tag)
                     elif m is not None or log:
-                        out[tag] = self._state(tag, s, m, int(g or 0), log)
+                        out[tag] = self._state(tag, s, m, int(g or 0), log, windows)
             todo = retry
         raise RuntimeError(f"{len(todo)} hashtags kept being folded while read: {todo[:5]}")
 
-    def _state(self, tag: str, s: bytes | None, m: bytes | None, g: int, log: dict[bytes, bytes]) -> _State:
+    def _state(
+        self,
+        tag: str,
+        s: bytes | None,
+        m: bytes | None,
+        g: int,
+        log: dict[bytes, bytes],
+        stored_windows: dict[bytes, bytes],
+    ) -> _State:
         dim = self._known_dim(m)
         count, exponent, marks = 0, 0, {}
         mantissas = np.zeros(dim, dtype=np.float64)
@@ -522,18 +584,24 @@ class RedisMeans:
             mantissas[head:] = np.frombuffer(m, dtype="<i4", count=dim - head, offset=_META_HEADER.size)
             marks = _decode_marks(m)
         total = np.ldexp(mantissas, -exponent)
+        windows = {int(w): _decode_window(v, dim, tag) for w, v in stored_windows.items()}
         records = []
         for name, value in log.items():
-            pid, offset = _pid(name.decode()), _offset(name.decode())
+            pid, offset, window = _parse_field(name.decode())
             if offset > marks.get(pid, -1):  # at or below: a redelivered copy of a folded record
-                records.append((pid, offset, value))
+                records.append((pid, offset, window, value))
         records.sort(key=lambda r: (r[0], r[1]))  # a fixed order: reads are reproducible
         new_marks = dict(marks)
-        for pid, offset, value in records:
-            total += _vector_of(value, dim, tag)
+        logged = set()
+        for pid, offset, window, value in records:
+            vector = _vector_of(value, dim, tag)
+            total += vector
             new_marks[pid] = max(offset, new_marks.get(pid, -1))
+            if window is not None:
+                windows.setdefault(window, RunningMean.empty(dim)).update(vector)
+                logged.add(window)
         mean = RunningMean(int(count) + len(records), total)
-        return _State(mean, g, tuple(log), new_marks)
+        return _State(mean, g, tuple(log), new_marks, windows, frozenset(logged))
 
     def _known_dim(self, m: bytes | None) -> int:
         """The store's dimension: known, else its key, else (a key lost) this folded state's."""
@@ -554,6 +622,24 @@ class RedisMeans:
         (writers keep going), which is fine for a periodically rebuilt index.
         """
         return self.read(self.hashtags(), fold=fold)
+
+    def read_windows(self, hashtags: Iterable[str], fold: bool = False) -> dict[str, dict[int, RunningMean]]:
+        """Per hashtag, the means of its event-time windows (``window number -> mean``; only
+        the newest ``window_keep`` of each hashtag are kept once folded)."""
+        states = self._read_states(list(dict.fromkeys(hashtags)))
+        if fold:
+            self._fold(states)
+        return {tag: st.windows for tag, st in states.items() if st.windows}
+
+    def read_all_with_windows(
+        self, fold: bool = False
+    ) -> tuple[dict[str, RunningMean], dict[str, dict[int, RunningMean]]]:
+        """:meth:`read_all` and :meth:`read_windows` of every hashtag, in one read."""
+        states = self._read_states(list(dict.fromkeys(self.hashtags())))
+        if fold:
+            self._fold(states)
+        means = {tag: st.mean for tag, st in states.items()}
+        return means, {tag: st.windows for tag, st in states.items() if st.windows}
 
     def hashtags(self) -> Iterator[str]:
         """Names of the stored hashtags, in SCAN order (may repeat: SCAN may)."""
@@ -611,13 +697,37 @@ def _vector_bytes(vector: Vector) -> bytes:
     return narrow.tobytes() if np.array_equal(narrow, wide) else wide.tobytes()
 
 
-def _pid(field: str) -> str:
-    """``"topic:partition"`` of a log field ``"topic:partition:offset"``."""
-    return field.rpartition(":")[0]
+def _parse_field(field: str) -> tuple[str, int, int | None]:
+    """A log field ``"topic:partition:offset[/window]"`` as (``"topic:partition"``, offset,
+    window or None)."""
+    coords, slash, window = field.rpartition("/")
+    if not slash or ":" in window:  # no window suffix (a topic may hold "/", never after ":")
+        coords, window = field, ""
+    pid, _, offset = coords.rpartition(":")
+    return pid, int(offset), int(window) if window else None
 
 
-def _offset(field: str) -> int:
-    return int(field.rpartition(":")[2])
+def _above(field: str, marks: dict[str, int]) -> bool:
+    """Whether a log field's record lies above its partition's folded watermark."""
+    pid, offset, _ = _parse_field(field)
+    return offset > marks.get(pid, -1)
+
+
+_WINDOW_HEADER = struct.Struct("<dIi")  # count, dim, shared exponent
+
+
+def _encode_window(mean: RunningMean) -> bytes:
+    """A window's mean as one field: count, dim, exponent, then int32 mantissas."""
+    exponent, mantissas = _block(mean.total)
+    return _WINDOW_HEADER.pack(float(mean.count), len(mean.total), exponent) + mantissas.tobytes()
+
+
+def _decode_window(value: bytes, dim: int, hashtag: str) -> RunningMean:
+    count, stored_dim, exponent = _WINDOW_HEADER.unpack_from(value, 0)
+    if stored_dim != dim:
+        raise DimensionError(f"a window of {hashtag!r} holds {stored_dim}-d sums; the store is {dim}-d")
+    mantissas = np.frombuffer(value, dtype="<i4", offset=_WINDOW_HEADER.size).astype(np.float64)
+    return RunningMean(int(count), np.ldexp(mantissas, -exponent))
 
 
 def _vector_of(value: bytes, dim: int, hashtag: str) -> npt.NDArray[np.float64]:
@@ -630,20 +740,25 @@ def _vector_of(value: bytes, dim: int, hashtag: str) -> npt.NDArray[np.float64]:
     )
 
 
-def _encode_state(mean: RunningMean, marks: dict[str, int]) -> tuple[bytes, bytes]:
-    """The ``s`` and ``m`` fields of a folded mean: the sum as block floating point.
+def _block(total: npt.NDArray[np.float64]) -> tuple[int, npt.NDArray[np.int32]]:
+    """A sum as block floating point: the shared exponent and the int32 mantissas.
 
     The exponent puts the largest |component| in [2**30, 2**31) (capped so that ``2**e``
     stays a normal double); each component rounds half to even onto the grid ``2**-e``.
     """
-    total = mean.total
     mx = float(np.abs(total).max())
     exponent = 0
     if mx > 0:
         exponent = min(31 - math.frexp(mx)[1], 1000)
         if np.rint(math.ldexp(mx, exponent)) >= 2**31:
             exponent -= 1
-    mantissas = np.rint(np.ldexp(total, exponent)).astype("<i4")
+    return exponent, np.rint(np.ldexp(total, exponent)).astype("<i4")
+
+
+def _encode_state(mean: RunningMean, marks: dict[str, int]) -> tuple[bytes, bytes]:
+    """The ``s`` and ``m`` fields of a folded mean (:func:`_block`), with its watermarks."""
+    total = mean.total
+    exponent, mantissas = _block(total)
     head = min(len(total), HEAD_COMPONENTS)
     m = [_META_HEADER.pack(float(mean.count), len(total), exponent), mantissas[head:].tobytes()]
     m += [pid.encode() + b"\0" + struct.pack("<d", offset) for pid, offset in sorted(marks.items())]
