@@ -294,3 +294,84 @@ def compare(
         share_top10_changed_over_half=share,
         movers=movers,
     )
+
+
+@dataclass(frozen=True)
+class RecentMover:
+    """A hashtag whose recent use moved away from its earlier use."""
+
+    hashtag: str
+    cosine: float
+    support_recent: int
+    support_before: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "hashtag": self.hashtag,
+            "cosine": self.cosine,
+            "support_recent": self.support_recent,
+            "support_before": self.support_before,
+        }
+
+
+@dataclass(frozen=True)
+class RecentShift:
+    """Recent use against earlier use, per hashtag: the cosine between the mean of its
+    tweets in the recent event-time window and the mean of its tweets before it.
+
+    Unlike :class:`ThesaurusDrift` (version against version, both all-time means, so a
+    shift is diluted by all history), this measures the current window on its own.
+    ``compared`` counts hashtags with at least ``min_support`` tweets on both sides;
+    ``shift_quantiles`` are of ``1 - cosine`` over them.
+    """
+
+    compared: int
+    shift_quantiles: Quantiles | None
+    movers: tuple[RecentMover, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "compared": self.compared,
+            "shift_quantiles": None if self.shift_quantiles is None else self.shift_quantiles.to_dict(),
+            "movers": [m.to_dict() for m in self.movers],
+        }
+
+
+def recent_shift(
+    names: Sequence[str],
+    totals: npt.NDArray[np.float64],
+    counts: Sequence[int],
+    recent_totals: npt.NDArray[np.float64],
+    recent_counts: Sequence[int],
+    *,
+    min_support: int = DEFAULT_MIN_SUPPORT,
+    top: int = DEFAULT_TOP,
+) -> RecentShift:
+    """Recent against earlier use from running sums: all-time ``totals``/``counts`` and the
+    recent window's (a part of them); "before" is their difference, so it is exact for
+    sums and needs no second store.  Movers: lowest cosine first, then name.
+
+    >>> totals = np.array([[10.0, 5.0], [5.0, 5.0]])  # before: [10, 0] and [2.5, 2.5]
+    >>> recent = np.array([[0.0, 5.0], [2.5, 2.5]])
+    >>> s = recent_shift(["flood", "rain"], totals, [10, 10], recent, [5, 5], min_support=5)
+    >>> [(m.hashtag, round(m.cosine, 3)) for m in s.movers], s.compared
+    ([('flood', 0.0), ('rain', 1.0)], 2)
+    """
+    counts_all = np.asarray(counts, dtype=np.int64)
+    counts_recent = np.asarray(recent_counts, dtype=np.int64)
+    before = np.asarray(totals, dtype=np.float64) - np.asarray(recent_totals, dtype=np.float64)
+    recent = np.asarray(recent_totals, dtype=np.float64)
+    counts_before = counts_all - counts_recent
+    keep = (counts_recent >= min_support) & (counts_before >= min_support)
+    nb, nr = np.linalg.norm(before, axis=1), np.linalg.norm(recent, axis=1)
+    keep &= (nb > 0) & (nr > 0)
+    rows = [int(i) for i in np.flatnonzero(keep)]
+    cosines = np.clip(np.einsum("ij,ij->i", before[rows], recent[rows]) / (nb[rows] * nr[rows]), -1.0, 1.0)
+    order = sorted(range(len(rows)), key=lambda i: (round(float(cosines[i]), 9), names[rows[i]]))
+    movers = tuple(
+        RecentMover(
+            names[rows[i]], float(cosines[i]), int(counts_recent[rows[i]]), int(counts_before[rows[i]])
+        )
+        for i in order[:top]
+    )
+    return RecentShift(len(rows), Quantiles.of(1.0 - cosines), movers)

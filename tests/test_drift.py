@@ -14,7 +14,7 @@ import pytest
 import redis
 from typer.testing import CliRunner
 
-from stream.drift import IncomparableVersionsError, Snapshot, compare, hashtag_shifts, jaccard
+from stream.drift import IncomparableVersionsError, Snapshot, compare, hashtag_shifts, jaccard, recent_shift
 from stream.hubness import DEFAULT_METHOD
 from stream.means import HashtagMeans
 from workers.adapters.exporter import Exporter
@@ -22,6 +22,7 @@ from workers.adapters.redis_means import Contribution, RedisMeans
 from workers.adapters.store import AnnoyThesaurus, ThesaurusStore, build_from_means, thesaurus_drift
 from workers.commands.cli import app
 from workers.commands.drift import thesaurus_diff
+from workers.service.embed import means_of
 from workers.service.index import Indexer
 from workers.settings import Settings
 
@@ -311,12 +312,26 @@ def test_diff_errors_are_one_line_value_errors(tmp_path: Path) -> None:
         thesaurus_diff(tmp_path / "old", tmp_path / "old", as_json=True, top=-1, min_support=5)
 
 
+def test_recent_shift_compares_recent_use_with_use_before() -> None:
+    totals = np.array([[10.0, 5.0], [5.0, 5.0], [3.0, 0.0], [1.0, 1.0]])
+    recent = np.array([[0.0, 5.0], [2.5, 2.5], [1.0, 0.0], [1.0, 1.0]])
+    shift = recent_shift(["flood", "rain", "rare", "new"], totals, [10, 10, 6, 5], recent, [5, 5, 2, 5])
+    # rare: 2 recent tweets; new: nothing before -- neither is compared or a mover
+    assert shift.compared == 2 and [m.hashtag for m in shift.movers] == ["flood", "rain"]
+    assert shift.movers[0].cosine == pytest.approx(0.0) and shift.movers[1].cosine == pytest.approx(1.0)
+    assert (shift.movers[0].support_recent, shift.movers[0].support_before) == (5, 5)
+    assert shift.shift_quantiles is not None and shift.shift_quantiles.p99 == pytest.approx(0.99)
+    assert recent_shift(["x"], totals[:1], [10], recent[:1], [5], min_support=6).compared == 0
+    assert recent_shift(["x"], totals[:1], [10], recent[:1], [5], top=0).movers == ()
+
+
 # --------------------------------------------------------------------------- the index job
 
 
 def _tweets(moved: bool, start: int) -> list[Contribution]:
     """The tweets behind :func:`_means` (the moved ones only, with ``moved``), as the embed
-    worker hands them to Redis; offsets from ``start``."""
+    worker hands them to Redis; offsets from ``start``, one tweet a minute of event time
+    from day 0 (the moved ones from day 10)."""
     rng = np.random.default_rng(7)
     centres = _centres(rng)
     out: list[tuple[str, npt.NDArray[np.float64]]] = []
@@ -326,7 +341,11 @@ def _tweets(moved: bool, start: int) -> list[Contribution]:
             out += [(name, centres[topic] + 0.3 * rng.normal(size=DIM)) for _ in range(TWEETS)]
     else:
         out += [("flood3", centres["vote"] + 0.3 * rng.normal(size=DIM)) for _ in range(20 * TWEETS)]
-    return [Contribution("tweets", 0, start + i, [tag], vec) for i, (tag, vec) in enumerate(out)]
+    day0 = 10 * 86400.0 if moved else 0.0
+    return [
+        Contribution("tweets", 0, start + i, [tag], vec, time=day0 + 60.0 * i)
+        for i, (tag, vec) in enumerate(out)
+    ]
 
 
 @pytest.fixture
@@ -353,6 +372,7 @@ def test_the_index_job_exports_the_drift_of_each_new_version(
     )
     x = Exporter()
     indexer = Indexer(settings, x, client)
+    means = means_of(client, settings)  # the embed workers' store: with event-time windows
 
     def gauge(name: str, **labels: str) -> float:
         value = x.registry.get_sample_value(name, labels)
@@ -365,6 +385,9 @@ def test_the_index_job_exports_the_drift_of_each_new_version(
     # A first version has nothing to drift from: gaps, not zeros.
     assert math.isnan(gauge("reval_thesaurus_top10_changed_share"))
     assert math.isnan(gauge("reval_thesaurus_shift", quantile="0.99"))
+    # All its tweets are recent (the last 24 h of event time): nothing before to compare with.
+    assert gauge("reval_hashtag_recent_compared") == 0
+    assert math.isnan(gauge("reval_hashtag_recent_shift", quantile="0.5"))
 
     means.apply(_tweets(True, len(first)))
     assert indexer.run_once() == "v000002"  # keep=1: v000001 is pruned, its drift still computed
@@ -382,8 +405,18 @@ def test_the_index_job_exports_the_drift_of_each_new_version(
     assert movers[0]["hashtag"] == "flood3" and movers[0]["cosine"] < 0.5
     assert set(movers[0]["new_neighbours"]) & {n for n in _names() if n.startswith("vote")}
     assert second["drift"]["compared"] == len(_names()) and second["drift"]["from_version"]
+    # Recent use (day 10: only flood3, now used like vote) against each hashtag's use before.
+    assert gauge("reval_hashtag_recent_compared") == 1
+    assert gauge("reval_hashtag_recent_shift", quantile="0.5") > 0.5
+    recent = second["drift"]["recent"]
+    assert recent["compared"] == 1 and recent["movers"][0]["hashtag"] == "flood3"
+    assert (
+        recent["movers"][0]["support_recent"] == 20 * TWEETS
+        and recent["movers"][0]["support_before"] == TWEETS
+    )
     shown = CliRunner().invoke(app, ["thesaurus", "inspect", str(tmp_path / "store" / "v000002")])
     assert shown.exit_code == 0 and "moved most since" in shown.output and "#flood3" in shown.output
+    assert "recent use furthest from earlier use: #flood3" in shown.output
     # Never a label per hashtag: the three quantiles are all the series there are.
     samples = next(iter(x.thesaurus_shift.collect())).samples
     assert sorted(sample.labels["quantile"] for sample in samples) == ["0.5", "0.9", "0.99"]

@@ -92,7 +92,13 @@ class Settings(BaseSettings):
     redis_cluster: bool = Field(False, description="Use a Redis Cluster client")
     dedup_ttl_s: int = Field(7 * 86400, ge=60, description="Memory of retweet duplicates")
     means_fold_after: int = Field(
-        8, ge=1, description="Pending deltas a hashtag's log holds before the embed worker folds it"
+        8, ge=1, description="Records a hashtag's log holds before the embed worker folds it"
+    )
+    means_window_s: float = Field(
+        6 * 3600.0, ge=0, description="Event-time window of the per-hashtag window means (0: none)"
+    )
+    means_recent_s: float = Field(
+        86400.0, gt=0, description="Recent use that the index job compares with earlier use"
     )
 
     # Embedding

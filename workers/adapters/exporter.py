@@ -39,7 +39,7 @@ from prometheus_client import (
 )
 from prometheus_client.core import GaugeMetricFamily, Metric, SummaryMetricFamily
 
-from stream.drift import QUANTILES, ThesaurusDrift
+from stream.drift import QUANTILES, RecentShift, ThesaurusDrift
 from stream.metrics import ExactScores
 from stream.mmd import MmdResult
 from stream.scoring import EventScore, r_label
@@ -241,6 +241,20 @@ class Exporter:
             registry=r,
         )
         self.set_thesaurus_drift(None)
+        # Recent use against earlier use per hashtag (the window means; stream.drift.recent_shift)
+        self.recent_shift = Gauge(
+            "reval_hashtag_recent_shift",
+            "Quantile of 1 - cosine between a hashtag's recent mean (REVAL_MEANS_RECENT_S of event "
+            "time) and its mean before",
+            ["quantile"],
+            registry=r,
+        )
+        self.recent_compared = Gauge(
+            "reval_hashtag_recent_compared",
+            "Hashtags with enough tweets both recently and before (what the recent-shift gauge covers)",
+            registry=r,
+        )
+        self.set_recent_shift(None)
         self.thesaurus_rejected = Counter(
             "reval_thesaurus_versions_rejected",
             "Thesaurus versions refused (damaged files, unreadable): the last good one stays in use",
@@ -282,6 +296,14 @@ class Exporter:
         share = drift.share_top10_changed_over_half if drift is not None else None
         self.thesaurus_top10_changed_share.set(math.nan if share is None else share)
         self.thesaurus_drift_compared.set(math.nan if drift is None else drift.compared)
+
+    def set_recent_shift(self, shift: RecentShift | None) -> None:
+        """The recent-shift gauges; NaN when there are no windows to compare."""
+        quantiles = shift.shift_quantiles if shift is not None else None
+        for key, q in QUANTILES:
+            value = getattr(quantiles, key) if quantiles is not None else math.nan
+            self.recent_shift.labels(quantile=str(q)).set(value)
+        self.recent_compared.set(math.nan if shift is None else shift.compared)
 
     def set_embedding_drift(self, result: MmdResult | None) -> None:
         """The last embedding drift test; NaN when there were too few samples to test."""

@@ -230,6 +230,10 @@ def thesaurus_inspect(
     if drift.get("movers"):  # written by the index job: what moved since the version before
         moved = ", ".join(f"#{m['hashtag']} ({m['cosine']:.2f})" for m in drift["movers"][:10])
         out.print(f"moved most since {drift.get('from_version')}: {escape(moved)}")
+    recent = drift.get("recent") or {}
+    if recent.get("movers"):  # recent use against earlier use, from the window means
+        moved = ", ".join(f"#{m['hashtag']} ({m['cosine']:.2f})" for m in recent["movers"][:10])
+        out.print(f"recent use furthest from earlier use: {escape(moved)}")
 
 
 @thesaurus_app.command("diff")

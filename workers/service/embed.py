@@ -7,6 +7,7 @@ hashtag's watermark; the batch is acknowledged only after that.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -38,9 +39,7 @@ class Embedder:
         self.x = exporter
         self.encoder = encoder
         self.incarnations = incarnations
-        self.means = RedisMeans(
-            client, prefix=settings.redis_prefix, dim=encoder.dim, fold_after=settings.means_fold_after
-        )
+        self.means = means_of(client, settings, dim=encoder.dim)
         self.seen = RedisSeen(client, settings.redis_prefix, ttl=settings.dedup_ttl_s)
         self.samples = samples_of(client, settings)
 
@@ -92,7 +91,7 @@ class Embedder:
         vectors = self.encoder.encode([p.text for _, p in kept])
         seconds = time.perf_counter() - started
         contributions = [
-            Contribution(scope[r.topic], r.partition, r.offset, p.hashtags, v)
+            Contribution(scope[r.topic], r.partition, r.offset, p.hashtags, v, _event_time(r, p))
             for (r, p), v in zip(kept, vectors, strict=True)
         ]
         started = time.perf_counter()
@@ -119,6 +118,26 @@ def _event_time(record: Record, prepared: Prepared) -> float:
     """The tweet's time (``created_at``), else the Kafka timestamp: the sample's bucket."""
     created = prepared.tweet.created_at
     return created.timestamp() if created is not None else record.time
+
+
+def recent_windows(settings: Settings) -> int:
+    """How many event-time windows make up the recent use the index job compares."""
+    if not settings.means_window_s:
+        return 0
+    return max(1, math.ceil(settings.means_recent_s / settings.means_window_s))
+
+
+def means_of(client: Client, settings: Settings, dim: int | None = None) -> RedisMeans:
+    """The running means as the settings configure them (embed workers and index job): each
+    hashtag keeps its recent windows and one more, the one the recent use starts in."""
+    return RedisMeans(
+        client,
+        prefix=settings.redis_prefix,
+        dim=dim,
+        fold_after=settings.means_fold_after,
+        window_s=settings.means_window_s or None,
+        window_keep=recent_windows(settings) + 1,
+    )
 
 
 def samples_of(client: Client, settings: Settings) -> RedisSamples:

@@ -10,14 +10,15 @@ from pathlib import Path
 from typing import Any
 
 import faust
+import numpy as np
 
-from stream.drift import ThesaurusDrift
-from stream.means import HashtagMeans
+from stream.backtest import duration_text
+from stream.drift import RecentShift, ThesaurusDrift, recent_shift
+from stream.means import HashtagMeans, RunningMean
 from stream.mmd import MmdResult, mmd_test
 from stream.thesaurus import Thesaurus
 from workers.adapters.exporter import Exporter
 from workers.adapters.redis_client import with_retry
-from workers.adapters.redis_means import RedisMeans
 from workers.adapters.store import (
     AnnoyThesaurus,
     ThesaurusStore,
@@ -25,7 +26,7 @@ from workers.adapters.store import (
     thesaurus_drift,
     version_number,
 )
-from workers.service.embed import samples_of
+from workers.service.embed import means_of, recent_windows, samples_of
 from workers.service.runtime import Runtime
 from workers.settings import Settings
 
@@ -42,7 +43,7 @@ class Indexer:
     def __init__(self, settings: Settings, exporter: Exporter, client: Any) -> None:
         self.settings = settings
         self.x = exporter
-        self.means = RedisMeans(client, prefix=settings.redis_prefix)
+        self.means = means_of(client, settings)
         self.store = ThesaurusStore(Path(settings.index_dir), keep=settings.index_keep)
         self.samples = samples_of(client, settings)
         current = self.store.current_version()
@@ -56,9 +57,11 @@ class Indexer:
             return None
         started = time.perf_counter()
         with_retry("changed", self.means.take_changed)
-        states = with_retry("read all", lambda: self.means.read_all(fold=True))  # logs back to 3.4 KB
+        # Folding as it reads: every hashtag's memory back to its folded size.
+        states, windows = with_retry("read all", lambda: self.means.read_all_with_windows(fold=True))
         if not states:
             return None
+        recent = self._recent_shift(states, windows)
         means = HashtagMeans(next(iter(states.values())).dim, states)
         thesaurus = build_from_means(
             means,
@@ -74,12 +77,18 @@ class Indexer:
         previous = self._current()
         try:
             drift = self._drift(previous, thesaurus)
+            annotation: dict[str, Any] = {}
             if drift is not None and previous is not None:  # the movers travel with the version
-                thesaurus.annotate(drift={"from_version": previous.version, **drift.to_dict()})
+                annotation = {"from_version": previous.version, **drift.to_dict()}
+            if recent is not None:
+                annotation["recent"] = recent.to_dict()
+            if annotation:
+                thesaurus.annotate(drift=annotation)
             version = self.store.publish(thesaurus)
             self._publish_gauges(thesaurus, version, time.perf_counter() - started)
             log.info("index %s: %d hashtags (%d changed)", version, len(thesaurus), changed)
             self._publish_drift(drift, version)
+            self.x.set_recent_shift(recent)
             self._embedding_drift()
         finally:
             if previous is not None:
@@ -105,6 +114,38 @@ class Indexer:
         except ValueError as exc:  # another model or hubness method: cosines are meaningless
             log.info("index: no drift against the previous version (%s)", exc)
             return None
+
+    def _recent_shift(
+        self, states: dict[str, RunningMean], windows: dict[str, dict[int, RunningMean]]
+    ) -> RecentShift | None:
+        """Each hashtag's recent use (its newest windows, up to the newest window of the whole
+        store, i.e. event time, not the clock: replays too) against its use before."""
+        n_recent = recent_windows(self.settings)
+        if not n_recent or not windows:
+            return None
+        newest = max(max(w) for w in windows.values())
+        names = sorted(windows)
+        dim = next(iter(states.values())).dim
+        totals, counts = np.zeros((len(names), dim)), []
+        recent_totals, recent_counts = np.zeros((len(names), dim)), []
+        for i, tag in enumerate(names):
+            totals[i] = states[tag].total
+            counts.append(states[tag].count)
+            recent = RunningMean.empty(dim)
+            for window, mean in windows[tag].items():
+                if window > newest - n_recent:
+                    recent.merge(mean)
+            recent_totals[i] = recent.total
+            recent_counts.append(recent.count)
+        shift = recent_shift(names, totals, counts, recent_totals, recent_counts, top=DRIFT_MOVERS)
+        if shift.movers:
+            log.info(
+                "index: last %s of event time against before: %d hashtags compared, moved most: %s",
+                duration_text(n_recent * (self.settings.means_window_s or 0)),
+                shift.compared,
+                ", ".join(f"#{m.hashtag} ({m.cosine:.2f})" for m in shift.movers[:5]),
+            )
+        return shift
 
     def _embedding_drift(self) -> MmdResult | None:
         """Did the tweets change?  The MMD test (:mod:`stream.mmd`) between the embed
