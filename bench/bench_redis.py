@@ -44,6 +44,8 @@ import numpy as np
 import redis
 
 from workers.adapters.redis_means import Contribution, RedisMeans
+from workers.service.embed import means_of
+from workers.settings import Settings
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -158,12 +160,18 @@ def workload(n_tweets: int, n_tags: int, dim: int, partitions: int, seed: int = 
     out = []
     for i in range(n_tweets):
         tags = [f"tag{t}" for t in rng.choice(n_tags, int(rng.integers(1, 4)), p=weights)]
-        out.append(Contribution("tweets", i % partitions, i // partitions, tags, vectors[i]))
+        # one tweet every 10 s of event time: 20,000 tweets span ~9 of the default 6-h windows
+        out.append(Contribution("tweets", i % partitions, i // partitions, tags, vectors[i], time=10.0 * i))
     return out
 
 
 def n_updates(batch: Sequence[Contribution]) -> int:
     return sum(len(set(c.hashtags)) for c in batch)
+
+
+def store_like_the_workers(client: redis.Redis, prefix: str) -> RedisMeans:
+    """The store as the embed workers' default settings configure it (windows included)."""
+    return means_of(client, Settings(redis_prefix=prefix))
 
 
 def round1_calls(store: RedisMeans, batch: list[Contribution]) -> list[tuple[str, list[object]]]:
@@ -207,7 +215,7 @@ class Method:
         self.server_seconds = 0.0
         self.rates: list[float] = []
         self.prefix = f"bench-reval-{uuid.uuid4().hex[:10]}"
-        self.store = RedisMeans(client, prefix=self.prefix)
+        self.store = store_like_the_workers(client, self.prefix)
 
     def process(self, batch: list[Contribution]) -> None:
         raise NotImplementedError
@@ -285,17 +293,20 @@ def script_usec(client: redis.Redis) -> float:
     return float(stats.get("usec", 0))
 
 
-def memory_stats(store: RedisMeans, hashtags: list[str]) -> tuple[list[int], dict[int, list[int]]]:
-    """MEMORY USAGE of every stored hashtag, and grouped by how many partitions fed it."""
+def memory_stats(store: RedisMeans, hashtags: list[str]) -> tuple[list[int], dict[int, list[int]], list[int]]:
+    """MEMORY USAGE of every stored hashtag's all-time state, grouped by how many partitions
+    fed it, and of all its keys (windows too)."""
     usages: list[int] = []
     by_partitions: dict[int, list[int]] = {}
+    totals: list[int] = []
     for tag in hashtags:
-        usage = store.memory_usage(tag)
+        usage = store.client.memory_usage(store.key(tag), samples=0)
         if usage is None:
             continue
-        usages.append(usage)
-        by_partitions.setdefault(len(store.watermarks(tag)), []).append(usage)
-    return usages, by_partitions
+        usages.append(int(usage))
+        by_partitions.setdefault(len(store.watermarks(tag)), []).append(int(usage))
+        totals.append(store.memory_usage(tag) or 0)
+    return usages, by_partitions, totals
 
 
 def feed_through(
@@ -362,7 +373,7 @@ def main(argv: list[str] | None = None) -> str:
     rmw_store = RedisMeans(client, prefix=f"bench-reval-{uuid.uuid4().hex[:10]}")
     round1 = feed_through(client, rmw_store, batches, client.script_load(ROUND1_LUA))
     rmw_store.clear()
-    main_store = RedisMeans(client, prefix=f"bench-reval-{uuid.uuid4().hex[:10]}")
+    main_store = store_like_the_workers(client, f"bench-reval-{uuid.uuid4().hex[:10]}")
     hashtags_before = sorted(set(main_store.hashtags()))
     now = feed_through(client, main_store, batches, None)
     calls = sum(len(main_store._plan(b).calls) for b in batches[:50]) / min(50, len(batches))
@@ -371,7 +382,7 @@ def main(argv: list[str] | None = None) -> str:
     redeliver_s = time.perf_counter() - t0
     assert skipped == total_updates and not hashtags_before, (skipped, total_updates)
     hashtags = sorted(set(main_store.hashtags()))
-    usages, by_partitions = memory_stats(main_store, hashtags)
+    usages, by_partitions, totals = memory_stats(main_store, hashtags)
     main_store.clear()
 
     # 2. Ratios against the baselines, alternating ABC CBA over equal time slices.
@@ -463,17 +474,20 @@ def main(argv: list[str] | None = None) -> str:
             *rows,
             "",
             "### Bytes per hashtag after the index job's folding read "
-            "(`MEMORY USAGE key SAMPLES 0`, both keys; target ≤ 3.5 KB = 3,584 B)",
+            "(`MEMORY USAGE key SAMPLES 0` of the all-time state; target ≤ 3.5 KB = 3,584 B)",
             "",
             "| partitions feeding the hashtag | hashtags | median bytes | max bytes |",
             "|---|---|---|---|",
             *mem_rows,
             "",
             f"All {len(usages):,} hashtags: median {statistics.median(usages):,.0f} B, "
-            f"max {max(usages):,} B.  The naive HINCRBYFLOAT layout: "
-            f"{naive_bytes:,} B for one hashtag.  Between index rebuilds a hashtag written since "
-            f"the last one also holds its log: {args.dim * 4:,} B of float32 per record plus the "
-            f"field, fewer than `fold_after` ({main_store.fold_after}) records plus one batch's.",
+            f"max {max(usages):,} B.  With their event-time window means (the default "
+            f"{main_store.window_s or 0:,.0f}-s windows, the newest {main_store.window_keep} kept): "
+            f"median {statistics.median(totals):,.0f} B, max {max(totals):,} B.  The naive "
+            f"HINCRBYFLOAT layout: {naive_bytes:,} B for one hashtag.  Between index rebuilds a "
+            f"hashtag written since the last one also holds its log: {args.dim * 4:,} B of "
+            f"float32 per record plus the field, fewer than `fold_after` ({main_store.fold_after}) "
+            "records plus one batch's.",
             "",
         ]
     )

@@ -30,6 +30,7 @@ from stream.records import parse_tweet
 from tests.live import assert_means_equal, batch_means, counts_reach, means_of, plain_tweets
 from workers.adapters.feeds import sample_feed
 from workers.adapters.kafka_client import _admin, create_topics
+from workers.adapters.redis_thesaurus import RedisThesauri
 from workers.adapters.store import TABLE_FILE, AnnoyThesaurus, ThesaurusStore
 from workers.dev.broker import find_free_port
 from workers.dev.stack import REVAL, Stack, keyed, tweet_lines, wait_for
@@ -324,6 +325,9 @@ def test_a_damaged_thesaurus_version_is_refused_and_the_last_good_one_used(stack
     for i in range(0, len(data), 97):
         data[i] ^= 0xFF
     path.write_bytes(bytes(data))
+    client = redis.Redis.from_url(stack.redis_url)  # what the scorer loads: the Redis copy
+    RedisThesauri(client, stack.prefix).publish(stack.index_dir / damaged, damaged)
+    client.close()
     wait_for(
         "the damaged version refused",
         lambda: score.metric("reval_thesaurus_versions_rejected_total", role="score") == 1,

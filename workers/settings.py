@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -114,10 +114,14 @@ class Settings(BaseSettings):
     language_filter: bool = Field(True, description="Drop non-English tweets")
 
     # Index job
-    index_dir: Path = Field(Path("var/thesaurus"), description="Versioned thesaurus store (shared)")
+    index_dir: Path = Field(Path("var/thesaurus"), description="Versioned thesaurus store of the index job")
     index_interval_s: float = Field(60.0, gt=0, description="Index job period")
     index_min_changes: int = Field(1, ge=1, description="Rebuild only when this many hashtags changed")
     index_keep: int = Field(3, ge=1, description="Versions kept")
+    thesaurus_source: Literal["redis", "dir"] = Field(
+        "redis",
+        description="Where scorers load versions: redis (the index job publishes there) or dir",
+    )
     index_min_count: int = Field(1, ge=1, description="Min tweets per indexed hashtag")
     index_n_trees: int = Field(50, ge=1, description="Annoy trees")
     index_hubness: str = Field(

@@ -658,7 +658,8 @@ class RedisMeans:
         return out
 
     def memory_usage(self, hashtag: str) -> int | None:
-        """Bytes Redis uses for ``hashtag`` (``MEMORY USAGE key SAMPLES 0``, both keys)."""
+        """Bytes Redis uses for ``hashtag`` (``MEMORY USAGE key SAMPLES 0``: folded state, log
+        and windows)."""
         usages = [self.client.memory_usage(key, samples=0) for key in self._keys(hashtag)]
         if all(u is None for u in usages):
             return None

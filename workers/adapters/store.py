@@ -498,27 +498,12 @@ class AnnoyThesaurus(BaseThesaurus):
             raise ThesaurusFormatError(
                 f"{directory} is not a thesaurus directory: missing {', '.join(missing)}"
             )
-        hashtags = json.loads(reader.read_verified(HASHTAGS_FILE, metadata.checksums))
-        if not isinstance(hashtags, list) or not all(isinstance(h, str) for h in hashtags):
-            raise ThesaurusFormatError(f"{directory / HASHTAGS_FILE}: expected a list of strings")
-        if len(hashtags) != metadata.count:
-            raise ThesaurusFormatError(
-                f"{directory}: {len(hashtags)} hashtags but metadata says {metadata.count}"
-            )
-        table_bytes = reader.read_verified(TABLE_FILE, metadata.checksums)
-        try:
-            with np.load(io.BytesIO(table_bytes), allow_pickle=False) as npz:
-                arrays = {name: npz[name] for name in npz.files}
-            stats = {
-                name: arrays[name] for name in arrays if name not in ("neighbours", "distances", "counts")
-            }
-            table = NeighbourTable(
-                hashtags, arrays["neighbours"], arrays["distances"], arrays["counts"], metadata, stats
-            )
-        except ThesaurusFormatError:
-            raise
-        except (KeyError, ValueError, OSError) as exc:
-            raise ThesaurusFormatError(f"{directory / TABLE_FILE}: not a neighbour table ({exc})") from exc
+        table = parse_table(
+            metadata,
+            reader.read_verified(HASHTAGS_FILE, metadata.checksums),
+            reader.read_verified(TABLE_FILE, metadata.checksums),
+            str(directory),
+        )
         annoy = None
         if index:
             annoy = AnnoyIndex(metadata.dimension, cls.METRIC)
@@ -987,6 +972,29 @@ class ThesaurusStore:
                 if self.current_version() == version:
                     raise
         raise ThesaurusFormatError(f"{self.root}: current version keeps changing while loading")
+
+
+def parse_table(
+    metadata: ThesaurusMetadata, hashtags_json: bytes, table_npz: bytes, where: str
+) -> NeighbourTable:
+    """A version's neighbour table from its (already verified) ``hashtags.json`` and
+    ``table.npz`` bytes: what a scorer loads, from a directory or from Redis."""
+    hashtags = json.loads(hashtags_json)
+    if not isinstance(hashtags, list) or not all(isinstance(h, str) for h in hashtags):
+        raise ThesaurusFormatError(f"{where}/{HASHTAGS_FILE}: expected a list of strings")
+    if len(hashtags) != metadata.count:
+        raise ThesaurusFormatError(f"{where}: {len(hashtags)} hashtags but metadata says {metadata.count}")
+    try:
+        with np.load(io.BytesIO(table_npz), allow_pickle=False) as npz:
+            arrays = {name: npz[name] for name in npz.files}
+        stats = {name: arrays[name] for name in arrays if name not in ("neighbours", "distances", "counts")}
+        return NeighbourTable(
+            hashtags, arrays["neighbours"], arrays["distances"], arrays["counts"], metadata, stats
+        )
+    except ThesaurusFormatError:
+        raise
+    except (KeyError, ValueError, OSError) as exc:
+        raise ThesaurusFormatError(f"{where}/{TABLE_FILE}: not a neighbour table ({exc})") from exc
 
 
 def version_number(name: str) -> int:

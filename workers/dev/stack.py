@@ -15,11 +15,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import redis
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from prometheus_client.parser import text_string_to_metric_families
 
 from workers.adapters.kafka_client import create_topics
 from workers.adapters.redis_client import clear_prefix
+from workers.adapters.redis_thesaurus import RedisThesauri
+from workers.adapters.store import AnnoyThesaurus, ThesaurusStore
 from workers.dev.broker import find_free_port
 
 REVAL = str(Path(sys.executable).parent / "reval")
@@ -153,6 +156,17 @@ class Stack:
         worker = Worker(tuple(roles), proc, log, port)
         self.workers.append(worker)
         return worker
+
+    def publish(self, thesaurus: AnnoyThesaurus) -> str:
+        """Publish a thesaurus version as the index job does: in the directory store, and in
+        Redis for the scorers; return its name."""
+        version = ThesaurusStore(self.index_dir).publish(thesaurus)
+        client = redis.Redis.from_url(self.redis_url)
+        try:
+            RedisThesauri(client, self.prefix).publish(self.index_dir / version, version)
+        finally:
+            client.close()
+        return version
 
     def wait_ready(self, *workers: Worker, timeout: float = 120.0) -> None:
         wait_for("workers ready", lambda: all(w.ready() for w in workers), timeout)

@@ -19,6 +19,7 @@ from stream.mmd import MmdResult, mmd_test
 from stream.thesaurus import Thesaurus
 from workers.adapters.exporter import Exporter
 from workers.adapters.redis_client import with_retry
+from workers.adapters.redis_thesaurus import RedisThesauri
 from workers.adapters.store import (
     AnnoyThesaurus,
     ThesaurusStore,
@@ -45,8 +46,12 @@ class Indexer:
         self.x = exporter
         self.means = means_of(client, settings)
         self.store = ThesaurusStore(Path(settings.index_dir), keep=settings.index_keep)
+        self.thesauri = thesauri_of(client, settings)
         self.samples = samples_of(client, settings)
         current = self.store.current_version()
+        if current is not None and with_retry("thesaurus", self.thesauri.current_version) is None:
+            # A store from before scorers read Redis: publish its current version there now.
+            with_retry("thesaurus", lambda: self.thesauri.publish(self.store.root / current, current))
         if current is not None:
             self._publish_gauges(self.store.load(current), current, None)
 
@@ -85,6 +90,8 @@ class Indexer:
             if annotation:
                 thesaurus.annotate(drift=annotation)
             version = self.store.publish(thesaurus)
+            # Scorers on other hosts load it from Redis (the neighbour table, no shared disk).
+            with_retry("thesaurus", lambda: self.thesauri.publish(self.store.root / version, version))
             self._publish_gauges(thesaurus, version, time.perf_counter() - started)
             log.info("index %s: %d hashtags (%d changed)", version, len(thesaurus), changed)
             self._publish_drift(drift, version)
@@ -192,6 +199,11 @@ class Indexer:
             self.x.index_hubness_hub_share.set(report["share_with_hub"])
         if seconds is not None:
             self.x.index_build_seconds.set(seconds)
+
+
+def thesauri_of(client: Any, settings: Settings) -> RedisThesauri:
+    """The thesaurus versions in Redis, as the settings configure them (index job, scorers)."""
+    return RedisThesauri(client, settings.redis_prefix, keep=settings.index_keep)
 
 
 def register(app: faust.App, rt: Runtime) -> None:

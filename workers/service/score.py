@@ -32,8 +32,10 @@ from workers.adapters.exporter import Exporter, LabelGuard, QualityMetrics
 from workers.adapters.kafka_client import TopicIdentity
 from workers.adapters.redis_client import Client, stopping, with_retry
 from workers.adapters.redis_state import RedisClaims, RedisJoin, Waiting
+from workers.adapters.redis_thesaurus import RedisThesauri
 from workers.adapters.store import ThesaurusStore, neighbour_cache, version_number
 from workers.service.incarnation import Incarnations
+from workers.service.index import thesauri_of
 from workers.service.records import Record, admit, dead_letter, letter_key
 from workers.service.runtime import Outcome, Output, Runtime, Step, Topics, letter, record_of
 from workers.settings import Settings, window_label
@@ -129,7 +131,11 @@ class Scorer:
         self.ks = settings.k_values
         self.rs = settings.r_values
         self.incarnations = incarnations
-        self.store = ThesaurusStore(Path(settings.index_dir), keep=settings.index_keep)
+        self.store: ThesaurusStore | RedisThesauri = (
+            thesauri_of(client, settings)
+            if settings.thesaurus_source == "redis"
+            else ThesaurusStore(Path(settings.index_dir), keep=settings.index_keep)
+        )
         self.join = RedisJoin(client, settings.redis_prefix, window=settings.join_window_s)
         self.events = RedisClaims(client, settings.redis_prefix, "ev", max(1, settings.event_dedup_window_s))
         guard = LabelGuard(
