@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
+import warnings
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -32,6 +34,16 @@ from workers.adapters.cpu_fast import (
     record_linear_input_absmax,
 )
 from workers.adapters.encoder import DEFAULT_MODEL, MINILM, Encoder, resolve_dtype, resolve_model
+from workers.adapters.gpu_batching import (
+    Window,
+    batches_from_windows,
+    build_batch,
+    chunked,
+    pack_rows,
+    prefetch,
+    restore_order,
+    token_budget_batches,
+)
 from workers.dev.tiny_models import build_tiny_bertweet
 
 TWEETS = [
@@ -433,3 +445,235 @@ def test_minilm_related_tweets_are_closer(minilm32: Encoder) -> None:
     assert sim[0, 1] > sim[0, 3] + 0.2
     assert sim[0, 1] > sim[0, 2] > sim[0, 3]
     assert sim[2, 0] > sim[2, 3]
+
+
+# -- the token-budget path (the GPU path), run on CPU ----------------------------------
+#
+# workers.adapters.gpu_batching: the batcher and packer are pure functions; the packed
+# forward runs the real transformers modules (no mocks) and must give what the padded
+# path gives, to float rounding, in every layout.
+
+
+def test_token_budget_batches_respect_the_budget_and_cover_every_item() -> None:
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(2, 129, size=500)
+    for budget in (128, 300, 1000, 4096):
+        for padded in (False, True):
+            batches = token_budget_batches(lengths, budget, padded=padded)
+            order = np.concatenate(batches)
+            assert sorted(order.tolist()) == list(range(len(lengths)))  # a permutation
+            assert np.all(np.diff(lengths[order]) <= 0)  # longest first
+            for b in batches:
+                cost = len(b) * lengths[b].max() if padded else lengths[b].sum()
+                assert cost <= budget or len(b) == 1
+            # Greedy: no batch could have taken the next item (the batches are full).
+            for b, nxt in itertools.pairwise(batches):
+                first_next = nxt[0]
+                if padded:
+                    assert (len(b) + 1) * lengths[b].max() > budget
+                else:
+                    assert lengths[b].sum() + lengths[first_next] > budget
+
+
+def test_token_budget_batches_edge_cases() -> None:
+    assert token_budget_batches([], 10) == []
+    # Longer than the budget: alone. Ties keep input order (stable sort).
+    batches = token_budget_batches([3, 50, 3, 3], 10)
+    assert [b.tolist() for b in batches] == [[1], [0, 2, 3]]
+    assert [b.tolist() for b in token_budget_batches([5, 5, 5], 10, padded=True)] == [[0, 1], [2]]
+    with pytest.raises(ValueError):
+        token_budget_batches([1, 2], 0)
+
+
+def test_restore_order_undoes_the_sort() -> None:
+    lengths = np.array([5, 1, 9, 3, 7, 2])
+    batches = token_budget_batches(lengths, 10)
+    results = [lengths[b].astype(np.float32)[:, None] for b in batches]  # "embedding" = length
+    np.testing.assert_array_equal(restore_order(batches, results, len(lengths))[:, 0], lengths)
+
+
+def test_pack_rows_fills_rows_without_overflow() -> None:
+    rng = np.random.default_rng(1)
+    lengths = rng.integers(2, 60, size=400)
+    rows = pack_rows(lengths, 128)
+    assert sorted(i for r in rows for i in r) == list(range(len(lengths)))
+    assert all(lengths[r].sum() <= 128 for r in rows)
+    assert lengths.sum() / (128 * len(rows)) > 0.95  # best fit leaves little padding
+    assert pack_rows([], 8) == []
+    with pytest.raises(ValueError):
+        pack_rows([9], 8)
+
+
+def test_batches_from_windows_stream_in_and_carry_over() -> None:
+    rng = np.random.default_rng(2)
+    lengths = rng.integers(2, 40, size=300)
+    ids = [list(range(100, 100 + int(n))) for n in lengths]
+    windows = [Window.from_lists(ids[a:b], np.arange(a, b)) for a, b in chunked(len(ids), 37)]
+    for layout in ("varlen", "padded", "rows"):
+        got = list(batches_from_windows(windows, 200, layout=layout, window_tokens=800, width=64))
+        seen = np.concatenate([w.index for w in got])
+        assert sorted(seen.tolist()) == list(range(len(ids)))
+        for w in got:
+            if layout == "varlen":
+                assert w.tokens <= 200
+            elif layout == "padded":
+                assert len(w) * w.lengths.max() <= 200
+            # the ids travel with their tweet
+            for i, start, n in zip(w.index, w.offsets()[:-1], w.lengths, strict=True):
+                assert w.ids[start : start + n].tolist() == ids[i]
+        if layout == "varlen":  # carried over: every batch but the last is nearly full
+            assert all(w.tokens > 200 - 40 for w in got[:-1])
+
+
+def test_build_batch_layouts() -> None:
+    ids = [[0, 7, 8, 2], [0, 9, 2], [0, 5, 6, 7, 8, 2]]
+    w = Window.from_lists(ids, np.array([10, 11, 12]))
+    flat = [t for r in ids for t in r]
+    v = build_batch(w, "varlen", pad_id=1, position_offset=2)
+    assert v.input_ids.tolist() == flat
+    assert v.position_ids is not None and v.position_ids.tolist() == [2, 3, 4, 5, 2, 3, 4, 2, 3, 4, 5, 6, 7]
+    assert v.cu_seqlens.tolist() == [0, 4, 7, 13] and v.cu_seqlens.dtype == torch.int32
+    assert v.segment.tolist() == [0] * 4 + [1] * 3 + [2] * 6
+    assert v.max_len == 6 and v.n_tokens == 13 and v.index.tolist() == [10, 11, 12]
+    p = build_batch(w, "padded", pad_id=1, position_offset=2)
+    assert p.input_ids.shape == (3, 6) and p.mask is not None and int(p.mask.sum()) == 13
+    assert p.tokens is not None
+    assert p.input_ids.reshape(-1)[p.tokens].tolist() == flat  # the real tokens, in batch order
+    r = build_batch(w, "rows", pad_id=1, position_offset=2, width=8)
+    assert r.input_ids.shape == (2, 8)  # 6 | 4 + 3 (best fit)
+    assert r.tokens is not None and r.input_ids.reshape(-1)[r.tokens].tolist() == flat
+    assert r.position_ids is not None and r.row_segment is not None
+    assert r.position_ids.reshape(-1)[r.tokens].tolist() == v.position_ids.tolist()
+    assert r.row_segment.reshape(-1)[r.tokens].tolist() == v.segment.tolist()
+    assert int((r.row_segment == -1).sum()) == 2 * 8 - 13
+    with pytest.raises(ValueError):
+        build_batch(w, "bogus", pad_id=1, position_offset=2)  # type: ignore[arg-type]
+
+
+def test_prefetch_hands_over_items_and_errors() -> None:
+    with prefetch(iter(range(100)), depth=2) as items:
+        assert list(items) == list(range(100))
+
+    def failing() -> Any:
+        yield 1
+        raise RuntimeError("tokenizer broke")
+
+    with pytest.raises(RuntimeError, match="tokenizer broke"), prefetch(failing()) as items:
+        list(items)
+    # The consumer stopping early stops the producer (no thread left behind).
+    with prefetch(iter(range(10**9)), depth=2) as items:
+        assert next(items) == 0
+
+
+def test_cpu_default_is_the_fixed_count_path(tiny32: Encoder) -> None:
+    assert tiny32.token_budget is None and tiny32.packing == "fixed"
+    assert tiny32.tokenize_workers == 0
+    assert "token_budget" not in repr(tiny32)
+
+
+PACKINGS_ON_CPU = [("varlen", "padded"), ("varlen", "nested"), ("rows", "auto"), ("padded", "auto")]
+
+
+@pytest.fixture(scope="module")
+def budget_texts() -> list[str]:
+    return feed_tweets(200) + TWEETS + ["flood help " * 100]  # mixed lengths, "", one truncated
+
+
+@pytest.mark.parametrize(("packing", "attention"), PACKINGS_ON_CPU)
+def test_token_budget_path_matches_the_padded_path(
+    tiny_dir: Path, tiny32: Encoder, budget_texts: list[str], packing: str, attention: str
+) -> None:
+    # fp32 on CPU: the same maths as the padded path, to float rounding (a small budget
+    # makes many batches, so the order restoration is exercised too).
+    with warnings.catch_warnings():  # the nested-tensor math kernel (CPU) warns it is a prototype
+        warnings.filterwarnings("ignore", message="The PyTorch API of nested tensors")
+        enc = Encoder(str(tiny_dir), dtype="float32", token_budget=300, packing=packing, attention=attention)
+        got = enc.encode(budget_texts)
+    assert enc.token_budget == 300
+    assert enc.packing == (f"varlen/{attention}" if packing == "varlen" else packing)
+    assert f"packing={enc.packing!r}" in repr(enc)
+    want = tiny32.encode(budget_texts)
+    assert got.shape == want.shape and got.dtype == np.float32
+    np.testing.assert_allclose(got, want, atol=2e-6)
+    assert cos(got, want).min() >= 0.999999
+
+
+def test_token_budget_path_on_bert(minilm32: Encoder, budget_texts: list[str]) -> None:
+    # BERT (MiniLM): position ids from 0, WordPiece, pretrained weights; CLS pooling too.
+    enc = Encoder(MINILM, dtype="float32", token_budget=512)
+    assert enc.packing == "varlen/padded"
+    np.testing.assert_allclose(enc.encode(budget_texts), minilm32.encode(budget_texts), atol=5e-6)
+    cls_ref = Encoder(MINILM, dtype="float32", pooling="cls")
+    cls_budget = Encoder(MINILM, dtype="float32", pooling="cls", token_budget=512, packing="rows")
+    np.testing.assert_allclose(cls_budget.encode(TWEETS), cls_ref.encode(TWEETS), atol=5e-6)
+
+
+def test_token_budget_path_bf16_agrees_with_fp32_padded(
+    tiny_dir: Path, tiny32: Encoder, minilm32: Encoder, budget_texts: list[str]
+) -> None:
+    # What CUDA runs (bf16 weights and compute, float32 pooling) against fp32 padded.
+    enc = Encoder(str(tiny_dir), dtype="bfloat16", token_budget=1024)
+    assert cos(enc.encode(budget_texts), tiny32.encode(budget_texts)).min() >= 0.999
+    mini = Encoder(MINILM, dtype="bfloat16", token_budget=1024)
+    assert cos(mini.encode(budget_texts), minilm32.encode(budget_texts)).min() >= 0.999
+
+
+def test_varlen_computes_nothing_for_padding(tiny_dir: Path, budget_texts: list[str]) -> None:
+    enc = Encoder(str(tiny_dir), dtype="float32", token_budget=100_000, packing="varlen")
+    rows: list[int] = []
+    hook = enc.model.encoder.layer[0].intermediate.dense.register_forward_hook(
+        lambda _m, inputs, _o: rows.append(inputs[0].reshape(-1, inputs[0].shape[-1]).shape[0])
+    )
+    try:
+        enc.encode(budget_texts)
+    finally:
+        hook.remove()
+    assert rows == [sum(len(x) for x in enc.tokenize(budget_texts))]  # one batch, real tokens only
+
+
+def test_token_budget_path_order_progress_and_empty(tiny_dir: Path) -> None:
+    enc = Encoder(str(tiny_dir), dtype="float32", token_budget=128)  # ~ a few tweets per batch
+    calls: list[tuple[int, int]] = []
+    batched = enc.encode(TWEETS, progress=lambda done, n: calls.append((done, n)))
+    single = np.stack([enc.encode([t])[0] for t in TWEETS])
+    np.testing.assert_allclose(batched, single, atol=1e-6)
+    assert calls[-1] == (len(TWEETS), len(TWEETS)) and len(calls) >= 2
+    assert [d for d, _ in calls] == sorted(d for d, _ in calls)
+    assert enc.encode([]).shape == (0, 32)
+    with pytest.raises(TypeError):
+        enc.encode("one string")
+
+
+def test_packing_falls_back_when_a_layout_cannot_run(
+    tiny_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Flash varlen needs CUDA: asked for on CPU, the load-time check moves on to "rows".
+    with caplog.at_level("WARNING", logger="workers.adapters.encoder"):
+        enc = Encoder(str(tiny_dir), dtype="float32", token_budget=512, attention="flash")
+    assert enc.packing == "rows"
+    assert "varlen/flash" in caplog.text
+    with pytest.raises(ValueError, match="no packing"):
+        Encoder(str(tiny_dir), dtype="float32", token_budget=512, packing="varlen", attention="flash")
+    # Not a standard encoder layout: varlen is not tried at all.
+    odd = Encoder(str(tiny_dir), dtype="float32")
+    odd.model.config.position_embedding_type = "relative_key"
+    assert odd._candidates("auto", "auto") == [("rows", "padded"), ("padded", "padded")]
+    with pytest.raises(ValueError):
+        Encoder(str(tiny_dir), token_budget=-1)
+    with pytest.raises(ValueError):
+        Encoder(str(tiny_dir), token_budget=64, packing="bogus")
+
+
+def test_token_budget_below_max_length_is_raised_to_it(tiny_dir: Path) -> None:
+    assert Encoder(str(tiny_dir), dtype="float32", token_budget=10).token_budget == 128
+
+
+@pytest.mark.slow
+def test_tokenizing_processes_give_the_same_embeddings(tiny_dir: Path, tiny32: Encoder) -> None:
+    texts = feed_tweets(600) + TWEETS
+    enc = Encoder(str(tiny_dir), dtype="float32", token_budget=2048, tokenize_workers=1)
+    try:
+        assert enc.tokenize_workers == 1
+        np.testing.assert_allclose(enc.encode(texts), tiny32.encode(texts), atol=2e-6)
+    finally:
+        enc.close()

@@ -505,7 +505,7 @@ class Encoder:
         else:
             attentions = ["padded"]  # CPU: plain masked matmuls beat the nested math kernel
         out: list[tuple[Packing, Attention]] = []
-        if packing in ("auto", "varlen") and self._layers is not None:
+        if packing in ("auto", "varlen") and packable_layers(self.model) is not None:
             out += [("varlen", a) for a in attentions]
         if packing in ("auto", "rows"):
             out.append(("rows", "padded"))
@@ -536,7 +536,8 @@ class Encoder:
                     return layout, att
                 failures.append(f"{layout}/{att}: cosine {agreement:.5f} with the padded forward")
             except Exception as exc:  # a missing kernel, an unsupported argument ...
-                failures.append(f"{layout}/{att}: {type(exc).__name__}: {exc}")
+                gist = (str(exc).strip().splitlines() or [""])[0][:200]
+                failures.append(f"{layout}/{att}: {type(exc).__name__}: {gist}")
         raise ValueError("no packing of the token-budget path works here: " + "; ".join(failures))
 
     @torch.no_grad()
