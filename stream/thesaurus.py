@@ -578,17 +578,25 @@ class NeighbourTable(BaseThesaurus):
 
     def neighbours_with_distances(self, hashtag: str, k: int) -> list[tuple[str, float]]:
         """Up to ``k`` nearest other hashtags with their cosine distances, nearest first."""
-        check_k(k)
-        if k > self.depth and self.depth < len(self._names) - 1:
-            raise ValueError(f"this thesaurus holds {self.depth} neighbours per hashtag; k={k} is more")
-        item = self._ids.get(hashtag)
+        item = self._row(hashtag, k)
         if item is None:
             return []
         row, dist = self._neighbours[item, :k].tolist(), self._distances[item, :k].tolist()
         return [(self._names[j], float(d)) for j, d in zip(row, dist, strict=True) if j >= 0]
 
     def neighbours(self, hashtag: str, k: int) -> list[str]:
-        return [name for name, _ in self.neighbours_with_distances(hashtag, k)]
+        # The scorer's cold path (first lookup of a hashtag): names only, no distances.
+        item = self._row(hashtag, k)
+        if item is None:
+            return []
+        names = self._names
+        return [names[j] for j in self._neighbours[item, :k].tolist() if j >= 0]
+
+    def _row(self, hashtag: str, k: int) -> int | None:
+        check_k(k)
+        if k > self.depth and self.depth < len(self._names) - 1:
+            raise ValueError(f"this thesaurus holds {self.depth} neighbours per hashtag; k={k} is more")
+        return self._ids.get(hashtag)
 
     def __contains__(self, hashtag: object) -> bool:
         return hashtag in self._ids
