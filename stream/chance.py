@@ -86,10 +86,17 @@ class ChanceModel:
         self._rev_holders = holders[order]
         self._rev_ranks = ranks[order]
         self._starts = np.searchsorted(targets[order], np.arange(n + 1))
+        # The same entries as one sortable key per g, holder * (depth + 1) + rank, sorted within
+        # each g's run: a holder's entries are adjacent, smallest rank first.
+        self._n, self._span = n, depth + 1
+        by_holder = np.lexsort((ranks, holders, targets))
+        self._rev_keys = holders[by_holder] * self._span + ranks[by_holder]
         self._drawn: list[float] = [0.0]  # s_t: expected mass drawn before draw t
         self._schedules: dict[int, npt.NDArray[np.float64]] = {}
+        self._inclusions: dict[int, npt.NDArray[np.float64]] = {}
         self._cache: OrderedDict[tuple[int, tuple[str, ...], tuple[int, ...]], list[float]] = OrderedDict()
         self._masses: OrderedDict[tuple[int, tuple[int, ...]], npt.NDArray[np.float64]] = OrderedDict()
+        self._hits: OrderedDict[tuple[int, int, tuple[int, ...]], npt.NDArray[np.float64]] = OrderedDict()
         self._unions: OrderedDict[tuple[int, ...], tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]] = (
             OrderedDict()
         )
@@ -114,6 +121,29 @@ class ChanceModel:
         scale = self._schedule(m)
         return np.prod(np.clip(1.0 - mass[..., None] * scale, 0.0, 1.0), axis=-1)
 
+    def _included(self, m: int) -> npt.NDArray[np.float64]:
+        """P(h in R) for every hashtag h when the null draws m (>= 2): 1 - P(no draw lands on h),
+        once per m and version (in slices, so the temporaries stay small for any vocabulary)."""
+        found = self._inclusions.get(m)
+        if found is None:
+            found = np.empty_like(self._w)
+            step = 1 << 16
+            for lo in range(0, len(self._w), step):
+                found[lo : lo + step] = 1.0 - self._untouched(self._w[lo : lo + step], m)
+            self._inclusions[m] = found
+        return found
+
+    def _hit(self, g: int, m: int, ks: tuple[int, ...]) -> npt.NDArray[np.float64]:
+        """P(R ∩ A_g(k) ≠ ∅) for each k: some of the m draws lands among the hashtags with g
+        among their k nearest (cached per ground-truth hashtag, not per combination)."""
+        key = (g, m, ks)
+        found = self._hits.get(key)
+        if found is None:
+            found = self._hits[key] = 1.0 - self._untouched(self._mass(g, ks), m)
+            if len(self._hits) > self._cache_size:
+                self._hits.popitem(last=False)
+        return found
+
     def _mass(self, g: int, ks: tuple[int, ...]) -> npt.NDArray[np.float64]:
         """w(A_g(k)) for each k: the weight of the hashtags with g among their k nearest (and g)."""
         key = (g, ks)
@@ -131,15 +161,23 @@ class ChanceModel:
         """The holders of the union of the A_g (each once, with its smallest rank), by rank."""
         found = self._unions.get(rows)
         if found is None:
-            holders = np.concatenate([self._rev_holders[self._starts[g] : self._starts[g + 1]] for g in rows])
-            ranks = np.concatenate([self._rev_ranks[self._starts[g] : self._starts[g + 1]] for g in rows])
-            order = np.lexsort((ranks, holders))
-            holders, ranks = holders[order], ranks[order]
-            first = np.ones(len(holders), dtype=bool)
-            first[1:] = holders[1:] != holders[:-1]
-            holders, ranks = holders[first], ranks[first]
-            by_rank = np.argsort(ranks, kind="stable")
-            found = (holders[by_rank], ranks[by_rank])
+            starts, n, span = self._starts, self._n, self._span
+            # Every (holder, rank) entry of the A_g, by holder and then rank.
+            keys = np.concatenate([self._rev_keys[starts[g] : starts[g + 1]] for g in rows])
+            if len(rows) > 1:
+                keys.sort()
+            holders = keys // span
+            # A holder of several g (or twice in one table row) counts once, at its smallest
+            # rank: the first of its entries.
+            first = np.empty(len(keys), dtype=bool)
+            first[:1] = True
+            np.not_equal(holders[1:], holders[:-1], out=first[1:])
+            holders = holders[first]
+            ranks = keys[first] - holders * span
+            # By rank, then holder.
+            order = ranks * n + holders
+            order.sort()
+            found = (order % n, order // n)
             self._unions[rows] = found
             if len(self._unions) > self._cache_size:
                 self._unions.popitem(last=False)
@@ -166,14 +204,16 @@ class ChanceModel:
                 result = covered_mass.tolist()
             else:
                 holders, ranks = self._union(rows)
-                inclusion = self._w[holders] if m == 1 else 1.0 - self._untouched(self._w[holders], m)
-                cumulative = np.concatenate([[0.0], np.cumsum(inclusion)])
-                covered = np.searchsorted(ranks, np.asarray(ks), side="right")
+                # 0, then the running sum of P(h in R) over the union in (rank, holder) order.
+                cumulative = np.zeros(len(holders) + 1)
+                np.take(self._w if m == 1 else self._included(m), holders, out=cumulative[1:])
+                np.add.accumulate(cumulative, out=cumulative)
+                covered = ranks.searchsorted(k_tuple, side="right")
                 result = (cumulative[covered] / m).tolist()
         else:
             total = np.zeros(len(ks))
             for g in rows:
-                total += 1.0 - self._untouched(self._mass(g, k_tuple), m)
+                total += self._hit(g, m, k_tuple)
             result = (total / len(truth)).tolist()
         self._cache[key] = result
         if len(self._cache) > self._cache_size:

@@ -32,6 +32,9 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
+from itertools import repeat
+from operator import countOf
 
 from stream.hashtags import normalise_all
 
@@ -68,11 +71,21 @@ def reval_by_k(matrix: Sequence[Sequence[int]], n_truth: int, ks: Sequence[int])
     [0.0]
     """
     n_rec = len(matrix)
-    if n_rec <= n_truth:
-        minima = sorted(min(row) for row in matrix)
-    else:
-        minima = sorted(min(column) for column in zip(*matrix, strict=True))
-    denominator = min(n_rec, n_truth)
+    # The units' smallest ranks: rows when |R| <= |G|, columns otherwise.
+    units = matrix if n_rec <= n_truth else zip(*matrix, strict=True)
+    minima = sorted(map(min, units))
+    return reval_from_minima(minima, min(n_rec, n_truth), ks)
+
+
+def reval_from_minima(minima: Sequence[int], denominator: int, ks: Sequence[int]) -> list[float]:
+    """Eq. 4 for every k of ``ks`` from the sorted smallest ranks of its units (rows when
+    |R| <= |G|, columns otherwise) and min(|R|, |G|): the end of :func:`reval_by_k`.
+
+    >>> reval_from_minima([0, 3], 2, [0, 2, 3])
+    [0.5, 0.5, 1.0]
+    """
+    if minima and minima[0] > max(ks, default=FAR):  # no hit at any k (most events)
+        return [0.0] * len(ks)
     # A k beyond any real rank means "every synonym", never "FAR too": cap it below FAR.
     return [bisect_right(minima, min(k, FAR - 1)) / denominator for k in ks]
 
@@ -90,7 +103,14 @@ class ExactScores:
     NAMES = ("hit_rate", "precision", "recall", "f1", "hit_ratio")
 
     def as_dict(self) -> dict[str, float]:
-        return {name: getattr(self, name) for name in self.NAMES}
+        """The scores by name, in the order of :attr:`NAMES`."""
+        return {
+            "hit_rate": self.hit_rate,
+            "precision": self.precision,
+            "recall": self.recall,
+            "f1": self.f1,
+            "hit_ratio": self.hit_ratio,
+        }
 
 
 def exact_from_ranks(matrix: Sequence[Sequence[int]], n_truth: int) -> ExactScores:
@@ -101,14 +121,20 @@ def exact_from_ranks(matrix: Sequence[Sequence[int]], n_truth: int) -> ExactScor
     >>> exact_from_ranks([[5, 0], [1 << 30, 7], [9, 9]], 2)
     ExactScores(hit_rate=1.0, precision=0.3333333333333333, recall=0.5, f1=0.4, hit_ratio=0.5)
     """
-    hits = sum(1 for row in matrix for rank in row if rank == 0)
-    precision, recall = hits / len(matrix), hits / n_truth
+    return _exact(sum(map(countOf, matrix, repeat(0))), len(matrix), n_truth)
+
+
+@lru_cache(maxsize=4096)
+def _exact(hits: int, n_rec: int, n_truth: int) -> ExactScores:
+    """The scores of ``hits`` exact matches among n_rec recommended and n_truth true hashtags
+    (they depend on these three counts only; immutable, so one instance serves every event)."""
+    precision, recall = hits / n_rec, hits / n_truth
     return ExactScores(
         hit_rate=1.0 if hits else 0.0,
         precision=precision,
         recall=recall,
         f1=2 * precision * recall / (precision + recall) if hits else 0.0,
-        hit_ratio=hits / min(len(matrix), n_truth),
+        hit_ratio=hits / min(n_rec, n_truth),
     )
 
 

@@ -45,6 +45,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import chain
 
 from stream.metrics import FAR, Synonyms, as_set, rank_matrix
 
@@ -127,13 +128,17 @@ def ranked_by_k(
     n_rec = len(matrix)
     top_k = min(max(ks), FAR - 1)  # a k beyond any real rank: every synonym, never a FAR link
     rec = weights.rec_table(n_rec)
+    if min(chain.from_iterable(matrix), default=FAR) > top_k:
+        return [0.0] * len(ks)  # the common case on a live feed: nothing within reach
     # Units as in Eq. 4: rows when |R| <= |G|, columns otherwise.  Links: (j, unit, row).
     by_row = n_rec <= n_truth
     links = sorted(
-        (j, i if by_row else g, i) for i, row in enumerate(matrix) for g, j in enumerate(row) if j <= top_k
+        (j, i if by_row else g, i)
+        for i, row in enumerate(matrix)
+        if min(row, default=FAR) <= top_k  # most rows have no link: skip them whole
+        for g, j in enumerate(row)
+        if j <= top_k
     )
-    if not links:  # the common case on a live feed: nothing within reach
-        return [0.0] * len(ks)
     syn = weights.syn_table(links[-1][0] + 1)  # the ranks that occur, not top_k: k may be huge
     n = min(n_rec, n_truth)
     ideal = rec[:n]
@@ -152,7 +157,7 @@ def ranked_by_k(
                 score = sum(values) / total_ideal
             else:
                 ranked = sorted(values, reverse=True)
-                score = sum(min(v, w) for v, w in zip(ranked, ideal, strict=True)) / total_ideal
+                score = sum(map(min, ranked, ideal)) / total_ideal  # len(ranked) == len(ideal) == n
         out[k] = score
     return [out[k] for k in ks]
 

@@ -140,22 +140,32 @@ class EventScore:
             "thesaurus_version": self.thesaurus_version,
             "scorable": self.unscorable is None,
             "unscorable_reason": self.unscorable,
-            "reval_hit_ratio": {r: {str(k): v for k, v in by_k.items()} for r, by_k in self.reval.items()},
-            "reval_hit_ratio_corrected": {
-                r: {str(k): v for k, v in by_k.items()} for r, by_k in self.corrected.items()
-            },
+            "reval_hit_ratio": {r: _str_keys(by_k) for r, by_k in self.reval.items()},
+            "reval_hit_ratio_corrected": {r: _str_keys(by_k) for r, by_k in self.corrected.items()},
             "exact": {r: scores.as_dict() for r, scores in self.exact.items()},
             "unknown_recommended": self.unknown_recommended,
             "n_recommended": self.n_recommended,
             # Added after the fields above; consumers that know only those keep working.
-            "reval_hit_ratio_ranked": {
-                r: {str(k): v for k, v in by_k.items()} for r, by_k in self.ranked.items()
-            },
+            "reval_hit_ratio_ranked": {r: _str_keys(by_k) for r, by_k in self.ranked.items()},
             "reval_hit_ratio_slices": {
-                r: {name: {str(k): v for k, v in by_k.items()} for name, by_k in by_slice.items()}
+                r: {name: _str_keys(by_k) for name, by_k in by_slice.items()}
                 for r, by_slice in self.slices.items()
             },
         }
+
+
+_LABELS: dict[tuple[int, ...], tuple[str, ...]] = {}
+
+
+def _str_keys(by_k: dict[int, float]) -> dict[str, float]:
+    """``{k: value}`` with the k as JSON keys (strings; made once per grid of k)."""
+    ks = tuple(by_k)
+    labels = _LABELS.get(ks)
+    if labels is None:
+        if len(_LABELS) > 256:
+            _LABELS.clear()
+        labels = _LABELS[ks] = tuple(map(str, ks))
+    return dict(zip(labels, by_k.values(), strict=True))
 
 
 def score_event(
@@ -186,28 +196,42 @@ def score_event(
     if not truth:
         return EventScore(**base, unscorable="empty_ground_truth")  # type: ignore[arg-type]
     matrix = rank_matrix(recommended, truth, cache.ranks)
+    n_truth = len(truth)
+    chance, bands = cache.chance, cache.bands
+    columns = columns_by_slice(truth, bands) if bands is not None else {}
     reval: dict[str, dict[int, float]] = {}
     corrected_: dict[str, dict[int, float]] = {}
     exact: dict[str, ExactScores] = {}
     ranked: dict[str, dict[int, float]] = {}
     slices: dict[str, dict[str, dict[int, float]]] = {}
-    columns = columns_by_slice(truth, cache.bands) if cache.bands is not None else {}
+    # The top-r rows are a prefix of the matrix, so every r with the same number of rows (r
+    # beyond |R|, and "all") has the same scores: computed once per row count.
+    done: dict[int, tuple[list[float], list[float] | None, ExactScores, list[float], dict[str, list[float]]]]
+    done = {}
     for r in rs:
         rows = matrix[:r] if r is not None else matrix
-        observed = reval_by_k(rows, len(truth), ks)
-        reval[r_label(r)] = dict(zip(ks, observed, strict=True))
-        if cache.chance is not None:
-            expected = cache.chance.expected(len(rows), truth, ks)
-            corrected_[r_label(r)] = {
-                k: corrected(o, e) for k, o, e in zip(ks, observed, expected, strict=True)
-            }
-        exact[r_label(r)] = exact_from_ranks(rows, len(truth))
-        ranked[r_label(r)] = dict(zip(ks, ranked_by_k(rows, len(truth), ks, weights), strict=True))
+        label = r_label(r)
+        found = done.get(len(rows))
+        if found is None:
+            observed = reval_by_k(rows, n_truth, ks)
+            against_chance = None
+            if chance is not None:
+                expected = chance.expected(len(rows), truth, ks)
+                against_chance = list(map(corrected, observed, expected))
+            found = done[len(rows)] = (
+                observed,
+                against_chance,
+                exact_from_ranks(rows, n_truth),
+                ranked_by_k(rows, n_truth, ks, weights),
+                slice_scores(rows, columns, ks, observed) if columns else {},
+            )
+        observed, against_chance, exact[label], by_rank, by_slice = found
+        reval[label] = dict(zip(ks, observed, strict=True))
+        if against_chance is not None:
+            corrected_[label] = dict(zip(ks, against_chance, strict=True))
+        ranked[label] = dict(zip(ks, by_rank, strict=True))
         if columns:
-            slices[r_label(r)] = {
-                name: dict(zip(ks, values, strict=True))
-                for name, values in slice_scores(rows, columns, ks, observed).items()
-            }
+            slices[label] = {name: dict(zip(ks, values, strict=True)) for name, values in by_slice.items()}
     unknown = sum(1 for h in recommended if not cache.known(h))
     return EventScore(
         **base,  # type: ignore[arg-type]

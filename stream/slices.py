@@ -30,7 +30,7 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-from stream.metrics import reval_by_k
+from stream.metrics import reval_by_k, reval_from_minima
 
 __all__ = ["DEFAULT_SHARES", "SLICES", "Bands", "columns_by_slice", "slice_scores"]
 
@@ -87,10 +87,18 @@ def slice_scores(
     ``columns`` (:func:`columns_by_slice`); ``matrix`` is the |R| x |G| rank matrix of
     :func:`stream.metrics.rank_matrix`.  ``whole``: Eq. 4 on all of G, already computed,
     reused for a slice that holds every ground truth (the usual case: one band)."""
+    n_rec = len(matrix)
     n_truth = len(matrix[0]) if matrix else 0
-    return {
-        label: list(whole)
-        if whole is not None and len(cols) == n_truth
-        else reval_by_k([[row[j] for j in cols] for row in matrix], len(cols), ks)
-        for label, cols in columns.items()
-    }
+    out: dict[str, list[float]] = {}
+    column_minima: list[int] | None = None
+    for label, cols in columns.items():
+        if whole is not None and len(cols) == n_truth:
+            out[label] = list(whole)
+        elif n_rec > len(cols):  # Eq. 4 counts the slice's columns: their minima over all rows
+            if column_minima is None:
+                column_minima = list(map(min, zip(*matrix, strict=True)))
+            minima = sorted([column_minima[j] for j in cols])
+            out[label] = reval_from_minima(minima, len(cols), ks)
+        else:
+            out[label] = reval_by_k([[row[j] for j in cols] for row in matrix], len(cols), ks)
+    return out
