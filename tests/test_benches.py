@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -33,3 +35,41 @@ def test_bench_scoring_runs_on_a_tiny_workload(tmp_path: Path) -> None:
     )
     text = out.read_text()
     assert "| Scorer admit + apply + json.dumps |" in text and "| naive:" in text
+
+
+GPU_SMOKE = ["--device", "cpu", "--model", "tiny", "--tweets", "256", "--rounds", "2", "--naive-tweets", "32"]
+GPU_SMOKE += ["--token-budget", "2048", "--tokenize-workers", "0"]
+
+
+def test_bench_gpu_encoder_part_runs_on_cpu(tmp_path: Path) -> None:
+    # The GPU benchmark's encoder part (new path vs naive HF baseline, MFU) on CPU, tiny model.
+    out = tmp_path / "gpu.md"
+    subprocess.run(
+        [sys.executable, "-m", "bench.bench_gpu", *GPU_SMOKE, "--no-worker", "--out", str(out)],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    text = out.read_text()
+    assert "CPU SMOKE RUN (not a GPU result)" in text
+    assert "| new: token budget 2048" in text and "| naive HF: fp32, batch 32" in text
+    assert "(required >= 0.999)" in text and "### (b)" not in text
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_bench_gpu_worker_part_runs_on_cpu(tmp_path: Path) -> None:
+    # ... and its embed-worker part: a local Tansu broker, the Redis at 127.0.0.1:6379.
+    out = tmp_path / "gpu.md"
+    worker = ["--worker-batch", "64", "--worker-tweets", "64", "--worker-rounds", "1"]
+    subprocess.run(
+        [sys.executable, "-m", "bench.bench_gpu", *GPU_SMOKE, *worker, "--out", str(out)],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
+    text = out.read_text()
+    assert "### (b) Embed worker end to end" in text
+    assert "Every tweet embedded (dropped 0, rejected 0)." in text

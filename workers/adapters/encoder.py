@@ -574,14 +574,18 @@ class Encoder:
     def _host_batches(self, texts: Sequence[str]) -> Iterator[Batch]:
         """Tokenised, sorted, cut by the budget and laid out: what the feeder thread produces."""
         assert self._budget is not None
-        for window in batches_from_windows(
+        # The sorting window: one budget for "varlen" (sorting buys it little; a short window
+        # lets the first batch start while the rest is still being tokenised), four for the
+        # padded layouts (closer lengths in a batch, less padding).
+        window = self._budget if self._packing == "varlen" else 4 * self._budget
+        for batch in batches_from_windows(
             self._tokenised(texts),
             self._budget,
             layout=self._packing,
-            window_tokens=4 * self._budget,
+            window_tokens=window,
             width=self.max_length,
         ):
-            yield self._build(window, self._packing)
+            yield self._build(batch, self._packing)
 
     def _tokenised(self, texts: Sequence[str], chunk: int = 512) -> Iterator[Window]:
         """Windows of tokenised texts in input order: in this thread, or in the process pool."""
