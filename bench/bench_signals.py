@@ -16,7 +16,9 @@ over rounds, in the same process:
 
 Per index build (``--vocab`` hashtags x ``--dim``, center+csls, depth 100): the build
 itself (the baseline), then what the index job adds: the null model (``ChanceModel``),
-the bands (``Bands``) and the drift from the previous version (``thesaurus_drift``).
+the bands (``Bands``), the drift from the previous version (``thesaurus_drift``) and the
+recent shift from the window means (``recent_shift``; their Redis cost per tweet is in
+``bench_redis.py``).
 
 Per backtest: ``stream.backtest.signals`` (every rule) over a day of evaluation instants.
 
@@ -43,6 +45,7 @@ import numpy as np
 from bench.bench_scoring import clustered_vectors, make_events
 from stream import backtest as bt
 from stream.chance import ChanceModel
+from stream.drift import recent_shift
 from stream.scoring import DEFAULT_KS, DEFAULT_RS, NeighbourCache, score_event
 from stream.slices import Bands
 from workers.adapters.store import AnnoyThesaurus, thesaurus_drift
@@ -79,6 +82,13 @@ def main() -> None:
     build["+ null model (ChanceModel)"] = timed(lambda: ChanceModel(table))
     build["+ bands (Bands)"] = timed(lambda: Bands(table.hashtags, table.counts))
     build["+ drift from the previous version"] = timed(lambda: thesaurus_drift(thesaurus, newer))
+    # The window means' signal: each hashtag's recent mean (a fifth of its tweets) vs before.
+    totals = vectors.astype(np.float64) * np.asarray(counts, dtype=np.float64)[:, None]
+    recent_counts = [c // 5 for c in counts]
+    recent_totals = moved.astype(np.float64) * np.asarray(recent_counts, dtype=np.float64)[:, None]
+    build["+ recent shift (window means)"] = timed(
+        lambda: recent_shift(names, totals, counts, recent_totals, recent_counts)
+    )
 
     events = make_events(names, labels, args.events, rng)
     chance, bands = ChanceModel(table), Bands(table.hashtags, table.counts)
