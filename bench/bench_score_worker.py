@@ -39,7 +39,7 @@ import redis
 from bench.bench_scoring import as_records, clustered_vectors, make_events
 from workers.adapters.exporter import Exporter
 from workers.adapters.redis_client import clear_prefix
-from workers.adapters.store import AnnoyThesaurus, ThesaurusStore
+from workers.adapters.store import AnnoyThesaurus
 from workers.dev.broker import LocalBroker
 from workers.dev.stack import Stack, wait_for
 from workers.service.score import Scorer
@@ -89,8 +89,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp, LocalBroker(log_path=Path(tmp) / "tansu.log") as broker:
         work = Path(tmp)
         stack = Stack(broker.bootstrap, REDIS_URL, work / "no-model", work, partitions=args.partitions)
-        store = ThesaurusStore(stack.index_dir)
-        store.publish(AnnoyThesaurus.build(names, vectors, n_trees=50, model_id="bench"))
+        # As the index job publishes: the directory store and Redis (where scorers load it).
+        stack.publish(AnnoyThesaurus.build(names, vectors, n_trees=50, model_id="bench"))
         worker = stack.start("score")
         stack.wait_ready(worker)
 
