@@ -25,8 +25,8 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from itertools import chain
-from typing import Any
+from operator import attrgetter
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -334,10 +334,44 @@ class _Accumulator:
             for window in self.rolling:
                 window.update(event_time, values)
 
+    def update_many(
+        self, values: npt.NDArray[np.float64], event_times: Sequence[float], in_windows: Sequence[bool]
+    ) -> None:
+        """:meth:`update` for each row of ``values`` in turn, with the sums added in the same
+        order (a running sum down the rows), so the result is the same to the last bit."""
+        self.count += len(values)
+        self.sums[:] = np.add.accumulate(np.concatenate([self.sums[None, :], values]), axis=0)[-1]
+        for window in self.rolling:
+            for row, event_time, admitted in zip(values, event_times, in_windows, strict=True):
+                if admitted:
+                    window.update(event_time, row)
+
     def snapshot(self) -> tuple[int, npt.NDArray[np.float64], list[Any], list[int]]:
         """Count, sums, each window's means (None when empty) and each window's event count."""
         means = [window.get() for window in self.rolling]
         return self.count, self.sums.copy(), means, [window.n for window in self.rolling]
+
+
+K = TypeVar("K")
+
+
+_exact_values = attrgetter(*ExactScores.NAMES)
+
+
+def _fixed_width(values: list[float], length: int) -> None:
+    """Cut ``values`` to ``length`` (an event with more values than the layout: the extra are
+    ignored), or fail when it falls short (an event missing some)."""
+    if len(values) < length:
+        raise ValueError(f"an event has fewer values than the metrics' layout ({len(values)} < {length})")
+    del values[length:]
+
+
+def _by_key(keys: Sequence[K]) -> dict[K, list[int]]:
+    """The positions of each key, keys in order of first appearance."""
+    found: dict[K, list[int]] = {}
+    for i, key in enumerate(keys):
+        found.setdefault(key, []).append(i)
+    return found
 
 
 class QualityMetrics:
@@ -391,52 +425,78 @@ class QualityMetrics:
         exporter.registry.register(self)
 
     def observe(self, score: EventScore, event_time: float) -> None:
-        name = self.guard(score.recommender)
-        if score.unscorable is not None:
-            self.x.events.labels(name, "unscorable").inc()
+        self.observe_many([score], [event_time])
+
+    def observe_many(self, scores: Sequence[EventScore], event_times: Sequence[float]) -> None:
+        """:meth:`observe` for a batch: the same sums, counts and windows (events in order),
+        with one counter increment per label and one numpy pass per accumulator."""
+        rs, width, n_k = self.rs, self.width, len(self.rs) * len(self.ks)
+        outcomes: dict[tuple[str, str], int] = {}
+        recommended: dict[str, list[int]] = {}  # name -> [recommended, unknown]
+        scored: list[tuple[str, float]] = []  # (name, event time) per scorable event
+        # Each event's values, flat (one list per accumulator kind; few objects for the GC).
+        main: list[float] = []
+        corrected: list[float] = []
+        corrected_events: list[int] = []  # the positions in ``scored`` of the corrected rows
+        sliced: list[float] = []
+        slice_keys: list[tuple[str, str]] = []
+        for score, event_time in zip(scores, event_times, strict=True):
+            name = self.guard(score.recommender)
+            outcome = "unscorable" if score.unscorable is not None else "scored"
+            outcomes[name, outcome] = outcomes.get((name, outcome), 0) + 1
+            if score.unscorable is not None:
+                continue
+            counts = recommended.setdefault(name, [0, 0])
+            counts[0] += score.n_recommended
+            counts[1] += score.unknown_recommended
+            for r in rs:
+                main += score.reval[r].values()
+                main += _exact_values(score.exact[r])
+                main += score.ranked[r].values()
+            _fixed_width(main, width * (len(scored) + 1))
+            if score.corrected:
+                for r in rs:
+                    corrected += score.corrected[r].values()
+                corrected_events.append(len(scored))
+                _fixed_width(corrected, n_k * len(corrected_events))
+            if score.slices and rs:
+                by_r = [score.slices[r] for r in rs]
+                for label in by_r[0]:
+                    for by_slice in by_r:
+                        sliced += by_slice[label].values()
+                    slice_keys.append((name, label))
+                    _fixed_width(sliced, n_k * len(slice_keys))
+            scored.append((name, event_time))
+        for (name, outcome), n in outcomes.items():
+            self.x.events.labels(name, outcome).inc(n)
+        for name, (n_recommended, n_unknown) in recommended.items():
+            self.x.recommended.labels(name).inc(n_recommended)
+            self.x.unknown.labels(name).inc(n_unknown)
+        if not scored:
             return
-        self.x.events.labels(name, "scored").inc()
-        self.x.recommended.labels(name).inc(score.n_recommended)
-        self.x.unknown.labels(name).inc(score.unknown_recommended)
-        values = np.fromiter(
-            chain.from_iterable(
-                chain(score.reval[r].values(), score.exact[r].as_dict().values(), score.ranked[r].values())
-                for r in self.rs
-            ),
-            dtype=np.float64,
-            count=self.width,
-        )
-        corrected = None
-        if score.corrected:
-            corrected = np.fromiter(
-                chain.from_iterable(score.corrected[r].values() for r in self.rs),
-                dtype=np.float64,
-                count=len(self.rs) * len(self.ks),
-            )
-        slices = {
-            label: np.fromiter(
-                chain.from_iterable(score.slices[r][label].values() for r in self.rs),
-                dtype=np.float64,
-                count=len(self.rs) * len(self.ks),
-            )
-            for label in (score.slices[self.rs[0]] if score.slices and self.rs else ())
-        }
+        main_values = np.array(main, dtype=np.float64).reshape(-1, width)
+        corrected_values = np.array(corrected, dtype=np.float64).reshape(-1, n_k)
+        slice_values = np.array(sliced, dtype=np.float64).reshape(-1, n_k)
         with self._lock:
-            in_windows = self._admit_time(event_time)
-            main = self._main.get(name)
-            if main is None:
-                main = self._main[name] = _Accumulator(self.width, self.windows)
-            main.update(values, event_time, in_windows)
-            if corrected is not None:
+            admitted = [self._admit_time(event_time) for _, event_time in scored]
+            for name, rows in _by_key([name for name, _ in scored]).items():
+                acc = self._main.get(name)
+                if acc is None:
+                    acc = self._main[name] = _Accumulator(width, self.windows)
+                acc.update_many(main_values[rows], [scored[i][1] for i in rows], [admitted[i] for i in rows])
+            for name, rows in _by_key([scored[i][0] for i in corrected_events]).items():
                 acc = self._corrected.get(name)
                 if acc is None:
-                    acc = self._corrected[name] = _Accumulator(len(corrected), self.windows)
-                acc.update(corrected, event_time, in_windows)
-            for label, vector in slices.items():
+                    acc = self._corrected[name] = _Accumulator(n_k, self.windows)
+                events = [corrected_events[row] for row in rows]
+                acc.update_many(
+                    corrected_values[rows], [scored[i][1] for i in events], [admitted[i] for i in events]
+                )
+            for (name, label), rows in _by_key(slice_keys).items():
                 acc = self._slices.get((name, label))
                 if acc is None:
-                    acc = self._slices[name, label] = _Accumulator(len(vector), ())  # sums only
-                acc.update(vector, event_time, False)
+                    acc = self._slices[name, label] = _Accumulator(n_k, ())  # sums only
+                acc.update_many(slice_values[rows], [0.0] * len(rows), [False] * len(rows))
 
     def _admit_time(self, event_time: float) -> bool:
         """Whether the event may enter the rolling windows (else counted by reason)."""

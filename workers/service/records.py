@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -71,14 +72,21 @@ def dead_letter(record: Record, reason: str, detail: str, role: str) -> dict[str
 def admit(
     records: Sequence[Record], parse: Callable[[bytes], T], x: Exporter, role: str
 ) -> tuple[list[tuple[Record, T]], list[tuple[Record, RecordError]]]:
-    """Parse consumed records once: count each, and sort them into parsed and rejected."""
+    """Parse consumed records once: count each, and sort them into parsed and rejected.
+
+    The counters move once per batch and label (a batch is one topic, nearly always), after
+    the loop: a parser bug that escapes it counts nothing here, and the records are counted
+    when they are admitted again one at a time.
+    """
     parsed: list[tuple[Record, T]] = []
     rejected: list[tuple[Record, RecordError]] = []
     for record in records:
-        x.consumed.labels(record.topic).inc()
         try:
             parsed.append((record, parse(record.value)))
         except RecordError as exc:
-            x.rejected.labels(record.topic, exc.reason).inc()
             rejected.append((record, exc))
+    for topic, n in Counter(record.topic for record in records).items():
+        x.consumed.labels(topic).inc(n)
+    for (topic, reason), n in Counter((record.topic, exc.reason) for record, exc in rejected).items():
+        x.rejected.labels(topic, reason).inc(n)
     return parsed, rejected

@@ -17,8 +17,9 @@ import hashlib
 import json
 import logging
 import time
+from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -119,6 +120,18 @@ class Parked:
         return Output("dead_letters", letter_key(self.source), value, self.source)
 
 
+@dataclass
+class Scored:
+    """A batch's scores and their event times, for the quality metrics (one update per batch)."""
+
+    results: list[EventScore] = field(default_factory=list)
+    times: list[float] = field(default_factory=list)
+
+    def add(self, result: EventScore, event_time: float) -> None:
+        self.results.append(result)
+        self.times.append(event_time)
+
+
 class Scorer:
     """Scores recommendation events (joined with their tweets when they carry no ground
     truth) with the newest published thesaurus, and feeds the quality metrics."""
@@ -186,7 +199,9 @@ class Scorer:
         log.info("scoring with thesaurus %s (%d hashtags)", current, len(thesaurus))
         return True
 
-    def _score(self, event: Recommendation, truth: Sequence[str], source: Record, outcome: Outcome) -> None:
+    def _score(
+        self, event: Recommendation, truth: Sequence[str], source: Record, outcome: Outcome, scored: Scored
+    ) -> None:
         result: EventScore = score_event(event, truth, self.cache, self.ks, self.rs)
         event_time = event.ts.timestamp() if event.ts else source.time
         value = result.to_json()
@@ -194,7 +209,12 @@ class Scorer:
         value["event_time"] = event_time
         value["ground_truth"] = list(truth)
         outcome.outputs.append(Output("scores", event.tweet_id.encode(), value, source))
-        outcome.after.append(lambda: self.quality.observe(result, event_time))
+        scored.add(result, event_time)
+
+    def _observe(self, scored: Scored, outcome: Outcome) -> None:
+        """The quality metrics of a batch's scores, once its outputs are acknowledged."""
+        if scored.results:
+            outcome.after.append(partial(self.quality.observe_many, scored.results, scored.times))
 
     def _event_ids(self, records: Sequence[Record]) -> list[str]:
         """``incarnation:partition:offset`` per record; the incarnation is asked once per
@@ -230,9 +250,10 @@ class Scorer:
                     name = self.quality.guard(event.recommender)
                     outcome.after.append(partial(_inc, self.x.events, name, "duplicate"))
         waiting: list[tuple[Parked, str]] = []
+        scored = Scored()
         for (record, event), eid in fresh:
             if event.ground_truth is not None:
-                self._score(event, event.ground_truth, record, outcome)
+                self._score(event, event.ground_truth, record, outcome, scored)
                 continue
             parked = Parked.of(record, event)
             if len(parked.to_json()) > self.settings.join_max_event_bytes:
@@ -246,14 +267,18 @@ class Scorer:
             offers = [(p.event.tweet_id, eid, p.to_json()) for p, eid in waiting]
             replies = self._retry("join", lambda: self.join.put_events(offers, time.time()))
             settle = []
+            joined: Counter[str] = Counter()
             for (parked, eid), (status, truth) in zip(waiting, replies, strict=True):
-                outcome.after.append(partial(_inc, self.x.join, _JOIN_OUTCOME.get(status, "duplicate")))
+                joined[_JOIN_OUTCOME.get(status, "duplicate")] += 1
                 if status == "match":
                     assert truth is not None
-                    self._score(parked.event, truth, parked.source, outcome)
+                    self._score(parked.event, truth, parked.source, outcome, scored)
                     settle.append((parked.event.tweet_id, eid))
+            for name, n in joined.items():
+                outcome.after.append(partial(_inc, self.x.join, name, n=n))
             if settle:
                 outcome.after.append(lambda: self._retry("join settle", lambda: self.join.settle(settle)))
+        self._observe(scored, outcome)
         return outcome
 
     # -- tweets, for the join -----------------------------------------------------------------
@@ -274,9 +299,11 @@ class Scorer:
         outcome = Outcome()
         tweets = [(tweet.id, list(tweet.hashtags)) for _, tweet in items]
         answered: list[Waiting] = self._retry("join", lambda: self.join.put_tweets(tweets))
+        scored = Scored()
         for item in answered:
             parked = Parked.from_json(item.payload)
-            self._score(parked.event, item.truth or [], parked.source, outcome)
+            self._score(parked.event, item.truth or [], parked.source, outcome, scored)
+        self._observe(scored, outcome)
         if answered:
             done = [(a.tweet_id, a.event_id) for a in answered]
             outcome.after.append(lambda: self.x.join.labels("matched").inc(len(done)))
@@ -319,8 +346,8 @@ class Scorer:
 _JOIN_OUTCOME = {"match": "matched", "wait": "waiting"}
 
 
-def _inc(metric: Any, *labels: str) -> None:
-    metric.labels(*labels).inc()
+def _inc(metric: Any, *labels: str, n: int = 1) -> None:
+    metric.labels(*labels).inc(n)
 
 
 def register(app: faust.App, topics: Topics, rt: Runtime) -> None:
