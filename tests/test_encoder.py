@@ -621,7 +621,8 @@ def test_token_budget_path_bf16_agrees_with_fp32_padded(
 def test_varlen_computes_nothing_for_padding(tiny_dir: Path, budget_texts: list[str]) -> None:
     enc = Encoder(str(tiny_dir), dtype="float32", token_budget=100_000, packing="varlen")
     rows: list[int] = []
-    hook = enc.model.encoder.layer[0].intermediate.dense.register_forward_hook(
+    model: Any = enc.model
+    hook = model.encoder.layer[0].intermediate.dense.register_forward_hook(
         lambda _m, inputs, _o: rows.append(inputs[0].reshape(-1, inputs[0].shape[-1]).shape[0])
     )
     try:
@@ -656,7 +657,8 @@ def test_packing_falls_back_when_a_layout_cannot_run(
         Encoder(str(tiny_dir), dtype="float32", token_budget=512, packing="varlen", attention="flash")
     # Not a standard encoder layout: varlen is not tried at all.
     odd = Encoder(str(tiny_dir), dtype="float32")
-    odd.model.config.position_embedding_type = "relative_key"
+    odd_model: Any = odd.model
+    odd_model.config.position_embedding_type = "relative_key"
     assert odd._candidates("auto", "auto") == [("rows", "padded"), ("padded", "padded")]
     with pytest.raises(ValueError):
         Encoder(str(tiny_dir), token_budget=-1)
