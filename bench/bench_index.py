@@ -61,10 +61,13 @@ def exact_top(vectors: np.ndarray, queries: np.ndarray, k: int) -> np.ndarray:
     return np.argsort(-sims, axis=1)[:, :k]
 
 
-def timed(call: object) -> tuple[object, float]:
+def timed(call: object, what: str = "") -> tuple[object, float]:
     start = time.perf_counter()
     result = call()  # type: ignore[operator]
-    return result, time.perf_counter() - start
+    seconds = time.perf_counter() - start
+    if what:  # progress on long runs, on stderr: the report goes to stdout at the end
+        print(f"{what}: {seconds:.1f} s", file=sys.stderr, flush=True)
+    return result, seconds
 
 
 def main(argv: list[str] | None = None) -> str:
@@ -83,14 +86,16 @@ def main(argv: list[str] | None = None) -> str:
     raw, raw_s = timed(
         lambda: AnnoyThesaurus.build(
             names, vectors, counts=list(counts), method="raw", depth=10, n_trees=args.trees, model_id="bench"
-        )
+        ),
+        "build, raw",
     )
     depth = max(DEFAULT_KS)
     built, build_s = timed(
         lambda: AnnoyThesaurus.build(
             names, vectors, counts=list(counts), method=DEFAULT_METHOD, depth=depth, n_trees=args.trees,
             model_id="bench",
-        )
+        ),
+        f"build, {DEFAULT_METHOD}",
     )  # fmt: skip
     assert isinstance(raw, AnnoyThesaurus) and isinstance(built, AnnoyThesaurus)
 
