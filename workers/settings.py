@@ -111,6 +111,12 @@ class Settings(BaseSettings):
     pooling: str = Field("mean", description="mean (over tokens) or cls")
     embed_batch_size: int = Field(32, ge=1, description="Tweets per encoder batch")
     embed_max_wait_s: float = Field(1.0, gt=0, description="Max wait to fill a batch")
+    token_budget: int | None = Field(
+        None, ge=0, description="Tokens per packed encoder batch (unset: 32768 on CUDA, off on CPU; 0: off)"
+    )
+    tokenize_workers: int | None = Field(
+        None, ge=0, description="Tokenising processes of the packed path (unset: CUDA min(8, cores/2), CPU 0)"
+    )
     language_filter: bool = Field(True, description="Drop non-English tweets")
 
     # Index job

@@ -162,6 +162,8 @@ def load_encoder(settings: Settings) -> Any:
         dtype=settings.dtype,
         pooling=settings.pooling,  # type: ignore[arg-type]
         batch_size=settings.embed_batch_size,
+        token_budget=settings.token_budget,
+        tokenize_workers=settings.tokenize_workers,
     )
 
 
