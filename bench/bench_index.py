@@ -85,7 +85,14 @@ def main(argv: list[str] | None = None) -> str:
     names, vectors, counts = vocabulary(args.hashtags, args.dim)
     raw, raw_s = timed(
         lambda: AnnoyThesaurus.build(
-            names, vectors, counts=list(counts), method="raw", depth=10, n_trees=args.trees, model_id="bench"
+            names,
+            vectors,
+            counts=list(counts),
+            method="raw",
+            depth=10,
+            n_trees=args.trees,
+            model_id="bench",
+            candidates="annoy",  # Annoy's neighbours, whatever the size: the recall
         ),
         "build, raw",
     )
@@ -153,10 +160,10 @@ def main(argv: list[str] | None = None) -> str:
             "",
             "| measure | value | target |",
             "|---|---|---|",
-            f"| index build, raw cosine, depth 10 | {raw_s:.1f} s | |",
+            f"| index build, raw cosine, depth 10, Annoy candidates | {raw_s:.1f} s | |",
             f"| index build, {DEFAULT_METHOD} (the index job's default), depth {depth} | **{build_s:.1f} s** "
             "| ≤ 60 s |",
-            f"| recall@10 of the raw table vs exact cosine ({len(queries)} hashtags) | **{recall:.3f}** "
+            f"| recall@10 of the raw table (Annoy) vs exact ({len(queries)} hashtags) | **{recall:.3f}** "
             "| ≥ 0.95 |",
             f"| neighbour table published to Redis (what scorers load) | {stored / 1e6:.1f} MB "
             f"({stored / args.hashtags:.0f} B per hashtag; the Annoy file, not published: "
