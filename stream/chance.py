@@ -183,6 +183,113 @@ class ChanceModel:
                 self._unions.popitem(last=False)
         return found
 
+    def expected_many(
+        self, requests: Sequence[tuple[int, Sequence[str]]], ks: Sequence[int]
+    ) -> list[list[float]]:
+        """:meth:`expected` for each ``(m, truth)`` of a batch, the same values: the unions of
+        several ground-truth hashtags that are not cached yet (the costly case, |R| <= |G|)
+        are computed together, a few sorts for the whole batch instead of a few per event;
+        the results go to the cache, so scoring the batch's events afterwards finds them.
+
+        >>> import numpy as np
+        >>> from stream.thesaurus import build_neighbour_table
+        >>> unit = np.array([[1.0, 0.0], [0.9, 0.1], [0.0, 1.0], [0.1, 0.9]])
+        >>> table = build_neighbour_table(["a", "b", "c", "d"], unit, [1, 1, 1, 1], depth=1, method="raw")
+        >>> model = ChanceModel(table)
+        >>> batch = model.expected_many([(1, ["a", "c"]), (3, ["a"])], [0, 1])
+        >>> batch == [ChanceModel(table).expected(1, ["a", "c"], [0, 1]), model.expected(3, ["a"], [0, 1])]
+        True
+        """
+        k_tuple = tuple(ks)
+        out: list[list[float] | None] = [None] * len(requests)
+        waiting: dict[tuple[int, tuple[str, ...], tuple[int, ...]], list[int]] = {}
+        unions: list[tuple[int, tuple[int, ...]]] = []
+        for i, (m, truth) in enumerate(requests):
+            key = (m, tuple(truth), k_tuple)
+            if key in waiting:
+                waiting[key].append(i)
+                continue
+            found = self._cache.get(key)
+            if found is None and m >= 1 and len(truth) >= m:
+                rows = tuple(self._ids[g] for g in truth if g in self._ids)
+                if (len(rows) > 1 or (rows and m > 1)) and rows not in self._unions:
+                    waiting[key] = [i]
+                    unions.append((m, rows))
+                    continue
+            out[i] = self.expected(m, truth, k_tuple)  # cached, or cheap, or invalid (raises)
+        if unions:
+            chunk = 256  # unions per dense layout (bounds its memory)
+            results = [
+                result
+                for lo in range(0, len(unions), chunk)
+                for result in self._union_expectations(unions[lo : lo + chunk], k_tuple)
+            ]
+            for (key, indices), result in zip(waiting.items(), results, strict=True):
+                self._cache[key] = result
+                for i in indices:
+                    out[i] = result
+            while len(self._cache) > self._cache_size:
+                self._cache.popitem(last=False)
+        return out  # type: ignore[return-value]
+
+    def _union_expectations(
+        self, unions: Sequence[tuple[int, tuple[int, ...]]], ks: tuple[int, ...]
+    ) -> list[list[float]]:
+        """For each (m, rows), what :meth:`expected` computes through :meth:`_union` when
+        m <= |G|: the running sum of P(h in R) over the union of the A_g in (rank, holder)
+        order, read at each k and divided by m -- for all of them in one layout, with the
+        same additions in the same order (so the same values)."""
+        n, span = self._n, self._span
+        stride = n * span
+        groups = len(unions)
+        if groups * stride >= 1 << 62:  # the packed keys would overflow: one at a time
+            return [self._union_expectation(m, rows, ks) for m, rows in unions]
+        segments = np.fromiter((g for _, rows in unions for g in rows), dtype=np.int64)
+        group_of = np.fromiter((i for i, (_, rows) in enumerate(unions) for _ in rows), dtype=np.int64)
+        lo, hi = self._starts[segments], self._starts[segments + 1]
+        lengths = hi - lo
+        begins = np.cumsum(lengths) - lengths
+        where = np.arange(int(lengths.sum())) + np.repeat(lo - begins, lengths)
+        # (group, holder, rank): a holder's entries in a group are adjacent, smallest rank first.
+        packed = np.repeat(group_of, lengths) * stride + self._rev_keys[where]
+        packed.sort()
+        group, key = np.divmod(packed, stride)
+        holder = key // span
+        first = np.ones(len(packed), dtype=bool)
+        first[1:] = (group[1:] != group[:-1]) | (holder[1:] != holder[:-1])
+        group, holder, rank = group[first], holder[first], key[first] - holder[first] * span
+        # (group, rank, holder): each union in the order of :meth:`_union`.
+        packed = (group * span + rank) * n + holder
+        packed.sort()
+        group, key = np.divmod(packed, stride)
+        holder = key % n
+        ms = np.array([m for m, _ in unions], dtype=np.int64)
+        inclusion = self._w[holder]
+        for m in set(ms.tolist()) - {1}:
+            chosen = ms[group] == m
+            inclusion[chosen] = self._included(m)[holder[chosen]]
+        # One row per union: 0, its P(h in R) in order, zeros after; running sums along rows.
+        counts = np.bincount(group, minlength=groups)
+        starts = np.cumsum(counts) - counts
+        grid = np.zeros((groups, int(counts.max()) + 1))
+        grid[group, np.arange(len(group)) - starts[group] + 1] = inclusion
+        np.add.accumulate(grid, axis=1, out=grid)
+        # How many entries of each union have rank <= k (ranks stop at the depth).
+        top = (np.arange(groups)[:, None] * span + np.clip(np.asarray(ks), -1, span - 1)[None, :]) * n + n - 1
+        covered = np.searchsorted(packed, top, side="right") - starts[:, None]
+        values = np.take_along_axis(grid, covered, axis=1) / ms[:, None]
+        return values.tolist()
+
+    def _union_expectation(self, m: int, rows: tuple[int, ...], ks: tuple[int, ...]) -> list[float]:
+        """:meth:`expected` for m <= |G| through :meth:`_union` (one ground truth)."""
+        holders, ranks = self._union(rows)
+        # 0, then the running sum of P(h in R) over the union in (rank, holder) order.
+        cumulative = np.zeros(len(holders) + 1)
+        np.take(self._w if m == 1 else self._included(m), holders, out=cumulative[1:])
+        np.add.accumulate(cumulative, out=cumulative)
+        covered = ranks.searchsorted(ks, side="right")
+        return (cumulative[covered] / m).tolist()
+
     def expected(self, m: int, truth: Sequence[str], ks: Sequence[int]) -> list[float]:
         """Expected #REval-hit-ratio of the null recommender drawing ``m`` hashtags, for
         ground truth ``truth`` (normalised, distinct), at each k of ``ks`` (k <= depth)."""
@@ -203,13 +310,7 @@ class ChanceModel:
                 covered_mass = self._mass(rows[0], k_tuple)  # P(h in R) = w_h for one draw
                 result = covered_mass.tolist()
             else:
-                holders, ranks = self._union(rows)
-                # 0, then the running sum of P(h in R) over the union in (rank, holder) order.
-                cumulative = np.zeros(len(holders) + 1)
-                np.take(self._w if m == 1 else self._included(m), holders, out=cumulative[1:])
-                np.add.accumulate(cumulative, out=cumulative)
-                covered = ranks.searchsorted(k_tuple, side="right")
-                result = (cumulative[covered] / m).tolist()
+                result = self._union_expectation(m, rows, k_tuple)
         else:
             total = np.zeros(len(ks))
             for g in rows:

@@ -244,6 +244,30 @@ def score_event(
     )
 
 
+def score_events(
+    events: Sequence[tuple[Recommendation, Sequence[str]]],
+    cache: NeighbourCache,
+    ks: Sequence[int] = DEFAULT_KS,
+    rs: Sequence[int | None] = (ALL,),
+    weights: RankWeights = DCG,
+) -> list[EventScore]:
+    """:func:`score_event` for each ``(event, truth)`` of a batch, with the same results; the
+    chance expectations the batch needs are computed together first
+    (:meth:`stream.chance.ChanceModel.expected_many`), which is most of the saving."""
+    if cache.chance is not None:
+        requests = []
+        for event, truth in events:
+            n_rec = len(dict.fromkeys(event.recommended))
+            distinct = list(dict.fromkeys(truth))
+            if n_rec and distinct:
+                # the row counts score_event asks for: len(matrix[:r]) for each r
+                for m in {len(range(n_rec)[:r]) for r in rs}:
+                    if m >= 1:
+                        requests.append((m, distinct))
+        cache.chance.expected_many(requests, ks)
+    return [score_event(event, truth, cache, ks, rs, weights) for event, truth in events]
+
+
 class Summary:
     """Averages over events, per (r, k) and per exact metric, river style.
 

@@ -19,7 +19,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -27,7 +27,7 @@ from typing import Any
 import faust
 
 from stream.records import Recommendation, Tweet, parse_recommendation, parse_time, parse_tweet
-from stream.scoring import EventScore, NeighbourCache, score_event
+from stream.scoring import NeighbourCache, score_events
 from stream.thesaurus import JsonThesaurus
 from workers.adapters.exporter import Exporter, LabelGuard, QualityMetrics
 from workers.adapters.kafka_client import TopicIdentity
@@ -43,6 +43,8 @@ from workers.settings import Settings, window_label
 
 log = logging.getLogger("reval.workers")
 
+#: Events per batch of the score agent (at least; the embed batch size when larger).
+SCORE_BATCH = 256
 EMPTY = JsonThesaurus({}, source="no index yet", built_at="1970-01-01T00:00:00Z")
 EventItem = tuple[Record, Recommendation]
 TweetItem = tuple[Record, Tweet]
@@ -120,18 +122,6 @@ class Parked:
         return Output("dead_letters", letter_key(self.source), value, self.source)
 
 
-@dataclass
-class Scored:
-    """A batch's scores and their event times, for the quality metrics (one update per batch)."""
-
-    results: list[EventScore] = field(default_factory=list)
-    times: list[float] = field(default_factory=list)
-
-    def add(self, result: EventScore, event_time: float) -> None:
-        self.results.append(result)
-        self.times.append(event_time)
-
-
 class Scorer:
     """Scores recommendation events (joined with their tweets when they carry no ground
     truth) with the newest published thesaurus, and feeds the quality metrics."""
@@ -199,22 +189,22 @@ class Scorer:
         log.info("scoring with thesaurus %s (%d hashtags)", current, len(thesaurus))
         return True
 
-    def _score(
-        self, event: Recommendation, truth: Sequence[str], source: Record, outcome: Outcome, scored: Scored
-    ) -> None:
-        result: EventScore = score_event(event, truth, self.cache, self.ks, self.rs)
-        event_time = event.ts.timestamp() if event.ts else source.time
-        value = result.to_json()
-        value["index_version"] = self.index_version  # the store's name; thesaurus_version is the content
-        value["event_time"] = event_time
-        value["ground_truth"] = list(truth)
-        outcome.outputs.append(Output("scores", event.tweet_id.encode(), value, source))
-        scored.add(result, event_time)
-
-    def _observe(self, scored: Scored, outcome: Outcome) -> None:
-        """The quality metrics of a batch's scores, once its outputs are acknowledged."""
-        if scored.results:
-            outcome.after.append(partial(self.quality.observe_many, scored.results, scored.times))
+    def _score(self, jobs: Sequence[tuple[Recommendation, Sequence[str], Record]], outcome: Outcome) -> None:
+        """Score ``(event, truth, source)`` jobs as one batch (:func:`stream.scoring.score_events`):
+        one output each, in order; the quality metrics once the outputs are acknowledged."""
+        if not jobs:
+            return
+        results = score_events([(event, truth) for event, truth, _ in jobs], self.cache, self.ks, self.rs)
+        times = []
+        for (event, truth, source), result in zip(jobs, results, strict=True):
+            event_time = event.ts.timestamp() if event.ts else source.time
+            value = result.to_json()
+            value["index_version"] = self.index_version  # the store's name; thesaurus_version is the content
+            value["event_time"] = event_time
+            value["ground_truth"] = list(truth)
+            outcome.outputs.append(Output("scores", event.tweet_id.encode(), value, source))
+            times.append(event_time)
+        outcome.after.append(partial(self.quality.observe_many, results, times))
 
     def _event_ids(self, records: Sequence[Record]) -> list[str]:
         """``incarnation:partition:offset`` per record; the incarnation is asked once per
@@ -249,11 +239,17 @@ class Scorer:
                 if not own[0]:
                     name = self.quality.guard(event.recommender)
                     outcome.after.append(partial(_inc, self.x.events, name, "duplicate"))
+        self._score(
+            [
+                (event, event.ground_truth, record)
+                for (record, event), _ in fresh
+                if event.ground_truth is not None
+            ],
+            outcome,
+        )
         waiting: list[tuple[Parked, str]] = []
-        scored = Scored()
         for (record, event), eid in fresh:
             if event.ground_truth is not None:
-                self._score(event, event.ground_truth, record, outcome, scored)
                 continue
             parked = Parked.of(record, event)
             if len(parked.to_json()) > self.settings.join_max_event_bytes:
@@ -267,18 +263,19 @@ class Scorer:
             offers = [(p.event.tweet_id, eid, p.to_json()) for p, eid in waiting]
             replies = self._retry("join", lambda: self.join.put_events(offers, time.time()))
             settle = []
+            matched = []
             joined: Counter[str] = Counter()
             for (parked, eid), (status, truth) in zip(waiting, replies, strict=True):
                 joined[_JOIN_OUTCOME.get(status, "duplicate")] += 1
                 if status == "match":
                     assert truth is not None
-                    self._score(parked.event, truth, parked.source, outcome, scored)
+                    matched.append((parked.event, truth, parked.source))
                     settle.append((parked.event.tweet_id, eid))
+            self._score(matched, outcome)
             for name, n in joined.items():
                 outcome.after.append(partial(_inc, self.x.join, name, n=n))
             if settle:
                 outcome.after.append(lambda: self._retry("join settle", lambda: self.join.settle(settle)))
-        self._observe(scored, outcome)
         return outcome
 
     # -- tweets, for the join -----------------------------------------------------------------
@@ -299,11 +296,11 @@ class Scorer:
         outcome = Outcome()
         tweets = [(tweet.id, list(tweet.hashtags)) for _, tweet in items]
         answered: list[Waiting] = self._retry("join", lambda: self.join.put_tweets(tweets))
-        scored = Scored()
+        jobs = []
         for item in answered:
             parked = Parked.from_json(item.payload)
-            self._score(parked.event, item.truth or [], parked.source, outcome, scored)
-        self._observe(scored, outcome)
+            jobs.append((parked.event, item.truth or [], parked.source))
+        self._score(jobs, outcome)
         if answered:
             done = [(a.tweet_id, a.event_id) for a in answered]
             outcome.after.append(lambda: self.x.join.labels("matched").inc(len(done)))
@@ -357,7 +354,7 @@ def register(app: faust.App, topics: Topics, rt: Runtime) -> None:
     identity = TopicIdentity(settings.broker.split(",")[0], **settings.kafka_client_options())
     incarnations = Incarnations(identity, rt.client, settings.redis_prefix, rt.exporter)
     scorer = Scorer(settings, rt.exporter, rt.client, incarnations)
-    size = max(settings.embed_batch_size, 256)
+    size = max(settings.embed_batch_size, SCORE_BATCH)
     events_step = Step("score", scorer.admit_events, scorer.apply_events, source=lambda item: item[0])
     tweets_step = Step("score", scorer.admit_tweets, scorer.apply_tweets, source=lambda item: item[0])
     incarnations.watch(app, [settings.topic_recommendations, settings.topic_tweets])
