@@ -61,7 +61,7 @@ from workers.adapters.redis_client import clear_prefix
 from workers.adapters.store import AnnoyThesaurus
 from workers.dev.broker import LocalBroker
 from workers.dev.stack import Stack, wait_for
-from workers.service.score import SCORE_BATCH, Scorer
+from workers.service.score import SCORE_BATCH, Scorer, collect_less_often
 from workers.settings import Settings
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -106,6 +106,7 @@ def main() -> None:
     args = p.parse_args()
     command = "python -m bench.bench_score_worker " + " ".join(shlex.quote(x) for x in sys.argv[1:])
     load_before = os.getloadavg()
+    collect_less_often()  # the step runs as in the worker, with its collector thresholds
     rng = np.random.default_rng(args.seed)
     names = [f"tag{i}" for i in range(args.vocab)]
     vectors, labels = clustered_vectors(args.vocab, 768, 100, rng)
