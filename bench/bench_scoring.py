@@ -66,14 +66,13 @@ from stream.thesaurus import Thesaurus
 from workers.adapters.exporter import Exporter, LabelGuard, QualityMetrics
 from workers.adapters.store import AnnoyThesaurus, ThesaurusStore
 from workers.service.records import Record
-from workers.service.score import Scorer
+from workers.service.score import SCORE_BATCH, Scorer, collect_less_often
 from workers.settings import Settings, window_label
 
 REPO = Path(__file__).resolve().parents[1]
 
 KS: tuple[int, ...] = DEFAULT_KS
 RS: tuple[int | None, ...] = DEFAULT_RS
-SCORER_BATCH = 256  # workers.app: the score agent takes max(embed_batch_size, 256)
 
 
 # --------------------------------------------------------------------------- workload
@@ -161,7 +160,14 @@ def naive_score(
     out: dict[str, dict[int, float]] = {}
     for r in RS:
         top = list(event.recommended[:r]) if r is not None else list(event.recommended)
-        out[r_label(r)] = {k: reval_hit_ratio(top, truth, lambda h, k=k: syn[h, k]) or 0.0 for k in KS}
+        by_k: dict[int, float] = {}
+        for k in KS:
+
+            def synonyms(h: str, k: int = k) -> list[str]:
+                return syn[h, k]
+
+            by_k[k] = reval_hit_ratio(top, truth, synonyms) or 0.0
+        out[r_label(r)] = by_k
         exact_scores(top, truth)  # computed by the real path too
     return out
 
@@ -190,6 +196,7 @@ def main() -> None:
     command = "python " + " ".join(shlex.quote(x) for x in [sys.argv[0], *sys.argv[1:]])
     t_start = time.perf_counter()
     load_before = os.getloadavg()
+    collect_less_often()  # the score worker's collector thresholds
     rng = np.random.default_rng(args.seed)
     names = [f"tag{i}" for i in range(args.vocab)]
     vectors, labels = clustered_vectors(args.vocab, args.dim, args.clusters, rng)
@@ -214,6 +221,7 @@ def main() -> None:
         metrics = QualityMetrics(Exporter(), KS, RS, (300, 3600, 86400), LabelGuard(), window_label)
         settings = Settings(
             index_dir=Path(tmp) / "index",
+            thesaurus_source="dir",  # the version published above
             redis_prefix=f"bench-{uuid.uuid4().hex[:8]}",  # no Redis call: events carry truth
             event_dedup_window_s=0,  # and no dedup claims (bench_score_worker measures those)
             ks=",".join(map(str, KS)),
@@ -222,11 +230,11 @@ def main() -> None:
         scorer = Scorer(settings, Exporter(), _NoRedis(), _FixedIncarnations())  # type: ignore[arg-type]
 
         def scorer_step() -> None:
-            for i in range(0, len(records), SCORER_BATCH):
-                items, _ = scorer.admit_events(records[i : i + SCORER_BATCH])
+            for i in range(0, len(records), SCORE_BATCH):
+                items, _ = scorer.admit_events(records[i : i + SCORE_BATCH])
                 outcome = scorer.apply_events(items)
-                for out in outcome.outputs:
-                    json.dumps(out.value).encode()
+                for out in outcome.outputs:  # as the runtime encodes an output
+                    json.dumps(out.value, ensure_ascii=False, separators=(",", ":")).encode()
                 for after in outcome.after:
                     after()
 
@@ -272,10 +280,10 @@ def main() -> None:
         same = total = 0
         for ev, ref in zip(naive_events, reference[: len(naive_events)], strict=True):
             got = naive_score(ev, ev.ground_truth or (), thesaurus)
-            for r, by_k in got.items():
+            for label, by_k in got.items():
                 for k, v in by_k.items():
                     total += 1
-                    same += abs(v - ref.reval[r][k]) < 1e-12
+                    same += abs(v - ref.reval[label][k]) < 1e-12
         per_query = _annoy_query_us(thesaurus, names, max_k)
         thesaurus.close()
         built.close()
@@ -288,7 +296,7 @@ def main() -> None:
     n_unknown = sum(s.unknown_recommended for s in reference)
     n_rec = sum(s.n_recommended for s in reference)
     lines = [
-        "## Scoring throughput (stream/scoring.py, workers/roles.py Scorer)",
+        "## Scoring throughput (stream/scoring.py, workers/service/score.py Scorer)",
         "",
         f"Command: `{command}` (from the repository root; {total_s:.0f} s in all).",
         "",
