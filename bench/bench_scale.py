@@ -89,7 +89,7 @@ def main() -> None:
         second = workers[1]
 
         def total() -> float:
-            return sum(scored(w) for w in workers if w.proc.poll() is None)
+            return sum(scored(w.port) for w in workers if w.proc.poll() is None)
 
         def run(events: list[Recommendation]) -> float:
             target = total() + len(events)
