@@ -24,7 +24,7 @@ shared and noisy: compare within a run):
   of the agent's size, in this process -- no Kafka.
 
 A worker round ends when its ``reval_events_total{outcome="scored"}`` (counted once the
-score is acknowledged by the broker) reaches the round's events, polled at 20 Hz with
+score is acknowledged by the broker) reaches the round's events, polled at 10 Hz with
 ``/metrics?name[]=reval_events_total`` (the worker renders that counter only, so the
 polling costs it next to nothing; a whole /metrics page per poll would not).  CPU
 seconds of the worker, the broker, the Redis server and this process over each
@@ -95,6 +95,13 @@ def cpu_seconds(pid: int | None) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--vocab", type=int, default=5000)
@@ -157,7 +164,7 @@ def main() -> None:
             ]
 
         def wait_scored(target: float) -> None:
-            wait_for("every event scored", lambda: scored(worker.port) >= target, 600, 0.05)
+            wait_for("every event scored", lambda: scored(worker.port) >= target, 600, 0.1)
 
         def run_live(events: list[Any]) -> float:
             target = scored(worker.port) + len(events)
@@ -210,6 +217,7 @@ def main() -> None:
                 for name, pid in pids.items():
                     cpu[mode][name] += cpu_seconds(pid) - before[name]
                 cpu[mode]["bench"] += time.process_time() - bench_before
+        worker_rss = _rss_mib(worker.proc.pid)
         stack.close()
         clear_prefix(REDIS_URL, settings.redis_prefix)  # the step's dedup claims: leave no keys behind
         client.close()
@@ -244,7 +252,8 @@ def main() -> None:
             f"The worker runs at {rate['worker, live'] / rate['step']:.2f}x the step alone (live), "
             f"{rate['worker, backlog'] / rate['step']:.2f}x (backlog); its CPU per event is "
             f"{per_event['worker, backlog']['worker'] / step_cpu:.2f}x the step's "
-            f"({per_event['worker, backlog']['worker']:.0f} vs {step_cpu:.0f} µs, backlog).",
+            f"({per_event['worker, backlog']['worker']:.0f} vs {step_cpu:.0f} µs, backlog). "
+            f"Worker resident memory at the end: {worker_rss:,.0f} MiB.",
         ]
     )
     print(text)
