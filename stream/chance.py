@@ -202,35 +202,56 @@ class ChanceModel:
         """
         k_tuple = tuple(ks)
         out: list[list[float] | None] = [None] * len(requests)
-        waiting: dict[tuple[int, tuple[str, ...], tuple[int, ...]], list[int]] = {}
-        unions: list[tuple[int, tuple[int, ...]]] = []
+        Key = tuple[int, tuple[str, ...], tuple[int, ...]]
+        waiting: dict[Key, list[int]] = {}
+        unions: list[tuple[Key, int, tuple[int, ...]]] = []  # |R| <= |G|
+        sums: list[tuple[Key, int, tuple[int, ...], int]] = []  # |R| > |G|
         for i, (m, truth) in enumerate(requests):
             key = (m, tuple(truth), k_tuple)
             if key in waiting:
                 waiting[key].append(i)
                 continue
-            found = self._cache.get(key)
-            if found is None and m >= 1 and len(truth) >= m:
+            if key not in self._cache and m >= 1 and truth:
                 rows = tuple(self._ids[g] for g in truth if g in self._ids)
+                if rows and m > len(truth):
+                    waiting[key] = [i]
+                    sums.append((key, m, rows, len(truth)))
+                    continue
                 if (len(rows) > 1 or (rows and m > 1)) and rows not in self._unions:
                     waiting[key] = [i]
-                    unions.append((m, rows))
+                    unions.append((key, m, rows))
                     continue
             out[i] = self.expected(m, truth, k_tuple)  # cached, or cheap, or invalid (raises)
-        if unions:
-            chunk = 256  # unions per dense layout (bounds its memory)
-            results = [
-                result
-                for lo in range(0, len(unions), chunk)
-                for result in self._union_expectations(unions[lo : lo + chunk], k_tuple)
-            ]
-            for (key, indices), result in zip(waiting.items(), results, strict=True):
-                self._cache[key] = result
-                for i in indices:
-                    out[i] = result
-            while len(self._cache) > self._cache_size:
-                self._cache.popitem(last=False)
+        results: dict[Key, list[float]] = {}
+        chunk = 256  # unions per dense layout (bounds its memory)
+        for lo in range(0, len(unions), chunk):
+            part = unions[lo : lo + chunk]
+            values = self._union_expectations([(m, rows) for _, m, rows in part], k_tuple)
+            results.update(zip([key for key, _, _ in part], values, strict=True))
+        if sums:
+            values = self._sum_expectations([(m, rows, n) for _, m, rows, n in sums], k_tuple)
+            results.update(zip([key for key, _, _, _ in sums], values, strict=True))
+        for key, result in results.items():
+            self._cache[key] = result
+            for i in waiting[key]:
+                out[i] = result
+        while len(self._cache) > self._cache_size:
+            self._cache.popitem(last=False)
         return out  # type: ignore[return-value]
+
+    def _sum_expectations(
+        self, items: Sequence[tuple[int, tuple[int, ...], int]], ks: tuple[int, ...]
+    ) -> list[list[float]]:
+        """For each (m, rows, |G|) with m > |G|, what :meth:`expected` computes: the mean over
+        G of P(R ∩ A_g(k) ≠ ∅) -- the per-g terms added in the same order, for all at once."""
+        hits = np.zeros((len(items), max(len(rows) for _, rows, _ in items), len(ks)))
+        for i, (m, rows, _) in enumerate(items):
+            for j, g in enumerate(rows):
+                hits[i, j] = self._hit(g, m, ks)
+        total = np.zeros((len(items), len(ks)))
+        for j in range(hits.shape[1]):  # 0 + the first + the second ..., zeros after the last
+            total += hits[:, j]
+        return (total / np.array([n for _, _, n in items])[:, None]).tolist()
 
     def _union_expectations(
         self, unions: Sequence[tuple[int, tuple[int, ...]]], ks: tuple[int, ...]

@@ -12,10 +12,11 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any
 
 from stream.chance import ChanceModel, corrected
-from stream.metrics import ExactScores, Mean, exact_from_ranks, rank_matrix, reval_by_k
+from stream.metrics import FAR, ExactScores, Mean, exact_from_ranks, rank_matrix, reval_by_k
 from stream.rank import DCG, RankWeights, ranked_by_k
 from stream.records import Recommendation
 from stream.slices import Bands, columns_by_slice, slice_scores
@@ -208,12 +209,16 @@ def score_event(
     # beyond |R|, and "all") has the same scores: computed once per row count.
     done: dict[int, tuple[list[float], list[float] | None, ExactScores, list[float], dict[str, list[float]]]]
     done = {}
+    # No synonym link within the largest k (the usual event on a live feed): Eq. 4, its
+    # rank-aware variant and every slice are 0 at every k and r, as those functions find.
+    unreached = bool(ks) and min(chain.from_iterable(matrix)) > min(max(ks), FAR - 1)
+    zeros = [0.0] * len(ks)
     for r in rs:
         rows = matrix[:r] if r is not None else matrix
         label = r_label(r)
         found = done.get(len(rows))
         if found is None:
-            observed = reval_by_k(rows, n_truth, ks)
+            observed = zeros if unreached else reval_by_k(rows, n_truth, ks)
             against_chance = None
             if chance is not None:
                 expected = chance.expected(len(rows), truth, ks)
@@ -222,8 +227,12 @@ def score_event(
                 observed,
                 against_chance,
                 exact_from_ranks(rows, n_truth),
-                ranked_by_k(rows, n_truth, ks, weights),
-                slice_scores(rows, columns, ks, observed) if columns else {},
+                zeros if unreached else ranked_by_k(rows, n_truth, ks, weights),
+                {name: zeros for name in columns}
+                if unreached
+                else slice_scores(rows, columns, ks, observed)
+                if columns
+                else {},
             )
         observed, against_chance, exact[label], by_rank, by_slice = found
         reval[label] = dict(zip(ks, observed, strict=True))
