@@ -22,8 +22,9 @@ machine is shared and noisy; compare the ratios):
   round (what follows every thesaurus reload);
 * ``core, warm cache`` -- the same with a cache that already holds the events'
   hashtags (steady state);
-* ``core + metrics`` -- warm ``score_event`` then ``QualityMetrics.observe``
-  into an ``Exporter()`` (summaries + rolling windows), as the worker does;
+* ``core + metrics`` -- warm ``score_event`` then ``QualityMetrics.observe_many``
+  once per batch of 256 into an ``Exporter()`` (summaries + rolling windows), as the
+  worker does;
 * ``Scorer, bytes -> JSON`` -- ``workers.service.score.Scorer`` ``admit_events`` +
   ``apply_events`` on Kafka-like records in batches of 256 (parse, score, result
   dict, then the metrics callbacks) plus ``json.dumps`` of each result; everything
@@ -253,9 +254,13 @@ def main() -> None:
             for ev, t in zip(events, truths, strict=True):
                 score_event(ev, t, warm, KS, RS)
 
-        def with_metrics() -> None:
-            for ev, t in zip(events, truths, strict=True):
-                metrics.observe(score_event(ev, t, warm, KS, RS), 1_700_000_000.0)
+        def with_metrics() -> None:  # as the worker feeds them: once per batch
+            for i in range(0, len(events), SCORE_BATCH):
+                scored = [
+                    score_event(ev, t, warm, KS, RS)
+                    for ev, t in zip(events[i : i + SCORE_BATCH], truths[i : i + SCORE_BATCH], strict=True)
+                ]
+                metrics.observe_many(scored, [1_700_000_000.0] * len(scored))
 
         def naive() -> None:
             for ev in naive_events:
@@ -264,7 +269,7 @@ def main() -> None:
         modes: dict[str, tuple[Callable[[], None], int]] = {
             "core, cold cache (fresh NeighbourCache)": (core_cold, len(events)),
             "core, warm cache": (core_warm, len(events)),
-            "core + QualityMetrics.observe": (with_metrics, len(events)),
+            "core + QualityMetrics.observe_many": (with_metrics, len(events)),
             "Scorer admit + apply + json.dumps": (scorer_step, len(events)),
             "naive: Annoy per (hashtag, k), no cache": (naive, len(naive_events)),
         }
