@@ -103,3 +103,55 @@ def test_scores_carry_the_corrected_value_beside_the_raw_one(table: NeighbourTab
     # Without a null model (a JSON thesaurus) the raw score is unchanged and nothing is corrected.
     plain = score_event(event, ["h005"], NeighbourCache(table, 20), KS, [1, None])
     assert plain.reval == score.reval and plain.corrected == {}
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    requests=st.lists(
+        st.tuples(
+            st.integers(1, 12),
+            st.lists(
+                st.sampled_from([f"h{i:03d}" for i in range(0, 300, 7)] + ["nope", "nada"]),
+                min_size=1,
+                max_size=8,
+                unique=True,
+            ),
+        ),
+        min_size=1,
+        max_size=40,
+    ),
+    ks=st.lists(st.integers(0, 25), min_size=1, max_size=6),
+)
+def test_a_batch_of_expectations_is_the_same_as_one_at_a_time(
+    table: NeighbourTable, requests: list[tuple[int, list[str]]], ks: list[int]
+) -> None:
+    """expected_many (unions and sums computed for the whole batch) gives exactly what
+    expected gives on a fresh model: the same floats, not just close ones."""
+    batch = ChanceModel(table).expected_many([*requests, *requests[:3]], ks)
+    one_at_a_time = ChanceModel(table)
+    assert batch == [one_at_a_time.expected(m, truth, ks) for m, truth in [*requests, *requests[:3]]]
+
+
+def test_batched_scores_are_the_scores_one_event_at_a_time(table: NeighbourTable) -> None:
+    from stream.scoring import score_events
+    from stream.slices import Bands
+
+    rng = np.random.default_rng(3)
+    names = list(table.hashtags)
+    events = []
+    for i in range(120):
+        recommended = tuple(dict.fromkeys(rng.choice(names, size=int(rng.integers(1, 12)))))
+        truth = tuple(
+            dict.fromkeys(
+                [*rng.choice(names, size=int(rng.integers(1, 8))), "unknown"][: int(rng.integers(1, 9))]
+            )
+        )
+        events.append((Recommendation(str(i), recommended, truth), truth))
+    bands = Bands(table.hashtags, table.counts)
+    batched = score_events(
+        events, NeighbourCache(table, 20, chance=ChanceModel(table), bands=bands), KS, [1, 5, None]
+    )
+    single = NeighbourCache(table, 20, chance=ChanceModel(table), bands=bands)
+    assert [s.to_json() for s in batched] == [
+        score_event(e, t, single, KS, [1, 5, None]).to_json() for e, t in events
+    ]

@@ -146,3 +146,23 @@ def test_recommendation_events() -> None:
         with pytest.raises(RecordError) as info:
             parse_recommendation(raw)
         assert info.value.reason == reason, raw
+
+
+def test_admit_counts_each_record_once_per_batch() -> None:
+    from prometheus_client import generate_latest
+
+    from workers.adapters.exporter import Exporter
+    from workers.service.records import Record, admit
+
+    good = json.dumps({"tweet_id": "1", "recommended": ["a"]}).encode()
+    records = [
+        Record("recs", 0, i, None, None, value) for i, value in enumerate([good, b"{", good, b"[]", good])
+    ]
+    exporter = Exporter()
+    parsed, rejected = admit(records, parse_recommendation, exporter, "score")
+    assert [r.offset for r, _ in parsed] == [0, 2, 4]
+    assert [(r.offset, e.reason) for r, e in rejected] == [(1, "not_json"), (3, "not_object")]
+    text = generate_latest(exporter.registry).decode()
+    assert 'reval_records_consumed_total{topic="recs"} 5.0' in text
+    assert 'reval_records_rejected_total{reason="not_json",topic="recs"} 1.0' in text
+    assert 'reval_records_rejected_total{reason="not_object",topic="recs"} 1.0' in text

@@ -90,3 +90,35 @@ def test_scorer_and_metrics_carry_the_slices() -> None:
     assert lines['reval_hit_ratio_slice_count{k="3",r="all",recommender="mowe",slice="tail"}'] == 1
     labels = {key.split('slice="')[1].split('"')[0] for key in lines if "reval_hit_ratio_slice" in key}
     assert labels <= set(SLICES)
+
+
+def test_metrics_of_a_batch_are_the_metrics_one_event_at_a_time() -> None:
+    """observe_many: the same counters, sums and rolling windows whatever the batches (one
+    event at a time or uneven batches; every sum a running sum in event order)."""
+    cache = neighbour_cache(table(), 3)  # type: ignore[arg-type]
+    rng = np.random.default_rng(1)
+    scores, times = [], []
+    for i in range(200):
+        recommended = tuple(dict.fromkeys(rng.choice([*NAMES, "new"], size=int(rng.integers(0, 5)))))
+        truth = tuple(dict.fromkeys(rng.choice([*NAMES, "sharknado"], size=int(rng.integers(0, 4)))))
+        event = Recommendation(str(i), recommended, truth, recommender=str(rng.choice(["a", "b", "c d"])))
+        scores.append(score_event(event, truth, cache, ks=(0, 1, 3), rs=(1, None)))
+        times.append(1000.0 + 7 * i - (400 if i % 9 == 0 else 0))
+
+    def metrics(feed: object) -> list[str]:
+        exporter = Exporter()
+        quality = QualityMetrics(
+            exporter, (0, 1, 3), (1, None), (300, 3600), LabelGuard(), str, clock=lambda: 2000.0
+        )
+        feed(quality)  # type: ignore[operator]
+        text = generate_latest(exporter.registry).decode()
+        return sorted(line for line in text.splitlines() if "_created" not in line)
+
+    one_at_a_time = metrics(lambda q: [q.observe(s, t) for s, t in zip(scores, times, strict=True)])
+    in_batches = metrics(
+        lambda q: [
+            q.observe_many(scores[i : i + n], times[i : i + n]) for i, n in ((0, 1), (1, 63), (64, 136))
+        ]
+    )
+    assert in_batches == one_at_a_time
+    assert any(line.startswith("reval_hit_ratio_rolling{") for line in one_at_a_time)
