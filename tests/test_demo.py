@@ -93,6 +93,8 @@ def test_the_demo_table_is_live_and_everything_is_cleaned_up(tiny_bertweet: Path
         term.wait_for(r"scored [1-9][\d,]* events", 90)
         first, first_rows = events_scored(term.text()), rows(term.text())
         term.pump(12)
+        # The screen may be caught mid-redraw (the footer not drawn yet): read it once whole.
+        term.wait_for(r"scored [1-9][\d,]* events", 30)
         second, second_rows = events_scored(term.text()), rows(term.text())
         assert second > first, term.text()  # the numbers move while the demo runs
         assert set(second_rows) == {"mowe", "popular", "least-popular", "random"}, term.text()
