@@ -20,7 +20,6 @@ the design allows.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shlex
 import statistics
@@ -31,30 +30,13 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.bench_score_worker import REDIS_URL, scored
+from bench.bench_score_worker import REDIS_URL, scored, to_kafka
 from bench.bench_scoring import clustered_vectors, make_events
 from stream.records import Recommendation
 from workers.adapters.redis_client import clear_prefix
 from workers.adapters.store import AnnoyThesaurus
 from workers.dev.broker import LocalBroker
 from workers.dev.stack import Stack, Worker, wait_for
-
-
-def to_kafka(events: list[Recommendation]) -> list[tuple[bytes, bytes]]:
-    return [
-        (
-            ev.tweet_id.encode(),
-            json.dumps(
-                {
-                    "tweet_id": ev.tweet_id,
-                    "recommender": ev.recommender,
-                    "recommended": list(ev.recommended),
-                    "ground_truth": list(ev.ground_truth or ()),
-                }
-            ).encode(),
-        )
-        for ev in events
-    ]
 
 
 def main() -> None:

@@ -75,6 +75,24 @@ class FixedIncarnations:
         return "bench"
 
 
+def to_kafka(events: list[Any]) -> list[tuple[bytes, bytes]]:
+    """Recommendation events as the records a recommender would produce (key: tweet id)."""
+    return [
+        (
+            ev.tweet_id.encode(),
+            json.dumps(
+                {
+                    "tweet_id": ev.tweet_id,
+                    "recommender": ev.recommender,
+                    "recommended": list(ev.recommended),
+                    "ground_truth": list(ev.ground_truth or ()),
+                }
+            ).encode(),
+        )
+        for ev in events
+    ]
+
+
 def scored(port: int) -> float:
     """The worker's scored events, from its /metrics restricted to that one counter."""
     url = f"http://127.0.0.1:{port}/metrics?name[]=reval_events_total"
@@ -146,22 +164,6 @@ def main() -> None:
             redis_prefix=f"bench-{uuid.uuid4().hex[:8]}",
         )
         scorer = Scorer(settings, Exporter(), client, FixedIncarnations())  # type: ignore[arg-type]
-
-        def to_kafka(events: list[Any]) -> list[tuple[bytes, bytes]]:
-            return [
-                (
-                    ev.tweet_id.encode(),
-                    json.dumps(
-                        {
-                            "tweet_id": ev.tweet_id,
-                            "recommender": ev.recommender,
-                            "recommended": list(ev.recommended),
-                            "ground_truth": list(ev.ground_truth or ()),
-                        }
-                    ).encode(),
-                )
-                for ev in events
-            ]
 
         def wait_scored(target: float) -> None:
             wait_for("every event scored", lambda: scored(worker.port) >= target, 600, 0.1)
