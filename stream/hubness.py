@@ -87,16 +87,47 @@ def exact_candidates(
     sims = np.zeros((n, c), dtype=np.float32)
     if c <= 0:
         return ids, sims
+    everyone = np.arange(n)
     for start in range(0, n, block):
         rows = np.arange(start, min(start + block, n))
         s = unit[rows] @ unit.T
         s[np.arange(len(rows)), rows] = -np.inf
-        top = np.argpartition(-s, c - 1, axis=1)[:, :c]
-        part = np.take_along_axis(s, top, 1)
-        order = np.lexsort((top, -part), axis=1)  # by similarity, then index
-        ids[rows] = np.take_along_axis(top, order, 1)
-        sims[rows] = np.take_along_axis(part, order, 1)
+        ids[rows], sims[rows] = top_per_row(s, everyone, c)
     return ids, sims
+
+
+def top_per_row(
+    sims: npt.NDArray[np.float32], columns: npt.NDArray[np.int64], c: int
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
+    """Per row of ``sims`` (rows x m, column j is item ``columns[j]``, ascending): the ``c``
+    largest as (items, values), largest first, ties by item.  ``c <= m``.
+
+    A full ``argpartition`` of each row costs ~10-20 ns per entry; instead a strided
+    eighth of the row gives a threshold that at least ``c`` entries reach (the c-th
+    largest of a subset is at most the c-th largest of the row), and only the ~8c
+    entries above it are partitioned: ~2 ns per entry, and exact.
+
+    >>> top_per_row(np.array([[0.1, 0.9, 0.5, 0.9]], np.float32), np.array([3, 5, 7, 8]), 2)[0].tolist()
+    [[5, 8]]
+    """
+    rows, m = sims.shape
+    ids = np.empty((rows, c), dtype=np.int64)
+    out = np.empty((rows, c), dtype=np.float32)
+    stride = max(1, min(8, m // (2 * c)))
+    if stride > 1:
+        sample = sims[:, ::stride]
+        floor = np.partition(sample, sample.shape[1] - c, axis=1)[:, sample.shape[1] - c]
+    for i in range(rows):
+        row = sims[i]
+        at = np.flatnonzero(row >= floor[i]) if stride > 1 else np.arange(m)
+        values = row[at]
+        if len(at) > c:
+            keep = np.argpartition(-values, c - 1)[:c]
+            keep.sort()  # back to ascending items, so the stable sort below breaks ties by item
+            at, values = at[keep], values[keep]
+        order = np.argsort(-values, kind="stable")
+        ids[i], out[i] = columns[at[order]], values[order]
+    return ids, out
 
 
 def centred(unit: npt.NDArray[np.floating]) -> npt.NDArray[np.float32]:

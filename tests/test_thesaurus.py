@@ -220,11 +220,9 @@ def test_all_thesauri_satisfy_the_protocol(sports: Thesaurus) -> None:
         assert len(th) == th.metadata.count
 
 
-def test_annoy_agrees_with_exact_on_small_data() -> None:
+def test_nearest_candidates_agree_with_exact_on_small_data() -> None:
     names, vectors = _clustered(300, 8, 5, 0.8, seed=3)
-    annoy = AnnoyThesaurus.build(
-        names, vectors, n_trees=20, search_k=100_000, method="raw", candidates="annoy"
-    )
+    annoy = AnnoyThesaurus.build(names, vectors, n_trees=20, method="raw", candidates="nearest")
     exact = ExactThesaurus.build(names, vectors)
     for h in names[:60]:
         assert set(annoy.neighbours(h, 10)) == set(exact.neighbours(h, 10))
@@ -245,7 +243,7 @@ def test_syn_k_invariants(n: int, dim: int, k: int, seed: int, duplicates: bool)
         vectors[rng.integers(0, n, n)] = vectors[0]
     names = [f"h{i}" for i in range(n)]
     exact = ExactThesaurus.build(names, vectors)
-    annoy = AnnoyThesaurus.build(names, vectors, n_trees=5, search_k=10_000, method="raw", candidates="annoy")
+    annoy = AnnoyThesaurus.build(names, vectors, n_trees=5, method="raw", candidates="nearest")
     for th in (exact, annoy):
         for h in names:
             syn = th.synonyms(h, k)
@@ -263,19 +261,21 @@ def test_syn_k_invariants(n: int, dim: int, k: int, seed: int, duplicates: bool)
 # --------------------------------------------------------------------------- recall
 
 
-def test_annoy_recall_at_10_against_exact() -> None:
+def test_annoy_answers_queries_deeper_than_the_table_with_recall_against_exact() -> None:
     """10,000 clustered 64-d vectors (200 clusters, noisy enough that Annoy's own
-    default search_k gives recall@10 ~0.72); the default search_k must reach 0.95."""
+    default search_k gives recall@10 ~0.72).  The table (exact nearest candidates) is
+    exact; Annoy at the default search_k answers what is deeper than the table and must
+    reach recall 0.95 too."""
     names, vectors = _clustered(10_000, 64, 200, 1.5, seed=0)
-    # The table's candidates from Annoy (not exact), ranked by plain cosine.
-    annoy = AnnoyThesaurus.build(names, vectors, n_trees=50, method="raw", candidates="annoy", depth=10)
+    annoy = AnnoyThesaurus.build(names, vectors, n_trees=50, method="raw", candidates="nearest", depth=10)
     assert annoy.effective_search_k(10) == 5_500
     exact = ExactThesaurus.build(names, vectors)
     queries = np.random.default_rng(1).choice(len(names), size=200, replace=False)
-    recall = [
-        len(set(annoy.neighbours(names[q], 10)) & set(exact.neighbours(names[q], 10))) / 10 for q in queries
-    ]
-    assert float(np.mean(recall)) >= 0.95, f"recall@10 = {np.mean(recall):.4f}"
+    for k in (10, 20):  # 10: the table; 20: deeper than the table, so Annoy
+        recall = [
+            len(set(annoy.neighbours(names[q], k)) & set(exact.neighbours(names[q], k))) / k for q in queries
+        ]
+        assert float(np.mean(recall)) >= 0.95, f"recall@{k} = {np.mean(recall):.4f}"
 
 
 # --------------------------------------------------------------------------- save / load
