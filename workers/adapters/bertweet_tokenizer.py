@@ -43,8 +43,9 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
-from itertools import chain
+from bisect import bisect_right
+from collections.abc import Iterable, Sequence
+from itertools import accumulate, chain
 from pathlib import Path
 from typing import Any
 
@@ -75,10 +76,39 @@ _ODD = regex.compile(rf"[{_ODD_CHARS}]")
 # Whitespace runs a segment may be split at: not between a risky tail and a risky head.
 _SAFE_GAP = regex.compile(rf"(?<![{_TAIL}\s])\s++|(?<!\s)\s++(?![{_HEAD}])")
 
-# Segments the tweet regex provably takes whole: letters only (its word pattern),
-# and plain URLs (its first pattern; the normaliser makes any token starting "http" HTTPURL).
-_LETTERS = re.compile(r"[A-Za-z]+")
-_SIMPLE_URL = re.compile(r"(?i:https?)://[A-Za-z0-9./_\-?=%~+]*[A-Za-z0-9/_\-=%~+]")
+# Segments whose tweet-regex tokens are known without running it (exact shortcuts, checked
+# against the reference's patterns in order; tests/test_bertweet_tokenizer.py has each edge).
+# A segment is a head the regex provably takes as one token, then optionally a rest that it
+# provably tokenises as if it stood alone, so the rest is a segment of its own (cached, and
+# normalised by these shortcuts or the reference). Why each head ends where it does:
+# * url: a plain http(s) URL (the URL pattern comes first). Its rest holds only characters
+#   the pattern may run through but cannot end on, so the longest URL is the head; the
+#   normaliser makes any token starting "http" HTTPURL.
+# * user: "@" and ASCII word characters (the username pattern). Not "@8", "@o8", "@O8" (an
+#   emoticon with "@" as its mouth comes first), nor "@o:" and the like.
+# * tag: "#" and 2+ ASCII word characters (the hashtag pattern; it runs on through "'", "-").
+# * word: ASCII letters. Not "d", "do", "p", "po" in any case (an emoticon mouth and nose
+#   before an eye in the rest), nor http.../www... (URLs). Its rest holds no letter, digit,
+#   "@" (URLs, naked domains and e-mail addresses need one) and cannot start with "'", "-",
+#   "_" (words with apostrophes or dashes run on through them).
+# Heads are ASCII and every rest starts with ASCII punctuation other than "&" (an entity may
+# decode to a word character that the head's pattern would take), so the reference's entity
+# decoding and repeated-character shortening never span the boundary.
+_REST_START = r"""!"#$%()*+,./:;<=>?@\[\\\]^`{|}~"""  # ASCII punctuation but & ' - _
+_SHORTCUT = re.compile(
+    rf"""
+    (?P<url>(?i:https?)://[A-Za-z0-9./_\-?=%~+]*[A-Za-z0-9/_\-=%~+])(?P<url_rest>[`!;:'".,?)]*)
+    | (?P<user>@(?![oO]?[8:;=])[A-Za-z0-9_]+)(?P<user_rest>[{_REST_START}].*)?
+    | (?P<tag>\#[A-Za-z0-9_]{{2,}})(?P<tag_rest>[{_REST_START}].*)?
+    | (?P<word>(?![dDpP][oO]?(?![A-Za-z]))(?!(?i:http|www))[A-Za-z]+)
+      (?P<word_rest>[{_REST_START.replace("@", "")}][{_REST_START.replace("@", "")}'\-_]*)?
+    """,
+    re.VERBOSE | re.DOTALL,
+)
+_MAX_REST = 16  # longer rests go to the reference with their head: bounds chains of suffixes
+
+# Joins a batch's texts for its scans: a NUL token that no scanned pattern crosses.
+_JOIN = f" {_SENTINEL} "
 
 # The normaliser's replacements on the joined tokens, in its order.
 _JOINED_FIXES = (
@@ -115,6 +145,28 @@ def _fix_joined(text: str) -> str:
         for old, new in _JOINED_FIXES[11:]:
             text = text.replace(old, new)
     return text
+
+
+def _stands_alone(norm: str) -> bool:
+    """True if no cross-token replacement of the normaliser can touch a segment with these
+    normalised tokens, whatever its neighbours: its ids are then those of its own words.
+
+    Every replacement but the a.m./p.m. ones needs "'" or "cannot" within one token. Those
+    need " p . m" or " a . m": a "." token with a space on each side, from the segment's own
+    tokens or from the whitespace between segments; a segment holding that "." then has one
+    of the forms tested below (" . m" inside; ". m" at its start; "." alone; "p ." at its end).
+    """
+    if "'" in norm or "cannot" in norm:
+        return False
+    if "." not in norm:
+        return True
+    return not (
+        " . m" in norm
+        or norm.startswith(". m")
+        or norm == "."
+        or norm.endswith((" p .", " a ."))
+        or norm in ("p .", "a .")
+    )
 
 
 def is_bertweet_dir(path: str | Path) -> bool:
@@ -158,9 +210,11 @@ class FastBertweetTokenizer:
         added = sorted((t for t in reference.get_added_vocab() if t), key=len, reverse=True)
         self._added = re.compile("|".join([*map(re.escape, added), re.escape(_EOW)]))
         self._added_firsts = frozenset(t[0] for t in [*added, _EOW])
+        # A batch's texts are scanned joined by _JOIN: right unless an added token could span it.
+        self._scan_joined = not any(c.isspace() or c == _SENTINEL for t in added for c in t)
 
-        # raw segment -> (its normalised tokens joined by " ", the ids of their words)
-        self._segments: dict[str, tuple[str, tuple[int, ...]]] = {}
+        self._norms: dict[str, str] = {}  # raw segment -> its normalised tokens joined by " "
+        self._ids: dict[str, tuple[int, ...]] = {}  # segment -> the ids of its words, if it stands alone
         self._tokens: dict[str, str] = {}  # a tweet-regex token -> normalizeToken(token)
         self._words: dict[str, tuple[int, ...]] = {}  # a normalised word -> its BPE ids
 
@@ -213,30 +267,86 @@ class FastBertweetTokenizer:
             return None
         return [s for s in _SAFE_GAP.split(text) if s]
 
+    def _segment_batch(self, texts: Sequence[str]) -> list[list[str] | None]:
+        """``_segment`` of each text, its scans run once over the whole batch.
+
+        Most texts are split at every whitespace run; the scans find the few that are
+        not (a risky gap, an odd character, an added token's text) and where they are.
+        """
+        joined = _JOIN.join(texts)
+        if not self._scan_joined or joined.count(_SENTINEL) != max(len(texts) - 1, 0):
+            return list(map(self._segment, texts))  # a text holds a NUL: the joined scans could not place it
+        # (position, whole): a text holding a match goes to the reference (whole) or is split at safe gaps.
+        hits = [(m.start(), m.group(1) is None) for m in _SCAN.finditer(joined)]
+        if any(c in joined for c in self._added_firsts):
+            hits += [(m.start(), True) for m in self._added.finditer(joined)]
+        split: list[list[str] | None] = list(map(str.split, texts))
+        if hits:
+            ends = list(accumulate(len(t) + len(_JOIN) for t in texts))  # text i ends before ends[i]
+            whole: dict[int, bool] = {}
+            for pos, to_reference in hits:
+                i = bisect_right(ends, pos)
+                whole[i] = whole.get(i, False) or to_reference
+            for i, to_reference in whole.items():
+                split[i] = None if to_reference else [s for s in _SAFE_GAP.split(texts[i]) if s]
+        return split
+
     def _norm_token(self, token: str) -> str:
         norm = self._tokens.get(token)
         if norm is None:
             norm = self._tokens[token] = str(self.reference.normalizeToken(token))
         return norm
 
-    def _normalise_segments(self, segments: Sequence[str]) -> dict[str, str]:
-        """Each segment's normalised tokens joined by " ": shortcuts, else one reference call."""
-        out: dict[str, str] = {}
-        rest: list[str] = []
-        for seg in segments:
-            if _LETTERS.fullmatch(seg):  # the tweet regex's word pattern takes it whole
-                out[seg] = self._norm_token(seg)
-            elif _SIMPLE_URL.fullmatch(seg):  # its URL pattern (the first) takes it whole
-                out[seg] = "HTTPURL"
-            else:
-                rest.append(seg)
-        # Misses go through the reference together, a NUL token between them
-        # (segments holding a NUL one at a time).
-        batches = [[s for s in rest if _SENTINEL not in s]] + [[s] for s in rest if _SENTINEL in s]
+    def _normalise_segments(self, segments: Iterable[str]) -> list[str]:
+        """Cache each segment's normalised tokens joined by " ": shortcuts, else one reference call.
+        Returns the segments normalised: these and the new rests of shortcut ones."""
+        norms = self._norms
+        split: dict[str, tuple[str, str]] = {}  # segment -> (its head's normalised token, its rest)
+        rest_of_batch: list[str] = []
+        todo = list(segments)
+        seen = set(todo)
+        while todo:  # rests are segments too, and may be new
+            more: list[str] = []
+            for seg in todo:
+                text = seg
+                if "’" in text or "…" in text:  # the reference replaces these first
+                    for old, new in _PUNCTS:
+                        text = text.replace(old, new)
+                found = _SHORTCUT.fullmatch(text)
+                if found is None:
+                    rest_of_batch.append(seg)
+                    continue
+                if (head := found["url"]) is not None:
+                    head_norm = "HTTPURL"
+                elif (head := found["user"]) is not None:
+                    head_norm = "@USER"
+                else:
+                    head = found["tag"] or found["word"]
+                    head_norm = self._norm_token(head)
+                rest = text[len(head) :]
+                if len(rest) > _MAX_REST:
+                    rest_of_batch.append(seg)
+                    continue
+                split[seg] = (head_norm, rest)
+                if rest and rest not in seen and rest not in norms:
+                    seen.add(rest)
+                    more.append(rest)
+            todo = more
+        self._normalise_by_reference(rest_of_batch)
+        for seg in sorted(split, key=len):  # a rest is shorter than its segment: known by then
+            head_norm, rest = split[seg]
+            rest_norm = norms[rest] if rest else ""
+            norms[seg] = f"{head_norm} {rest_norm}" if rest_norm else head_norm
+        return [*rest_of_batch, *split]
+
+    def _normalise_by_reference(self, segments: Sequence[str]) -> None:
+        """The reference's tokens of ``segments``, normalised: one call, a NUL token between
+        them (segments holding a NUL one at a time)."""
+        batches = [[s for s in segments if _SENTINEL not in s]] + [[s] for s in segments if _SENTINEL in s]
         for batch in batches:
             if not batch:
                 continue
-            joined = f" {_SENTINEL} ".join(batch)
+            joined = _JOIN.join(batch)
             for old, new in _PUNCTS:
                 joined = joined.replace(old, new)
             tokens: list[list[str]] = [[]]
@@ -248,8 +358,7 @@ class FastBertweetTokenizer:
             if len(tokens) != len(batch):
                 raise AssertionError("a NUL separator was absorbed into a token")  # see the module docstring
             for seg, toks in zip(batch, tokens, strict=True):
-                out[seg] = " ".join(toks)
-        return out
+                self._norms[seg] = " ".join(toks)
 
     def _fill_words(self, new_words: list[str]) -> None:
         """BPE ``new_words`` in Rust, one call, and cache their ids."""
@@ -263,49 +372,42 @@ class FastBertweetTokenizer:
             self._words[word] = tuple(ids)
 
     def _fill_segments(self, segments: Sequence[str]) -> None:
-        """Normalise ``segments``, BPE their new words, cache both."""
-        norms = self._normalise_segments(segments)
-        words = self._words
-        new_words = list({w: None for n in norms.values() for w in n.split() if w not in words})
+        """Normalise ``segments``, BPE their new words, cache the ids of those that stand alone."""
+        new = self._normalise_segments(segments)
+        norms, words = self._norms, self._words
+        new_words = list({w: None for s in new for w in norms[s].split() if w not in words})
         if new_words:
             self._fill_words(new_words)
-        for seg, norm in norms.items():
-            self._segments[seg] = (norm, tuple(chain.from_iterable(map(words.__getitem__, norm.split()))))
+        for seg in new:
+            norm = norms[seg]
+            if _stands_alone(norm):
+                self._ids[seg] = tuple(chain.from_iterable(map(words.__getitem__, norm.split())))
 
     def _trim_caches(self) -> None:
-        for cache in (self._segments, self._tokens, self._words):
+        if len(self._norms) > _CACHE_LIMIT:  # these two stay consistent: _ids is a subset of _norms
+            self._norms.clear()
+            self._ids.clear()
+        for cache in (self._tokens, self._words):
             if len(cache) > _CACHE_LIMIT:
                 cache.clear()
 
-    def _ids_or_words(self, segments: list[str]) -> tuple[list[int] | None, list[str]]:
-        """The ids of a text's words (no special tokens) from its cached ``segments`` or,
-        where the normaliser's cross-token replacements apply, ``None`` and its words."""
-        vals = list(map(self._segments.__getitem__, segments))
-        joined = " ".join([v[0] for v in vals if v[0]])
-        if "'" in joined or "cannot " in joined or " . m" in joined:
-            return None, _fix_joined(joined).split()
-        return list(chain.from_iterable([v[1] for v in vals])), []
-
     def _prepare(self, texts: Sequence[str]) -> list[list[str] | None]:
-        """Each text's segments (``None``: left to the reference), all of them cached."""
+        """Each text's segments (``None``: left to the reference), all of them normalised."""
         self._trim_caches()
-        split = list(map(self._segment, texts))
-        cache = self._segments
-        missing = {s: None for segs in split if segs is not None for s in segs if s not in cache}
+        split = self._segment_batch(texts)
+        missing = set().union(*[segs for segs in split if segs is not None]).difference(self._norms)
         if missing:
             self._fill_segments(list(missing))
         return split
 
+    def _joined_words(self, segments: list[str]) -> list[str]:
+        """A text's normalised words, the reference's cross-token replacements done."""
+        joined = " ".join([n for n in map(self._norms.__getitem__, segments) if n])
+        return _fix_joined(joined).split()
+
     def normalize_batch(self, texts: Sequence[str]) -> list[str | None]:
         """The reference's ``normalizeTweet`` of each text; ``None`` for texts left to the reference."""
-        out: list[str | None] = []
-        for segs in self._prepare(texts):
-            if segs is None:
-                out.append(None)
-                continue
-            joined = " ".join([n for n, _ in map(self._segments.__getitem__, segs) if n])
-            out.append(" ".join(_fix_joined(joined).split()))
-        return out
+        return [None if segs is None else " ".join(self._joined_words(segs)) for segs in self._prepare(texts)]
 
     # -- ids -------------------------------------------------------------------
 
@@ -316,33 +418,50 @@ class FastBertweetTokenizer:
         limit = self.model_max_length if max_length is None else int(max_length)
         if limit < 2:
             raise ValueError("max_length must be at least 2 (room for <s> and </s>)")
-        room = limit - 2
-        left = self.truncation_side == "left"
-        bos, eos = [self.bos_token_id], [self.eos_token_id]
-        rows = [None if segs is None else self._ids_or_words(segs) for segs in self._prepare(texts)]
-        # Words made by the cross-token replacements ("n't", "'s" ...) may be new.
-        words = self._words
-        new_words = {w: None for row in rows if row is not None for w in row[1] if w not in words}
-        if new_words:
-            self._fill_words(list(new_words))
+        bos, eos = self.bos_token_id, self.eos_token_id
+        split = self._prepare(texts)
+        segment_ids = self._ids.__getitem__
         out: list[list[int]] = []
+        joined_rows: list[int] = []  # texts the cross-token replacements may touch
         reference_rows: list[int] = []
-        for i, row in enumerate(rows):
-            if row is None:
+        # The hot loop: a few C-level calls per text. A segment missing from _ids is one
+        # whose tokens a neighbour's may combine with (_stands_alone).
+        for i, segs in enumerate(split):
+            if segs is None:
                 reference_rows.append(i)
                 out.append([])
                 continue
-            ids = row[0] if row[0] is not None else list(chain.from_iterable(map(words.__getitem__, row[1])))
-            # transformers cannot truncate to nothing (max_length 2): it logs an error and
-            # keeps the whole text. Same ids as the reference, so the same here.
-            if len(ids) > room > 0:
-                ids = ids[len(ids) - room :] if left else ids[:room]
-            out.append(bos + ids + eos)
+            try:
+                out.append([bos, *chain.from_iterable(map(segment_ids, segs)), eos])
+            except KeyError:
+                joined_rows.append(i)
+                out.append([])
+        if joined_rows:
+            self._encode_joined(split, joined_rows, out)
         if reference_rows:
             ref = self.reference([texts[i] for i in reference_rows], truncation=True, max_length=limit)
             for i, ref_ids in zip(reference_rows, ref["input_ids"], strict=True):
                 out[i] = list(ref_ids)
+        room = limit - 2
+        # transformers cannot truncate to nothing (max_length 2): it logs an error and
+        # keeps the whole text. Same ids as the reference, so the same here.
+        if room > 0 and max(map(len, out), default=0) > limit:
+            left = self.truncation_side == "left"
+            for i, row in enumerate(out):
+                if len(row) > limit:  # the reference's rows are already truncated
+                    out[i] = [bos, *(row[len(row) - 1 - room : -1] if left else row[1 : room + 1]), eos]
         return out
+
+    def _encode_joined(self, split: list[list[str] | None], rows: list[int], out: list[list[int]]) -> None:
+        """``out[i]`` (untruncated) for texts whose words come from the joined normalisation."""
+        words_of = [self._joined_words(split[i] or []) for i in rows]
+        words = self._words
+        new_words = {w: None for ws in words_of for w in ws if w not in words}
+        if new_words:  # words made by the replacements ("n't", "'s" ...) may be new
+            self._fill_words(list(new_words))
+        bos, eos = self.bos_token_id, self.eos_token_id
+        for i, ws in zip(rows, words_of, strict=True):
+            out[i] = [bos, *chain.from_iterable(map(words.__getitem__, ws)), eos]
 
     def __call__(self, texts: Sequence[str], max_length: int | None = None) -> list[list[int]]:
         return self.encode_batch(texts, max_length)
