@@ -61,6 +61,7 @@ from workers.adapters.redis_client import clear_prefix
 from workers.adapters.store import AnnoyThesaurus
 from workers.dev.broker import LocalBroker
 from workers.dev.stack import Stack, wait_for
+from workers.service.runtime import encode_json
 from workers.service.score import SCORE_BATCH, Scorer, collect_less_often
 from workers.settings import Settings
 
@@ -195,7 +196,7 @@ def main() -> None:
                 items, _ = scorer.admit_events(records[i : i + SCORE_BATCH])
                 outcome = scorer.apply_events(items)
                 for out in outcome.outputs:  # as the runtime encodes an output
-                    json.dumps(out.value, ensure_ascii=False, separators=(",", ":")).encode()
+                    encode_json(out.value)
                 for after in outcome.after:
                     after()
             return time.perf_counter() - t0

@@ -62,6 +62,11 @@ def create_app(
         broker_session_timeout=settings.session_timeout_s,
         broker_heartbeat_interval=min(3.0, settings.session_timeout_s / 3),
         producer_max_request_size=settings.max_message_bytes,
+        # One producer batch per partition can hold a whole step batch's outputs (256 scores
+        # of ~2.4 KB): aiokafka keeps one batch per partition in flight, so at its 16 KB
+        # default a batch's outputs went out in ~10 broker round trips one after another.
+        # The broker's message.max.bytes bounds a batch as it does a record.
+        producer_max_batch_size=settings.max_message_bytes,
         Monitor=lag_monitor(exporter.lag, [settings.topic_tweets, settings.topic_recommendations]),
         **settings.faust_options(),
         **faust_compat.app_settings(),
