@@ -15,12 +15,14 @@ from dataclasses import dataclass, field
 from itertools import chain
 from typing import Any
 
+import numpy as np
+
 from stream.chance import ChanceModel, corrected
 from stream.metrics import FAR, ExactScores, Mean, exact_from_ranks, rank_matrix, reval_by_k
 from stream.rank import DCG, RankWeights, ranked_by_k
 from stream.records import Recommendation
 from stream.slices import Bands, columns_by_slice, slice_scores
-from stream.thesaurus import Thesaurus
+from stream.thesaurus import NeighbourTable, Thesaurus
 
 DEFAULT_KS: tuple[int, ...] = (0, 5, 10, 20, 30, 40, 50, 60, 70)
 DEFAULT_RS: tuple[int | None, ...] = (1, 5, 10)
@@ -66,6 +68,10 @@ class NeighbourCache:
     not cached (Syn(h) = {h}), and the cache is bounded (least recently used go
     first), so a stream of ever-new hashtags cannot grow it without limit.
 
+    A neighbour table (``thesaurus`` itself, or ``table`` behind it) is searched instead
+    (:class:`RowSearch`): no per-hashtag state, so the first event of a version scores as
+    fast as the next ones.
+
     ``chance`` is the version's null model (:class:`stream.chance.ChanceModel`); with it,
     scores carry the chance-corrected #REval-hit-ratio too.
     """
@@ -78,6 +84,7 @@ class NeighbourCache:
         *,
         chance: ChanceModel | None = None,
         bands: Bands | None = None,
+        table: NeighbourTable | None = None,
     ) -> None:
         self.thesaurus = thesaurus
         #: The version's popularity bands (:mod:`stream.slices`); None: no slices.
@@ -87,6 +94,12 @@ class NeighbourCache:
         self.chance = chance
         self._ranks: OrderedDict[str, dict[str, int]] = OrderedDict()
         self.queries = 0
+        if table is None and isinstance(thesaurus, NeighbourTable):
+            table = thesaurus
+        # Larger tables than a string can index (over a million hashtags) keep the dictionaries.
+        self._search = (
+            RowSearch(table, max_k) if table is not None and len(table) <= RowSearch.LIMIT else None
+        )
 
     @property
     def version(self) -> str:
@@ -109,8 +122,78 @@ class NeighbourCache:
             self._ranks.popitem(last=False)
         return found
 
+    def matrix(self, recommended: Sequence[str], truth: Sequence[str]) -> list[list[int]]:
+        """:func:`stream.metrics.rank_matrix` with :meth:`ranks` (the same matrix)."""
+        if self._search is not None:
+            return self._search.matrix(recommended, truth)
+        return rank_matrix(recommended, truth, self.ranks)
+
     def known(self, hashtag: str) -> bool:
         return hashtag in self.thesaurus
+
+
+class RowSearch:
+    """Synonym ranks read straight from a neighbour table's rows, for every hashtag at once.
+
+    Building a ``{synonym: rank}`` dictionary for each new hashtag made the first pass over a
+    version ~3x slower than the next (issue 12 §4); a search in the row costs the same every
+    time.  Each row's first ``max_k`` neighbour ids (without the -1 gaps, as
+    :meth:`stream.thesaurus.NeighbourTable.neighbours` reads them) are one stretch of a
+    string, id i as the character ``chr(i + 1)`` (``chr(0)`` pads): ``str.find`` of a ground
+    truth's character in a recommended hashtag's stretch is its rank - 1, and a neighbour
+    listed twice keeps its first rank, as :meth:`NeighbourCache.ranks` does.  Memory: 2 bytes
+    per table entry below 65,535 hashtags, 4 above (28 MB at 100,000 x 70).
+
+    >>> from stream.thesaurus import build_neighbour_table
+    >>> unit = np.array([[1.0, 0.0], [0.8, 0.6], [0.0, 1.0]])
+    >>> table = build_neighbour_table(["a", "b", "c"], unit, depth=2, method="raw")
+    >>> RowSearch(table, 2).matrix(["a", "c", "new"], ["b", "c", "new"])
+    [[1, 2, 1073741824], [1, 0, 1073741824], [1073741824, 1073741824, 0]]
+    """
+
+    #: Hashtags a table may have: one character each (Unicode ends at 0x10FFFF).
+    LIMIT = 0x10FFFF
+
+    def __init__(self, table: NeighbourTable, max_k: int) -> None:
+        if max_k > table.depth and table.depth < len(table) - 1:
+            raise ValueError(f"this thesaurus holds {table.depth} neighbours per hashtag; k={max_k} is more")
+        if len(table) > self.LIMIT:
+            raise ValueError(f"{len(table)} hashtags: more than {self.LIMIT} characters")
+        ids = table.neighbour_ids[:, :max_k]
+        if np.any((ids[:, :-1] < 0) & (ids[:, 1:] >= 0)):
+            # A gap before a neighbour: the neighbours after it move up (stable sort, -1s last).
+            ids = np.take_along_axis(ids, np.argsort(ids < 0, axis=1, kind="stable"), axis=1)
+        # UTF-32 is how to make a string of these characters at once; lone surrogates included.
+        self._rows = (ids + 1).astype("<u4").tobytes().decode("utf-32-le", "surrogatepass")
+        self._width = ids.shape[1]
+        self._ids = {name: i for i, name in enumerate(table.hashtags)}
+
+    def matrix(self, recommended: Sequence[str], truth: Sequence[str]) -> list[list[int]]:
+        """:func:`stream.metrics.rank_matrix` of ``recommended`` x ``truth`` on this table."""
+        index, find, width = self._ids.get, self._rows.find, self._width
+        columns = []
+        for g in truth:
+            j = index(g)
+            columns.append((g, j, None if j is None else chr(j + 1)))
+        matrix = []
+        for h in recommended:
+            i = index(h)
+            if i is None:  # Syn(h) = {h}
+                matrix.append([0 if g == h else FAR for g, _, _ in columns])
+                continue
+            start = i * width
+            end = start + width
+            row = []
+            for _, j, char in columns:
+                if j == i:
+                    row.append(0)
+                elif char is None:  # a ground truth the thesaurus lacks: no one's synonym
+                    row.append(FAR)
+                else:
+                    at = find(char, start, end)
+                    row.append(FAR if at < 0 else at - start + 1)
+            matrix.append(row)
+        return matrix
 
 
 @dataclass(frozen=True)
@@ -196,7 +279,7 @@ def score_event(
         return EventScore(**base, unscorable="empty_recommended")  # type: ignore[arg-type]
     if not truth:
         return EventScore(**base, unscorable="empty_ground_truth")  # type: ignore[arg-type]
-    matrix = rank_matrix(recommended, truth, cache.ranks)
+    matrix = cache.matrix(recommended, truth)
     n_truth = len(truth)
     chance, bands = cache.chance, cache.bands
     columns = columns_by_slice(truth, bands) if bands is not None else {}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import numpy.typing as npt
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -11,7 +12,7 @@ from stream.chance import ChanceModel, corrected
 from stream.metrics import rank_matrix, reval_by_k
 from stream.records import Recommendation
 from stream.scoring import NeighbourCache, score_event
-from stream.thesaurus import NeighbourTable, build_neighbour_table
+from stream.thesaurus import NeighbourTable, ThesaurusMetadata, build_neighbour_table
 
 KS = [0, 1, 5, 10, 20]
 
@@ -155,3 +156,77 @@ def test_batched_scores_are_the_scores_one_event_at_a_time(table: NeighbourTable
     assert [s.to_json() for s in batched] == [
         score_event(e, t, single, KS, [1, 5, None]).to_json() for e, t in events
     ]
+
+
+def reference_mass(
+    model: ChanceModel, table: NeighbourTable, g: int, ks: list[int]
+) -> npt.NDArray[np.float64]:
+    """w(A_g(k)) as it was computed before the precomputed grid: a cumulative sum over g's
+    (rank, holder) entries (every table entry naming g, and g itself at rank 0)."""
+    entries = sorted(
+        [
+            (rank, h)
+            for h, row in enumerate(table.neighbour_ids.tolist())
+            for rank, j in enumerate(row, 1)
+            if j == g
+        ]
+        + [(0, g)]
+    )
+    cumulative = np.concatenate([[0.0], np.cumsum(model._w[[h for _, h in entries]])])
+    return cumulative[np.searchsorted([rank for rank, _ in entries], np.asarray(ks), side="right")]
+
+
+def reference_expected(
+    model: ChanceModel, table: NeighbourTable, m: int, truth: list[str], ks: list[int]
+) -> list[float]:
+    """Expected value for m > |G| as it was computed before the tables, one g at a time:
+    the mean over G of 1 - prod_t clip(1 - w(A_g(k)) * scale_t)."""
+    total = np.zeros(len(ks))
+    for name in truth:
+        if name in table:
+            mass = reference_mass(model, table, table.hashtags.index(name), ks)
+            total += 1.0 - np.prod(np.clip(1.0 - mass[..., None] * model._schedule(m), 0.0, 1.0), axis=-1)
+    return (total / len(truth)).tolist()
+
+
+@pytest.mark.parametrize("m", [2, 3, 5, 9, 10, 11, 14])
+def test_tabled_hit_probabilities_are_the_per_hashtag_ones(table: NeighbourTable, m: int) -> None:
+    """Every hashtag's terms, computed for all at once (m <= 10 from tables built one draw at a
+    time, beyond it for the event's hashtags only), are the same floats as one g at a time."""
+    ks = [0, 1, 2, 5, 10, 19, 20, 30]
+    model = ChanceModel(table)
+    names = list(table.hashtags)
+    for g in range(0, len(names), 3):
+        truth = list(dict.fromkeys([names[g]] if g % 2 else [names[g], names[(g * 7) % len(names)], "nope"]))
+        if m > len(truth):
+            assert model.expected(m, truth, ks) == reference_expected(model, table, m, truth, ks)
+
+
+SmallTable = tuple[list[list[int]], list[int], list[int], int]
+
+
+def _small_tables(n: int) -> st.SearchStrategy[SmallTable]:
+    """Rows of n hashtags with gaps, duplicates and self entries; counts (zeros too); ks; m."""
+    return st.tuples(
+        st.lists(st.lists(st.integers(-1, n - 1), min_size=4, max_size=4), min_size=n, max_size=n),
+        st.lists(st.integers(0, 5), min_size=n, max_size=n),
+        st.lists(st.integers(-1, 6), min_size=1, max_size=5),
+        st.integers(2, 12),
+    )
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.integers(2, 8).flatmap(_small_tables))
+def test_masses_by_rank_are_the_per_hashtag_sums(case: SmallTable) -> None:
+    """On tables with gaps, duplicates, self entries and zero counts, the expectations from the
+    precomputed w(A_g(k)) are the per-g cumulative sums' (m = 1) and hit terms' (m > 1)."""
+    rows, counts, ks, m = case
+    n = len(rows)
+    metadata = ThesaurusMetadata(
+        model_id="t", dimension=1, count=n, built_at="", version="v", n_trees=0, metric="cosine", min_count=1
+    )
+    small = NeighbourTable([f"h{i}" for i in range(n)], rows, np.zeros((n, 4), np.float32), counts, metadata)
+    model = ChanceModel(small)
+    for g, name in enumerate(small.hashtags):
+        assert model.expected(1, [name], ks) == reference_mass(model, small, g, ks).tolist()
+        assert model.expected(m, [name], ks) == reference_expected(model, small, m, [name], ks)

@@ -2,14 +2,15 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stream.metrics import exact_scores, reval_hit_ratio
+from stream.metrics import FAR, exact_scores, rank_matrix, reval_hit_ratio
 from stream.records import Recommendation
-from stream.scoring import NeighbourCache, Summary, parse_ints, r_label, score_event
-from stream.thesaurus import JsonThesaurus
+from stream.scoring import NeighbourCache, RowSearch, Summary, parse_ints, r_label, score_event
+from stream.thesaurus import JsonThesaurus, NeighbourTable, ThesaurusMetadata
 
 from .test_metrics import TABLE2_SYN
 
@@ -107,3 +108,69 @@ def test_fast_grid_equals_the_reference_definition(recommended, truth, table) ->
             assert got == expected
         exact = exact_scores(top, list(truth))
         assert (None if result.unscorable else result.exact[r_label(r)]) == exact
+
+
+def _table(rows: list[list[int]], names: list[str] | None = None) -> NeighbourTable:
+    n, depth = len(rows), max((len(r) for r in rows), default=0)
+    ids = np.full((n, depth), -1, dtype=np.int32)
+    for i, row in enumerate(rows):
+        ids[i, : len(row)] = row
+    metadata = ThesaurusMetadata(
+        model_id="t", dimension=1, count=n, built_at="", version="v", n_trees=0, metric="cosine", min_count=1
+    )
+    names = names or [f"h{i}" for i in range(n)]
+    return NeighbourTable(names, ids, np.zeros(ids.shape, np.float32), np.ones(n, np.int64), metadata)
+
+
+TableCase = tuple[list[list[int]], list[str], list[str], int]
+
+
+def _table_cases(n: int) -> st.SearchStrategy[TableCase]:
+    """n hashtags' rows with gaps (-1), duplicates and the hashtag itself (whatever a table
+    file may hold), recommended and true hashtags (some unknown) and a max_k."""
+    known = [f"h{i}" for i in range(n)]
+    return st.tuples(
+        st.lists(st.lists(st.integers(-1, n - 1), min_size=6, max_size=6), min_size=n, max_size=n),
+        st.lists(st.sampled_from([*known, "new"]), max_size=7, unique=True),
+        st.lists(st.sampled_from([*known, "new", "other"]), max_size=5, unique=True),
+        st.integers(0, 8),
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 9).flatmap(_table_cases))
+def test_row_search_is_the_rank_dictionaries_matrix(case: TableCase) -> None:
+    """The table path (no per-hashtag state) gives the matrix of the per-hashtag dictionaries."""
+    rows, recommended, truth, max_k = case
+    table = _table(rows)
+    if max_k > table.depth and table.depth < len(table) - 1:
+        with pytest.raises(ValueError, match="neighbours per hashtag"):
+            NeighbourCache(table, max_k)
+        return
+    cache = NeighbourCache(table, max_k)
+    assert cache.matrix(recommended, truth) == rank_matrix(recommended, truth, cache.ranks)
+    assert RowSearch(table, max_k).matrix(recommended, truth) == cache.matrix(recommended, truth)
+
+
+def test_row_search_beyond_two_byte_characters() -> None:
+    """Ids past 0xFFFF and in the surrogate range are characters of the string too."""
+    n = 70_000
+    picks = [0, 5, 0xD7FE, 0xD7FF, 0xD800, 0xDBFF, 0xDFFF, 0xE000, 0xFFFE, 0xFFFF, 0x10000, n - 1]
+    rows: list[list[int]] = [[] for _ in range(n)]
+    for i, h in enumerate(picks):
+        rows[h] = [picks[(i + d) % len(picks)] for d in (1, 3, 5, 7)]
+    table = _table(rows)
+    cache = NeighbourCache(table, 4)
+    names = [f"h{i}" for i in picks]
+    assert cache.matrix(names, names) == rank_matrix(names, names, cache.ranks)
+    assert cache.matrix(names, names)[0] == [0, 1, FAR, 2, FAR, 3, FAR, 4, FAR, FAR, FAR, FAR]
+
+
+def test_a_table_needs_no_state_per_hashtag() -> None:
+    """Scoring on a neighbour table asks the thesaurus nothing: the first event of a version
+    costs what the next ones cost (issue 12 §4)."""
+    table = _table([[1, 2], [0, 2], [1, 0]], ["swim", "dive", "sport"])
+    cache = NeighbourCache(table, 2)
+    score = score_event(Recommendation("1", ("swim", "golf")), ("sport",), cache, ks=(0, 1, 2))
+    assert score.reval["all"] == {0: 0.0, 1: 0.0, 2: 1.0}
+    assert cache.queries == 0 and not cache._ranks

@@ -695,7 +695,8 @@ def neighbour_cache(thesaurus: Thesaurus, max_k: int) -> NeighbourCache:
     if not isinstance(table, NeighbourTable):
         return NeighbourCache(thesaurus, max_k=max_k)
     bands = Bands(table.hashtags, table.counts)
-    return NeighbourCache(thesaurus, max_k=max_k, chance=ChanceModel(table), bands=bands)
+    # Ranks searched in the table's rows: no per-hashtag state, cold as fast as warm.
+    return NeighbourCache(thesaurus, max_k=max_k, chance=ChanceModel(table), bands=bands, table=table)
 
 
 def build_from_means(
