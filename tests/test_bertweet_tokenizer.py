@@ -9,9 +9,11 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from transformers import BertweetTokenizer
 
-from workers.adapters.bertweet_tokenizer import FastBertweetTokenizer, is_bertweet_dir
+from workers.adapters.bertweet_tokenizer import _SHORTCUT, FastBertweetTokenizer, is_bertweet_dir
 from workers.adapters.encoder import Encoder
 from workers.adapters.feeds import sample_feed
 from workers.commands.tokenize import tokenize_stream
@@ -225,3 +227,111 @@ def test_reval_tokenize_command(tiny_bertweet: Path, feed: list[str]) -> None:
     assert outputs[0] == outputs[1]
     rows = [json.loads(line) for line in outputs[0].splitlines()]
     assert len(rows) == 200 and all(row[0] == 0 and row[-1] == 2 for row in rows)  # <s> ... </s>
+
+
+# -- The exact shortcuts past the tweet regex (issue 12 §1): each edge against the reference. --
+
+SHORTCUT_CASES = [
+    # URLs, then characters the URL pattern may run through but not end on
+    "see http://t.co/AbC123. http://t.co/x, http://t.co/y... https://t.co/z?! http://t.co/q) http://t.co/r:",
+    "http://t.co/a'b http://t.co/a' http://t.co/a\" (http://t.co/b) http://t.co/c… HTTPS://T.CO/D.",
+    "http://t.co/a.b.c. http://t.co/x?y=1&z=2 http://t.co/x/ http://t.co/x-_~+%. http://t.co/x;",
+    # mentions: trailing punctuation, emoticon-like starts, what the username pattern runs on through
+    "@user: @user, @user. @user! @user) @user... @user's @user’s @user- @user_ @a@b @user:) @user:D",
+    "@o8 @o8user @8ball @O8 @o: @o; @oa @Oscar: @do: @_ @_: @x&amp; @x&#97;b @abcé @abc😂 @user…",
+    '@user:https://t.co/x @user.@other: @user!!!! @user"quoted" @user:' + "!" * 40,
+    # hashtags
+    "#Boston. #Boston's #Boston’s #a-b #ab- #ab_ #a. #ab: #2013! #ab&amp; #abé #ab😂 ##ab. #ab#cd",
+    # ASCII words, then punctuation
+    "Design. flood, help! really?? wow!!!! what... Word.com word.@x word.x word._ word.- word:) word:(",
+    "D: Do: d8 DO: p; Po: Dog: pop: dope. http: https:/// www. HTTP. ab:/ x.. y...z a. I.",
+    # contractions and the normaliser's cross-token replacements next to shortcut segments
+    "I can't. don't, won't! cannot. Cannot cannot, ain't? I'm. you're, he's! we'll. they'd? I've...",
+    "don't don’t don't… it's. it’s, rock'n'roll! o'clock. 'quoted' 'x. x'. cannot' #cannot",
+    # a.m. / p.m. across segments
+    "at 5 p. m. or 6 a. m today p . m . a . m x p. m y a.m. p.m. P. M. p .m",
+    "p. m p . m a. m. a . m. p.m p . a .",
+    "x,p. m today (a. m. now x,a. m y (p. m. z .p. m",
+    "at 5 p. m today",  # each a.m./p.m. form in a text of its own: no other segment sends it
+    "6 a. m. ok",  # to the joined path
+    "x,p. m today",
+    "x . m. y",
+    "it .p. m",
+    "ok p.m now",
+    "5 p .m today",
+    "5 p . m today",
+    "we cannot stop",
+    # entities, emoji and non-ASCII next to otherwise plain segments
+    "word&amp; &amp;word word;&amp; x&#46; Fish&amp;chips 😂. 😂word word😂 é. café. naïve!",
+]
+
+
+def test_shortcut_cases(slow: BertweetTokenizer) -> None:
+    together = FastBertweetTokenizer(slow)
+    assert together.encode_batch(SHORTCUT_CASES, MAX) == _slow_ids(slow, SHORTCUT_CASES)
+    for text in SHORTCUT_CASES:
+        alone = FastBertweetTokenizer(slow)  # cold caches: every segment new
+        assert alone.encode_batch([text], MAX) == _slow_ids(slow, [text]), text
+        assert alone.normalize_batch([text]) == [slow.normalizeTweet(text)], text
+        for segment in text.split():
+            assert alone.normalize_batch([segment]) == [slow.normalizeTweet(segment)], segment
+
+
+def _assert_shortcut_is_the_reference(slow: BertweetTokenizer, segment: str) -> None:
+    """Where a shortcut applies, the tweet regex's tokens are its head, then the rest's own tokens."""
+    text = segment.replace("’", "'").replace("…", "...")
+    found = _SHORTCUT.fullmatch(text)
+    if found is None:
+        return
+    head = next(found[g] for g in ("url", "user", "tag", "word") if found[g] is not None)
+    rest = text[len(head) :]
+    tokens = slow.tweetPreprocessor.tokenize(text)
+    assert tokens == [head, *slow.tweetPreprocessor.tokenize(rest)], segment
+
+
+def test_each_shortcut_segment_is_tokenised_as_the_reference_does(slow: BertweetTokenizer) -> None:
+    segments = {s for text in SHORTCUT_CASES for s in text.split()}
+    assert sum(_SHORTCUT.fullmatch(s) is not None for s in segments) > 40  # the cases do exercise them
+    for segment in segments:
+        _assert_shortcut_is_the_reference(slow, segment)
+
+
+# Pieces glued into segments (or not) by the property test: shortcut heads, the characters
+# that end them or run them on, emoticon parts, entities, contractions, a.m./p.m. parts.
+_PIECES = [
+    *"ap.mPdDoO8:;=@#_-'’…&)(!?,\"<>/5é😂",
+    "http://t.co/Ab1",
+    "https://x.co/a.b",
+    "www.x.com",
+    "user",
+    "Boston",
+    "cannot",
+    "n't",
+    "do",
+    "&amp;",
+    "&#97;",
+    "...",
+    "555",
+    "1234",
+]
+
+
+@settings(max_examples=300, deadline=None)
+@given(pieces=st.lists(st.tuples(st.sampled_from(_PIECES), st.sampled_from(["", "", "", " "])), max_size=14))
+def test_random_glued_pieces_match_the_reference(
+    slow: BertweetTokenizer, fast: FastBertweetTokenizer, pieces: list[tuple[str, str]]
+) -> None:
+    text = "".join(piece + gap for piece, gap in pieces)
+    assert fast.encode_batch([text], MAX) == _slow_ids(slow, [text]), text
+    assert fast.normalize_batch([text]) == [slow.normalizeTweet(text)], text
+    for segment in text.split():
+        _assert_shortcut_is_the_reference(slow, segment)
+
+
+def test_batch_scan_equals_one_text_at_a_time(feed: list[str], fast: FastBertweetTokenizer) -> None:
+    texts = feed[:3000] + HARD_CASES + SHORTCUT_CASES + ["a\x00b 5 6", "x"]
+    for i in range(0, len(texts), 1024):
+        batch = texts[i : i + 1024]
+        assert fast._segment_batch(batch) == [fast._segment(t) for t in batch]
+    with_nul = ["5 6 \x00 7", "1 2"]  # a NUL in a text: classified one by one
+    assert fast._segment_batch(with_nul) == [fast._segment(t) for t in with_nul]

@@ -44,7 +44,7 @@ from __future__ import annotations
 import json
 import re
 from bisect import bisect_right
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from itertools import accumulate, chain
 from pathlib import Path
 from typing import Any
@@ -297,14 +297,22 @@ class FastBertweetTokenizer:
             norm = self._tokens[token] = str(self.reference.normalizeToken(token))
         return norm
 
-    def _normalise_segments(self, segments: Iterable[str]) -> list[str]:
+    def _normalise_segments(self, segments: Sequence[str]) -> list[str]:
         """Cache each segment's normalised tokens joined by " ": shortcuts, else one reference call.
         Returns the segments normalised: these and the new rests of shortcut ones."""
         norms = self._norms
         split: dict[str, tuple[str, str]] = {}  # segment -> (its head's normalised token, its rest)
         rest_of_batch: list[str] = []
-        todo = list(segments)
-        seen = set(todo)
+        # Most new segments are plain ASCII words: the tweet regex takes them whole and the
+        # normaliser keeps them, unless one letter (a demojizer call) or http.../www... (HTTPURL).
+        plain = [
+            s
+            for s in segments
+            if s.isalpha() and s.isascii() and len(s) > 1 and not s.lower().startswith(("http", "www"))
+        ]
+        norms.update(zip(plain, plain, strict=True))
+        todo = [s for s in segments if s not in norms]
+        seen = set(segments)
         while todo:  # rests are segments too, and may be new
             more: list[str] = []
             for seg in todo:
@@ -337,7 +345,7 @@ class FastBertweetTokenizer:
             head_norm, rest = split[seg]
             rest_norm = norms[rest] if rest else ""
             norms[seg] = f"{head_norm} {rest_norm}" if rest_norm else head_norm
-        return [*rest_of_batch, *split]
+        return [*plain, *rest_of_batch, *split]
 
     def _normalise_by_reference(self, segments: Sequence[str]) -> None:
         """The reference's tokens of ``segments``, normalised: one call, a NUL token between
@@ -378,10 +386,16 @@ class FastBertweetTokenizer:
         new_words = list({w: None for s in new for w in norms[s].split() if w not in words})
         if new_words:
             self._fill_words(new_words)
+        ids = self._ids
         for seg in new:
             norm = norms[seg]
             if _stands_alone(norm):
-                self._ids[seg] = tuple(chain.from_iterable(map(words.__getitem__, norm.split())))
+                # Most are one word: its ids as they are.
+                ids[seg] = (
+                    words[norm]
+                    if norm and " " not in norm
+                    else tuple(chain.from_iterable(map(words.__getitem__, norm.split())))
+                )
 
     def _trim_caches(self) -> None:
         if len(self._norms) > _CACHE_LIMIT:  # these two stay consistent: _ids is a subset of _norms
@@ -419,13 +433,13 @@ class FastBertweetTokenizer:
         if limit < 2:
             raise ValueError("max_length must be at least 2 (room for <s> and </s>)")
         bos, eos = self.bos_token_id, self.eos_token_id
-        split = self._prepare(texts)
+        self._trim_caches()
+        split = self._segment_batch(texts)
         segment_ids = self._ids.__getitem__
         out: list[list[int]] = []
-        joined_rows: list[int] = []  # texts the cross-token replacements may touch
+        retry_rows: list[int] = []  # a segment not in _ids: new, or not standing alone
         reference_rows: list[int] = []
-        # The hot loop: a few C-level calls per text. A segment missing from _ids is one
-        # whose tokens a neighbour's may combine with (_stands_alone).
+        # The hot loop: a few C-level calls per text, nothing else (warm, most texts).
         for i, segs in enumerate(split):
             if segs is None:
                 reference_rows.append(i)
@@ -434,10 +448,21 @@ class FastBertweetTokenizer:
             try:
                 out.append([bos, *chain.from_iterable(map(segment_ids, segs)), eos])
             except KeyError:
-                joined_rows.append(i)
+                retry_rows.append(i)
                 out.append([])
-        if joined_rows:
-            self._encode_joined(split, joined_rows, out)
+        if retry_rows:
+            retry = [(i, split[i] or []) for i in retry_rows]
+            missing = set().union(*[segs for _, segs in retry]).difference(self._norms)
+            if missing:
+                self._fill_segments(list(missing))
+            joined_rows: list[int] = []  # texts the cross-token replacements may touch
+            for i, segs in retry:
+                try:
+                    out[i] = [bos, *chain.from_iterable(map(segment_ids, segs)), eos]
+                except KeyError:
+                    joined_rows.append(i)
+            if joined_rows:
+                self._encode_joined(split, joined_rows, out)
         if reference_rows:
             ref = self.reference([texts[i] for i in reference_rows], truncation=True, max_length=limit)
             for i, ref_ids in zip(reference_rows, ref["input_ids"], strict=True):
