@@ -43,9 +43,9 @@ from __future__ import annotations
 
 import json
 import re
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
-from itertools import accumulate, chain
+from itertools import accumulate, chain, repeat
 from pathlib import Path
 from typing import Any
 
@@ -371,19 +371,21 @@ class FastBertweetTokenizer:
     def _fill_words(self, new_words: list[str]) -> None:
         """BPE ``new_words`` in Rust, one call, and cache their ids."""
         enc = self._bpe.encode(new_words, is_pretokenized=True, add_special_tokens=False)
-        per_word: list[list[int]] = [[] for _ in new_words]
+        ids, word_index = enc.ids, enc.word_ids  # no special tokens: every token has its word's index
         unk, top = self.unk_token_id, self._max_real_id
-        for idx, word_index in zip(enc.ids, enc.word_ids, strict=True):
-            if word_index is not None:
-                per_word[word_index].append(idx if idx <= top else unk)
-        for word, ids in zip(new_words, per_word, strict=True):
-            self._words[word] = tuple(ids)
+        if max(ids, default=0) > top:
+            ids = [i if i <= top else unk for i in ids]
+        # Tokens come word after word: word j's start where the indices first reach j (C-level
+        # calls rather than a Python step per token).
+        starts = list(map(bisect_left, repeat(word_index), range(len(new_words) + 1)))
+        pieces = map(tuple, map(ids.__getitem__, map(slice, starts, starts[1:])))
+        self._words.update(zip(new_words, pieces, strict=True))
 
     def _fill_segments(self, segments: Sequence[str]) -> None:
         """Normalise ``segments``, BPE their new words, cache the ids of those that stand alone."""
         new = self._normalise_segments(segments)
         norms, words = self._norms, self._words
-        new_words = list({w: None for s in new for w in norms[s].split() if w not in words})
+        new_words = list(set().union(*map(str.split, map(norms.__getitem__, new))).difference(words))
         if new_words:
             self._fill_words(new_words)
         ids = self._ids
