@@ -86,7 +86,8 @@ _SAFE_GAP = regex.compile(rf"(?<![{_TAIL}\s])\s++|(?<!\s)\s++(?![{_HEAD}])")
 #   normaliser makes any token starting "http" HTTPURL.
 # * user: "@" and ASCII word characters (the username pattern). Not "@8", "@o8", "@O8" (an
 #   emoticon with "@" as its mouth comes first), nor "@o:" and the like.
-# * tag: "#" and 2+ ASCII word characters (the hashtag pattern; it runs on through "'", "-").
+# * tag: "#" and 2+ ASCII word characters (the hashtag pattern; it runs on through "'", "-"),
+#   without 4 "_" in a row (the reference cuts them to 3 first, and keeps a hashtag as it is).
 # * word: ASCII letters. Not "d", "do", "p", "po" in any case (an emoticon mouth and nose
 #   before an eye in the rest), nor http.../www... (URLs). Its rest holds no letter, digit,
 #   "@" (URLs, naked domains and e-mail addresses need one) and cannot start with "'", "-",
@@ -99,7 +100,7 @@ _SHORTCUT = re.compile(
     rf"""
     (?P<url>(?i:https?)://[A-Za-z0-9./_\-?=%~+]*[A-Za-z0-9/_\-=%~+])(?P<url_rest>[`!;:'".,?)]*)
     | (?P<user>@(?![oO]?[8:;=])[A-Za-z0-9_]+)(?P<user_rest>[{_REST_START}].*)?
-    | (?P<tag>\#[A-Za-z0-9_]{{2,}})(?P<tag_rest>[{_REST_START}].*)?
+    | (?P<tag>\#(?![A-Za-z0-9_]*____)[A-Za-z0-9_]{{2,}})(?P<tag_rest>[{_REST_START}].*)?
     | (?P<word>(?![dDpP][oO]?(?![A-Za-z]))(?!(?i:http|www))[A-Za-z]+)
       (?P<word_rest>[{_REST_START.replace("@", "")}][{_REST_START.replace("@", "")}'\-_]*)?
     """,
