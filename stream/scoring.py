@@ -2,9 +2,9 @@
 
 This is the one code path behind ``reval score``, ``reval evaluate`` and the
 streaming scoring worker, so live, replayed and offline numbers agree exactly.
-Each hashtag's neighbours are asked of the thesaurus once, at the largest k, and
-kept as synonym ranks, so every smaller k is answered from the same look-up
-(cached per thesaurus version).
+Each hashtag's neighbours are asked of the thesaurus once, at the largest k, as
+synonym ranks, so every smaller k is answered from the same look-up (cached per
+thesaurus version; on a neighbour table, read from its rows with nothing to cache).
 """
 
 from __future__ import annotations
