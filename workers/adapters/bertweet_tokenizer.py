@@ -17,11 +17,18 @@ uses it):
   chunk, or several of them when the tweet regex could match across the
   whitespace between them: only its phone-number and ellipsis patterns span
   whitespace, and they need a digit or one of ``*-.)(`` on both sides of it
-  (HTML entities, which may decode to anything, count as risky too). Cache
-  misses of a whole batch go through the reference in one call, separated by a
-  NUL token no pattern can cross.
+  (HTML entities, which may decode to anything, count as risky too); the scans
+  for them run once over the whole batch. New segments whose tokens are known
+  without the tweet regex skip it: plain ASCII words, and a URL, ``@user``,
+  ``#tag`` or word followed by punctuation, whose rest is a segment of its own
+  (``_SHORTCUT`` says why each is exact). The other new segments of a batch go
+  through the reference in one call, separated by a NUL token no pattern can
+  cross.
 * The cross-token steps of the normaliser (``"n't "`` -> ``" n't "``, ``p . m``
-  -> ``p.m`` ...) are re-done here on the joined tokens, in the reference's order.
+  -> ``p.m`` ...) are re-done here on the joined tokens, in the reference's
+  order, for texts holding a segment they could touch (``_stands_alone``).
+  Every other text's ids are its segments' cached ids, concatenated: a few
+  C-level calls per text.
 * BPE runs in the Rust ``tokenizers`` library: fastBPE's codes use the same
   ``</w>`` end-of-word marker as a ``tokenizers`` BPE model with
   ``end_of_word_suffix="</w>"``, so its merges load as they are; only the
@@ -302,7 +309,10 @@ class FastBertweetTokenizer:
         """Cache each segment's normalised tokens joined by " ": shortcuts, else one reference call.
         Returns the segments normalised: these and the new rests of shortcut ones."""
         norms = self._norms
-        split: dict[str, tuple[str, str]] = {}  # segment -> (its head's normalised token, its rest)
+        # Shortcut segments: their head's normalised token, and their rest. Two dicts of strings
+        # rather than one of tuples: no container per segment for the garbage collector to walk.
+        heads: dict[str, str] = {}
+        rests: dict[str, str] = {}
         rest_of_batch: list[str] = []
         # Most new segments are plain ASCII words: the tweet regex takes them whole and the
         # normaliser keeps them, unless one letter (a demojizer call) or http.../www... (HTTPURL).
@@ -336,17 +346,18 @@ class FastBertweetTokenizer:
                 if len(rest) > _MAX_REST:
                     rest_of_batch.append(seg)
                     continue
-                split[seg] = (head_norm, rest)
+                heads[seg] = head_norm
+                rests[seg] = rest
                 if rest and rest not in seen and rest not in norms:
                     seen.add(rest)
                     more.append(rest)
             todo = more
         self._normalise_by_reference(rest_of_batch)
-        for seg in sorted(split, key=len):  # a rest is shorter than its segment: known by then
-            head_norm, rest = split[seg]
+        for seg in sorted(heads, key=len):  # a rest is shorter than its segment: known by then
+            head_norm, rest = heads[seg], rests[seg]
             rest_norm = norms[rest] if rest else ""
             norms[seg] = f"{head_norm} {rest_norm}" if rest_norm else head_norm
-        return [*plain, *rest_of_batch, *split]
+        return [*plain, *rest_of_batch, *heads]
 
     def _normalise_by_reference(self, segments: Sequence[str]) -> None:
         """The reference's tokens of ``segments``, normalised: one call, a NUL token between
@@ -358,16 +369,18 @@ class FastBertweetTokenizer:
             joined = _JOIN.join(batch)
             for old, new in _PUNCTS:
                 joined = joined.replace(old, new)
-            tokens: list[list[str]] = [[]]
+            norms: list[str] = []
+            current: list[str] = []  # the tokens of one segment, joined as soon as it ends
             for token in self.reference.tweetPreprocessor.tokenize(joined):
                 if token == _SENTINEL and len(batch) > 1:
-                    tokens.append([])
+                    norms.append(" ".join(current))
+                    current = []
                 else:
-                    tokens[-1].append(self._norm_token(token))
-            if len(tokens) != len(batch):
+                    current.append(self._norm_token(token))
+            norms.append(" ".join(current))
+            if len(norms) != len(batch):
                 raise AssertionError("a NUL separator was absorbed into a token")  # see the module docstring
-            for seg, toks in zip(batch, tokens, strict=True):
-                self._norms[seg] = " ".join(toks)
+            self._norms.update(zip(batch, norms, strict=True))
 
     def _fill_words(self, new_words: list[str]) -> None:
         """BPE ``new_words`` in Rust, one call, and cache their ids."""
@@ -386,7 +399,8 @@ class FastBertweetTokenizer:
         """Normalise ``segments``, BPE their new words, cache the ids of those that stand alone."""
         new = self._normalise_segments(segments)
         norms, words = self._norms, self._words
-        new_words = list(set().union(*map(str.split, map(norms.__getitem__, new))).difference(words))
+        # One string, one split: a list per segment would cost more in garbage collection than here.
+        new_words = list(set(" ".join(map(norms.__getitem__, new)).split()).difference(words))
         if new_words:
             self._fill_words(new_words)
         ids = self._ids
