@@ -58,7 +58,7 @@ class ChanceModel:
     every hashtag at once (w(A_g(k)) at load, the miss probabilities for |R| > |G| when a
     grid of k and an m are first asked for), so a version's first events cost what its next
     ones do.  Memory at 100,000 hashtags x depth 70: ~115 MB at load (w(A_g(k)) for every
-    rank, the reverse index for unions), ~80 MB more per grid of k for m <= 10.
+    rank, the reverse index for unions), ~85 MB more per grid of k for m <= 10.
 
     >>> import numpy as np
     >>> from stream.thesaurus import build_neighbour_table
@@ -101,7 +101,7 @@ class ChanceModel:
         self._schedules: dict[int, npt.NDArray[np.float64]] = {}
         self._inclusions: dict[int, npt.NDArray[np.float64]] = {}
         self._columns: dict[tuple[int, ...], npt.NDArray[np.int64]] = {}
-        self._untouched_tables: OrderedDict[tuple[int, ...], _Untouched] = OrderedDict()
+        self._hit_tables: OrderedDict[tuple[int, ...], _Hits] = OrderedDict()
         self._cache: OrderedDict[tuple[int, tuple[str, ...], tuple[int, ...]], list[float]] = OrderedDict()
         self._unions: OrderedDict[tuple[int, ...], tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]] = (
             OrderedDict()
@@ -145,15 +145,15 @@ class ChanceModel:
         if m > _TABLED_DRAWS:
             untouched = self._untouched(self._mass(list(rows), ks), m)
         else:
-            table = self._untouched_tables.get(ks)
+            table = self._hit_tables.get(ks)
             if table is None:
-                if len(self._untouched_tables) >= _TABLED_GRIDS:
-                    self._untouched_tables.popitem(last=False)
-                table = self._untouched_tables[ks] = _Untouched(self._mass_by_rank[:, self._columns_of(ks)])
+                if len(self._hit_tables) >= _TABLED_GRIDS:
+                    self._hit_tables.popitem(last=False)
+                table = self._hit_tables[ks] = _Hits(self._mass_by_rank[:, self._columns_of(ks)])
             every = table.at(m, self._schedule(m))
-            # Row by row in Python floats (the same subtraction): a fancy index of a few rows
-            # costs more than the rest of an event's expectation.
-            return [[1.0 - u for u in every[g].tolist()] for g in rows]
+            # Row by row: a fancy index of a few rows costs more than the rest of an event's
+            # expectation.
+            return [every[g].tolist() for g in rows]
         hits: list[list[float]] = (1.0 - untouched).tolist()
         return hits
 
@@ -357,22 +357,24 @@ class ChanceModel:
         return result
 
 
-#: Up to how many draws (m) every hashtag's miss probabilities are tabled (per grid of k:
+#: Up to how many draws (m) every hashtag's hit probabilities are tabled (per grid of k:
 #: n x len(ks) x 8 bytes per m, 7.2 MB at 100,000 hashtags and 9 k), and for how many grids.
 _TABLED_DRAWS = 10
 _TABLED_GRIDS = 2
 
 
-class _Untouched:
-    """P(no draw of m lands in A_g(k)) of every hashtag g at each k of one grid, m = 1, 2, ...
+class _Hits:
+    """P(R ∩ A_g(k) ≠ ∅) of every hashtag g at each k of one grid, for m = 1, 2, ... draws.
 
     Computed for all g together, when any is first asked for, so a ground truth's first event
-    costs no more than its next (issue 12 §4).  It is prod_{t<m} clip(1 - w(A_g(k)) / (1 - s_t))
-    (:meth:`ChanceModel._untouched`): each m multiplies the product of m - 1 by one more
-    factor, the order ``np.prod`` multiplies them in, so the same floats."""
+    costs no more than its next (issue 12 §4).  The m draws miss A_g(k) with probability
+    prod_{t<m} clip(1 - w(A_g(k)) / (1 - s_t)) (:meth:`ChanceModel._untouched`): each m
+    multiplies the product of m - 1 by one more factor, the order ``np.prod`` multiplies them
+    in, so the same floats."""
 
     def __init__(self, mass: npt.NDArray[np.float64]) -> None:
         self._mass = mass
+        self._untouched = np.ones_like(mass)  # no draw yet
         self._by_draws: list[npt.NDArray[np.float64]] = []
 
     def at(self, m: int, scale: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
@@ -383,9 +385,9 @@ class _Untouched:
             # np.clip(factor, 0.0, 1.0), in place: the same values, a third of the time.
             np.maximum(factor, 0.0, out=factor)
             np.minimum(factor, 1.0, out=factor)
-            if self._by_draws:
-                factor *= self._by_draws[-1]  # the product so far times the new factor
-            self._by_draws.append(factor)
+            factor *= self._untouched  # the product so far (1.0 before the first) times it
+            self._untouched = factor
+            self._by_draws.append(1.0 - factor)
         return self._by_draws[m - 1]
 
 
