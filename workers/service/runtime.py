@@ -196,6 +196,16 @@ class Runtime:
         """``fn(*args)`` in the role's thread."""
         return await asyncio.get_running_loop().run_in_executor(self._threads[role], fn, *args)
 
+    async def _guarded(self, role: str, fn: Callable[[list[Any]], T], batch: list[Any]) -> T:
+        """``fn(batch)`` in the role's thread.  A stop while Redis is away and a fail-stop end
+        the process here (``os._exit``: nothing acknowledged); any other error is the caller's."""
+        try:
+            return await self.run(role, fn, batch)
+        except Stopping:
+            stop_now(role)
+        except FailStop as exc:
+            fail_stop(f"{role}: {exc}")
+
     async def process(self, step: Step[Any], records: list[Record]) -> None:
         """Admit, apply, deliver, then the after-effects; returns when the batch may be acknowledged.
 
@@ -215,22 +225,14 @@ class Runtime:
     async def _admit(self, step: Step[Any], records: list[Record]) -> tuple[list[Any], list[Output]]:
         """The batch's admission; a record whose admission raises (a parser bug) is dead-lettered alone."""
         try:
-            return await self.run(step.role, step.admit, records)
-        except Stopping:
-            stop_now(step.role)
-        except FailStop as exc:
-            fail_stop(f"{step.role}: {exc}")
+            return await self._guarded(step.role, step.admit, records)
         except Exception:
             log.exception("%s: admitting a batch of %d failed; one record at a time", step.role, len(records))
         items: list[Any] = []
         rejected: list[Output] = []
         for record in records:
             try:
-                one, out = await self.run(step.role, step.admit, [record])
-            except Stopping:
-                stop_now(step.role)
-            except FailStop as exc:
-                fail_stop(f"{step.role}: {exc}")
+                one, out = await self._guarded(step.role, step.admit, [record])
             except Exception as exc:
                 log.error("%s: record %s dead-lettered: %r", step.role, record.claimant, exc)
                 self.exporter.rejected.labels(record.topic, "processing_error").inc()
@@ -251,11 +253,7 @@ class Runtime:
 
     async def _apply(self, step: Step[Any], items: list[Any]) -> Outcome:
         try:
-            return await self.run(step.role, step.apply, items)
-        except Stopping:
-            stop_now(step.role)
-        except FailStop as exc:
-            fail_stop(f"{step.role}: {exc}")
+            return await self._guarded(step.role, step.apply, items)
         except Exception:
             if len(items) == 1:
                 log.exception("%s: record %s failed", step.role, step.source(items[0]).claimant)
@@ -264,11 +262,7 @@ class Runtime:
         outcome, failed = Outcome(), []
         for item in items:
             try:
-                outcome.merge(await self.run(step.role, step.apply, [item]))
-            except Stopping:
-                stop_now(step.role)
-            except FailStop as exc:
-                fail_stop(f"{step.role}: {exc}")
+                outcome.merge(await self._guarded(step.role, step.apply, [item]))
             except Exception as exc:
                 failed.append((item, exc))
         if failed and len(failed) == len(items) > 1:
