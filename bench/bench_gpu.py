@@ -60,7 +60,7 @@ from workers.adapters.encoder import Encoder, resolve_device
 from workers.adapters.gpu_batching import DEFAULT_TOKEN_BUDGET
 from workers.adapters.kafka_client import create_topics
 from workers.adapters.redis_means import RedisMeans
-from workers.dev.broker import LocalBroker
+from workers.dev.tansu import TansuBroker
 from workers.dev.stack import wait_for
 from workers.dev.tiny_models import build_tiny_bertweet
 
@@ -240,7 +240,7 @@ def bench_worker(
     client = redis.Redis.from_url(REDIS_URL)
     setting = GpuSetting(f"{device}, batch {batch_size}", "auto", batch_size, device=device)
     warmup = tweets[: min(len(tweets), 4 * batch_size, 2048)]
-    with LocalBroker() as broker:
+    with TansuBroker() as broker:
         producer = KafkaProducer(bootstrap_servers=broker.bootstrap, linger_ms=5, batch_size=1 << 20)
         try:
             t0 = time.perf_counter()

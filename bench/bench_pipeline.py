@@ -55,7 +55,8 @@ from stream.records import RecordError, parse_tweet
 from workers.adapters.encoder import Encoder
 from workers.adapters.kafka_client import create_topics
 from workers.adapters.redis_means import RedisMeans
-from workers.dev.broker import LocalBroker, find_free_port
+from workers.dev.ports import find_free_port
+from workers.dev.tansu import TansuBroker
 from workers.dev.stack import REVAL, Worker, wait_for
 
 REPO = Path(__file__).resolve().parents[1]
@@ -262,7 +263,7 @@ def main() -> None:
     warmup, timed = tweets[: args.warmup], tweets[args.warmup :]
     client = redis.Redis.from_url("redis://127.0.0.1:6379/0")
     load_before = os.getloadavg()
-    with tempfile.TemporaryDirectory() as tmp, LocalBroker() as broker:
+    with tempfile.TemporaryDirectory() as tmp, TansuBroker() as broker:
         workdir = Path(tmp)
         build_s = 0.0
         model = args.model

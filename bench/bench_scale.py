@@ -35,7 +35,7 @@ from bench.bench_scoring import clustered_vectors, make_events
 from stream.records import Recommendation
 from workers.adapters.redis_client import clear_prefix
 from workers.adapters.store import AnnoyThesaurus
-from workers.dev.broker import LocalBroker
+from workers.dev.tansu import TansuBroker
 from workers.dev.stack import Stack, Worker, wait_for
 
 
@@ -61,7 +61,7 @@ def main() -> None:
         ]
 
     took: dict[int, list[float]] = {1: [], 2: []}
-    with tempfile.TemporaryDirectory() as tmp, LocalBroker(log_path=Path(tmp) / "tansu.log") as broker:
+    with tempfile.TemporaryDirectory() as tmp, TansuBroker(log_path=Path(tmp) / "tansu.log") as broker:
         stack = Stack(
             broker.bootstrap, REDIS_URL, Path(tmp) / "no-model", Path(tmp), partitions=args.partitions
         )

@@ -10,7 +10,7 @@ Workload: an Annoy thesaurus of ``--vocab`` hashtags (768-d, clustered, as in
 ``bench/bench_scoring.py``) published as the index job does (directory store and
 Redis, where the worker loads it); events with ground truth (no join), 10
 recommended hashtags, the worker's default grid (9 k x 3 r).  A local Tansu broker
-(``workers.dev.broker.LocalBroker``) and the Redis at 127.0.0.1:6379, on this
+(``workers.dev.broker.TansuBroker``) and the Redis at 127.0.0.1:6379, on this
 machine.  Three modes, each round on new events, in rotating order (the machine is
 shared and noisy: compare within a run):
 
@@ -59,7 +59,7 @@ from bench.bench_scoring import as_records, clustered_vectors, make_events
 from workers.adapters.exporter import Exporter
 from workers.adapters.redis_client import clear_prefix
 from workers.adapters.store import AnnoyThesaurus
-from workers.dev.broker import LocalBroker
+from workers.dev.tansu import TansuBroker
 from workers.dev.stack import Stack, wait_for
 from workers.service.runtime import encode_json
 from workers.service.score import SCORE_BATCH, Scorer, collect_less_often
@@ -145,7 +145,7 @@ def main() -> None:
         for i in range(n_rounds)
     ]
 
-    with tempfile.TemporaryDirectory() as tmp, LocalBroker(log_path=Path(tmp) / "tansu.log") as broker:
+    with tempfile.TemporaryDirectory() as tmp, TansuBroker(log_path=Path(tmp) / "tansu.log") as broker:
         work = Path(tmp)
         stack = Stack(broker.bootstrap, REDIS_URL, work / "no-model", work, partitions=args.partitions)
         # As the index job publishes: the directory store and Redis (where scorers load it).

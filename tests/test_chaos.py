@@ -32,7 +32,7 @@ from workers.adapters.feeds import sample_feed
 from workers.adapters.kafka_client import _admin, create_topics
 from workers.adapters.redis_thesaurus import RedisThesauri
 from workers.adapters.store import TABLE_FILE, AnnoyThesaurus, ThesaurusStore
-from workers.dev.broker import find_free_port
+from workers.dev.ports import find_free_port
 from workers.dev.stack import REVAL, Stack, keyed, tweet_lines, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

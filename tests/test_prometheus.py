@@ -28,7 +28,7 @@ from stream.records import parse_tweet
 from tests.test_deploy import DEPLOY, dashboard, panel_queries, render, require_binary
 from workers.adapters.feeds import sample_feed
 from workers.adapters.store import ThesaurusStore
-from workers.dev.broker import find_free_port
+from workers.dev.ports import find_free_port
 from workers.dev.stack import REVAL, Stack, terminate, tweet_lines, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

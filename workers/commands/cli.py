@@ -515,20 +515,55 @@ def tokenize_cmd(
 
 @app.command("broker")
 def local_broker(
-    port: Annotated[int, typer.Option(help="Port to listen on (127.0.0.1)")] = 9092,
+    engine: Annotated[
+        str, typer.Option(help="kafka: Apache Kafka (KRaft, Java 17+, jars from Maven); tansu: in memory")
+    ] = "tansu",
+    nodes: Annotated[int, typer.Option(help="Kafka nodes: 1, or 3 (three voters)")] = 1,
+    port: Annotated[int, typer.Option(help="Client port of node 1 (node i: PORT+i-1), on 127.0.0.1")] = 9092,
+    data: Annotated[
+        Path | None,
+        typer.Option(help="Kafka's data folder, kept across restarts (default: a temporary one)"),
+    ] = None,
 ) -> None:
-    """Run a local Kafka-protocol broker (Tansu, in memory) for development, until Ctrl-C."""
+    """Run a local broker for development until Ctrl-C, SIGTERM or SIGHUP; prints
+    `bootstrap: HOST:PORT[,...]` on stdout once it answers, and creates the topics."""
     import time
 
-    from workers.adapters.kafka_client import create_topics
-    from workers.dev.broker import LocalBroker
-    from workers.dev.processes import stop_on_signals
+    from workers.adapters.kafka_client import BrokerError, create_topics
+    from workers.dev.broker import ENGINES, local_broker
+    from workers.dev.kafka_cluster import KafkaSetupError
+    from workers.dev.processes import shielded, stop_on_signals
 
-    with contextlib.suppress(KeyboardInterrupt), stop_on_signals(), LocalBroker(port) as running:
-        create_topics(running.bootstrap, Settings.load().topics())
-        err.print(f"broker at {running.bootstrap} (Ctrl-C or SIGTERM stops it); topics created")
-        while running.running:
-            time.sleep(1)
+    if engine not in ENGINES:
+        raise fail(f"--engine must be one of {', '.join(ENGINES)}, not {engine!r}")
+    try:
+        broker = local_broker(engine, nodes=nodes, port=port, data_dir=data)
+    except KafkaSetupError as exc:
+        raise fail(str(exc), code=2 if exc.usage else 1) from None
+    with contextlib.suppress(KeyboardInterrupt), stop_on_signals():
+        try:
+            broker.start()
+            create_topics(broker.bootstrap, Settings.load().topics(), replication=nodes)
+            print(f"bootstrap: {broker.bootstrap}", flush=True)
+            err.print(f"{engine} broker ({nodes} node{'s' * (nodes > 1)}); Ctrl-C or SIGTERM stops it")
+            while broker.running:
+                time.sleep(0.5)
+            raise fail(f"the {engine} broker stopped on its own", code=1)
+        except KafkaSetupError as exc:
+            raise fail(str(exc), code=2 if exc.usage else 1) from None
+        except BrokerError as exc:
+            raise fail(str(exc).splitlines()[0] + _log_hint(str(exc)), code=1) from None
+        finally:
+            with shielded():  # a second signal must not leave a JVM or a temporary folder behind
+                broker.stop()
+
+
+def _log_hint(message: str) -> str:
+    """The log file a broker error names, if any (its first line must stay one line)."""
+    for word in message.split():
+        if word.endswith(".log:") or word.endswith(".log"):
+            return f" (log: {word.rstrip(':')})"
+    return ""
 
 
 @app.command("replay")

@@ -36,7 +36,8 @@ from rich.text import Text
 
 from workers.adapters.kafka_client import create_topics
 from workers.adapters.redis_client import clear_prefix
-from workers.dev.broker import LocalBroker, find_free_port
+from workers.dev.ports import find_free_port
+from workers.dev.tansu import TansuBroker
 from workers.dev.processes import die_with_parent, stop_on_signals
 from workers.settings import Settings
 
@@ -216,7 +217,7 @@ class Demo:
         stop = threading.Event()
         scrapes: tuple[Scrape, ...] = ()
         with (
-            LocalBroker(log_path=self.dir / "broker.log") as broker,
+            TansuBroker(log_path=self.dir / "broker.log") as broker,
             demo_redis(self.redis_url, self.dir, self.prefix) as redis_url,
         ):
             ports = {role: find_free_port() for role in ("embed", "index", "score")}

@@ -35,3 +35,15 @@ def stop_on_signals() -> Iterator[None]:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
+def shielded() -> Iterator[None]:
+    """Within the block, SIGINT, SIGTERM and SIGHUP wait (blocked, delivered after it): a
+    second Ctrl-C or a SIGTERM from a supervisor cannot cut a clean-up short."""
+    sigs = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, sigs)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)

@@ -23,7 +23,7 @@ from workers.adapters.kafka_client import create_topics
 from workers.adapters.redis_client import clear_prefix
 from workers.adapters.redis_thesaurus import RedisThesauri
 from workers.adapters.store import AnnoyThesaurus, ThesaurusStore
-from workers.dev.broker import find_free_port
+from workers.dev.ports import find_free_port
 
 REVAL = str(Path(sys.executable).parent / "reval")
 
