@@ -418,8 +418,8 @@ def test_recommend_cli_produces_to_kafka(broker: str, train_and_feed: tuple[Path
             group_id=f"g-{uuid.uuid4().hex[:8]}",
             auto_offset_reset="earliest",
             enable_auto_commit=False,
-            session_timeout_ms=2000,
-            heartbeat_interval_ms=500,
+            session_timeout_ms=6000,  # Kafka refuses less (group.min.session.timeout.ms)
+            heartbeat_interval_ms=1000,
         )
         await consumer.start()
         records: list[object] = []
