@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from workers.adapters.kafka_client import TopicPartitionMismatchError, create_topics, topic_partitions
-from workers.dev.broker import BrokerStartError, TansuBroker
+from workers.dev.tansu import BrokerStartError, TansuBroker
 
 pytestmark = pytest.mark.integration
 
