@@ -49,6 +49,82 @@ def corrected(observed: float, expected: float) -> float:
     return (observed - expected) / (1.0 - expected)
 
 
+#: Below this much room (sum of best - sum of expected, in events) a corrected score of the
+#: aggregate is not reported: the chance level leaves no room for a recommender to beat it.
+MIN_ROOM = 1e-9
+
+
+def corrected_of_sums(observed: float, expected: float, best: float) -> float | None:
+    """The chance-corrected score of a *set* of events, from its sums (kappa of the aggregate).
+
+    ``(sum observed - sum expected) / (sum best - sum expected)``, where ``best`` is the
+    highest score each event allows (1 per scorable event for #REval).  Never the mean of
+    per-event :func:`corrected` values: there an event whose expectation is near 1 weighs
+    thousands of others.  None when the expectation leaves no room (``best - expected``
+    below :data:`MIN_ROOM`), e.g. every event's chance level is 1 or there are no events.
+
+    >>> corrected_of_sums(observed=3.0, expected=1.0, best=5.0)
+    0.5
+    >>> corrected_of_sums(observed=1.0, expected=2.0, best=2.0) is None  # no room above chance
+    True
+    """
+    room = best - expected
+    if not room > MIN_ROOM:
+        return None
+    return (observed - expected) / room
+
+
+class CorrectedSum:
+    """Running sums of observed, expected and best scores; :meth:`get` is their kappa.
+
+    River-style (``update``/``get``); sums add, so windows, cells, slices and processes
+    combine by adding their ``CorrectedSum`` (``+``), and Prometheus recording rules can do
+    the same over any range with counters of the three sums.
+
+    >>> acc = CorrectedSum()
+    >>> for observed, expected in [(1.0, 0.2), (0.0, 0.2), (0.5, 0.6)]:
+    ...     _ = acc.update(observed, expected)
+    >>> acc.count, round(acc.get(), 6)
+    (3, 0.25)
+    >>> (acc + CorrectedSum().update(1.0, 0.999)).count
+    4
+    """
+
+    __slots__ = ("best", "count", "expected", "observed")
+
+    def __init__(
+        self, observed: float = 0.0, expected: float = 0.0, best: float = 0.0, count: int = 0
+    ) -> None:
+        self.observed = observed
+        self.expected = expected
+        self.best = best
+        self.count = count
+
+    def update(self, observed: float, expected: float, best: float = 1.0) -> CorrectedSum:
+        self.observed += observed
+        self.expected += expected
+        self.best += best
+        self.count += 1
+        return self
+
+    def get(self) -> float | None:
+        return corrected_of_sums(self.observed, self.expected, self.best)
+
+    def __add__(self, other: CorrectedSum) -> CorrectedSum:
+        return CorrectedSum(
+            self.observed + other.observed,
+            self.expected + other.expected,
+            self.best + other.best,
+            self.count + other.count,
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"CorrectedSum(observed={self.observed!r}, expected={self.expected!r}, "
+            f"best={self.best!r}, count={self.count})"
+        )
+
+
 class ChanceModel:
     """The null recommender's expected #REval-hit-ratio for a thesaurus version.
 
