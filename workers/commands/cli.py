@@ -519,7 +519,13 @@ def local_broker(
         str, typer.Option(help="kafka: Apache Kafka (KRaft, Java 17+, jars from Maven); tansu: in memory")
     ] = "tansu",
     nodes: Annotated[int, typer.Option(help="Kafka nodes: 1, or 3 (three voters)")] = 1,
-    port: Annotated[int, typer.Option(help="Client port of node 1 (node i: PORT+i-1), on 127.0.0.1")] = 9092,
+    port: Annotated[
+        int | None,
+        typer.Option(
+            help="Client port of node 1 (node i: PORT+i-1), on 127.0.0.1 "
+            "[default: 9092; with --data, the port the folder's cluster was made with]"
+        ),
+    ] = None,
     data: Annotated[
         Path | None,
         typer.Option(help="Kafka's data folder, kept across restarts (default: a temporary one)"),
@@ -536,6 +542,8 @@ def local_broker(
 
     if engine not in ENGINES:
         raise fail(f"--engine must be one of {', '.join(ENGINES)}, not {engine!r}")
+    if port is None and not (data is not None and (data / "cluster.json").exists()):
+        port = 9092
     try:
         broker = local_broker(engine, nodes=nodes, port=port, data_dir=data)
     except KafkaSetupError as exc:
