@@ -94,10 +94,12 @@ class Stack:
     model: Path
     workdir: Path
     partitions: int = 2
+    replication: int = 1
     extra_env: dict[str, str] = field(default_factory=dict)
     workers: list[Worker] = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
         tag = uuid.uuid4().hex[:8]
         self.prefix = f"test-{tag}"
         self.topics = {
@@ -119,6 +121,7 @@ class Stack:
             "REVAL_TOPIC_SCORES": self.topics["scores"],
             "REVAL_TOPIC_DEAD_LETTER": self.topics["dead_letter"],
             "REVAL_PARTITIONS": str(self.partitions),
+            "REVAL_REPLICATION": str(self.replication),
             "REVAL_MODEL": str(self.model),
             "REVAL_DTYPE": "float32",  # the batch recomputation in the tests runs fp32 too
             "REVAL_EMBED_BATCH_SIZE": "16",
@@ -138,8 +141,9 @@ class Stack:
                 self.topics["scores"]: self.partitions,
                 self.topics["dead_letter"]: 1,
             },
+            replication=self.replication,
         )
-        self.producer = KafkaProducer(bootstrap_servers=self.bootstrap, linger_ms=5)
+        self.producer = KafkaProducer(bootstrap_servers=self.bootstrap, linger_ms=5, acks="all")
 
     def start(self, *roles: str) -> Worker:
         port = find_free_port()

@@ -29,6 +29,7 @@ from typing import Any
 
 import faust
 from kafka.errors import KafkaError
+from redis.backoff import ExponentialBackoff
 
 from workers.adapters.exporter import Exporter
 from workers.adapters.kafka_client import BrokerError, TopicIdentity
@@ -136,11 +137,26 @@ class Incarnations:
         return None
 
     def current(self, topic: str, *, poll: float = 5.0) -> str:
-        """The short id of ``topic``'s incarnation; waits while it is not the accepted one."""
-        while (short := self.check(topic)) is None:
+        """The short id of ``topic``'s incarnation; waits while it is not the accepted one,
+        and while the broker cannot say (down, electing a leader, the topic being deleted):
+        nothing of the batch is applied or committed meanwhile (back-pressure), as for Redis."""
+        backoff = ExponentialBackoff(cap=poll, base=0.2)
+        failures = 0
+        while True:
+            try:
+                short = self.check(topic)
+            except (BrokerError, KafkaError) as exc:
+                failures += 1
+                delay = backoff.compute(failures)
+                if failures == 1 or failures % 10 == 0:
+                    log.warning("topic %s: the broker cannot tell its id (%s); retrying", topic, exc)
+                if stopping.wait(delay):
+                    raise Stopping(f"topic {topic}: shutting down while the broker was unavailable") from exc
+                continue
+            if short is not None:
+                return short
             if stopping.wait(poll):
                 raise Stopping(f"topic {topic}: shutting down while waiting for accept-topic")
-        return short
 
     def watch(self, app: faust.App, topics: Sequence[str], *, interval: float = 5.0) -> None:
         """A timer checking ``topics`` between batches too."""
