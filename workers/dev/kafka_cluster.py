@@ -655,7 +655,8 @@ class KafkaCluster:
         """The node that leads ``topic``'s ``partition`` now."""
         from kafka.admin import KafkaAdminClient
 
-        admin = KafkaAdminClient(bootstrap_servers=self.bootstrap, **self.client_options())
+        live = [f"127.0.0.1:{self.client_port(i)}" for i in self.node_ids if self.pid(i) is not None]
+        admin = KafkaAdminClient(bootstrap_servers=",".join(live), **self.client_options())
         try:
             (desc,) = admin.describe_topics([topic])
             for part in desc["partitions"]:
