@@ -12,6 +12,7 @@ The workers consume through Faust (aiokafka), in :mod:`workers.service`.
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping
@@ -19,7 +20,7 @@ from typing import Any
 
 from kafka import KafkaProducer
 from kafka.admin import KafkaAdminClient
-from kafka.errors import KafkaError, NoError
+from kafka.errors import KafkaError, NoError, SaslAuthenticationFailedError
 from kafka.structs import OffsetAndMetadata
 
 from stream.replay import Outgoing, ProduceError
@@ -34,6 +35,13 @@ class BrokerError(RuntimeError):
 
 class BrokerUnreachableError(BrokerError):
     """No broker of the bootstrap list answered in time."""
+
+
+class BrokerAuthError(BrokerUnreachableError):
+    """The broker refused the client's credentials (SASL) or its TLS handshake."""
+
+    #: The settings to check, for the one-line error of a command.
+    settings = "REVAL_KAFKA_SASL_USERNAME / REVAL_KAFKA_SASL_PASSWORD"
 
 
 class TopicPartitionMismatchError(BrokerError):
@@ -164,9 +172,29 @@ class KafkaSink:
         self.close()
 
 
+class _AuthFailures(logging.Handler):
+    """Notes the authentication failures kafka-python logs while it bootstraps: it retries them
+    until its timeout and then reports only "Unable to bootstrap", which would send the user
+    looking for a broker that is up and merely refused the password."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.seen = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        text = record.getMessage()
+        self.seen = self.seen or "SaslAuthenticationFailed" in text or "AuthenticationFailed" in text
+
+
 def admin_client(bootstrap: str, *, timeout: float = 30.0, **options: Any) -> KafkaAdminClient:
-    """A kafka-python admin client; ``options``: TLS/SASL (``Settings.kafka_client_options``)."""
+    """A kafka-python admin client; ``options``: TLS/SASL (``Settings.kafka_client_options``).
+
+    Raises :class:`BrokerAuthError` when the broker answered but refused the credentials,
+    :class:`BrokerUnreachableError` when nobody answered in time."""
     ms = max(int(timeout * 1000), 1000)
+    watcher = _AuthFailures()
+    library = logging.getLogger("kafka")
+    library.addHandler(watcher)
     try:
         return KafkaAdminClient(
             bootstrap_servers=bootstrap,
@@ -176,9 +204,16 @@ def admin_client(bootstrap: str, *, timeout: float = 30.0, **options: Any) -> Ka
             **options,
         )
     except KafkaError as exc:  # NoBrokersAvailable, KafkaTimeoutError while bootstrapping
+        if watcher.seen or isinstance(exc, SaslAuthenticationFailedError):
+            raise BrokerAuthError(
+                f"the broker at {bootstrap} refused the credentials (SASL authentication failed; "
+                "REVAL_KAFKA_SASL_MECHANISM must match the broker's too)"
+            ) from None
         raise BrokerUnreachableError(
             f"no Kafka broker answered at {bootstrap} within {timeout:g} s ({exc})"
         ) from exc
+    finally:
+        library.removeHandler(watcher)
 
 
 @contextlib.contextmanager

@@ -428,13 +428,15 @@ def worker(
         "index_dir": index_dir,
         "metrics_port": metrics_port,
     }
-    from workers.adapters.kafka_client import BrokerError
+    from workers.adapters.kafka_client import BrokerAuthError, BrokerError
     from workers.commands.worker import MetricsPortError, run_worker
 
     try:
         run_worker(roles, {k: v for k, v in overrides.items() if v is not None}, loglevel, env_file)
     except ValueError as exc:  # settings and roles: usage
         raise fail(str(exc)) from None
+    except BrokerAuthError as exc:
+        raise fail(f"{exc.settings}: {exc}", code=1) from None
     except BrokerError as exc:
         raise fail(f"--broker / REVAL_BROKER: {exc}", code=1) from None
     except ModelLoadError as exc:

@@ -95,6 +95,8 @@ class Stack:
     workdir: Path
     partitions: int = 2
     replication: int = 1
+    #: kafka-python options for the test's own clients (TLS/SASL: ``KafkaCluster.client_options``)
+    client_options: dict[str, Any] = field(default_factory=dict)
     extra_env: dict[str, str] = field(default_factory=dict)
     workers: list[Worker] = field(default_factory=list)
 
@@ -142,15 +144,18 @@ class Stack:
                 self.topics["dead_letter"]: 1,
             },
             replication=self.replication,
+            **self.client_options,
         )
-        self.producer = KafkaProducer(bootstrap_servers=self.bootstrap, linger_ms=5, acks="all")
+        self.producer = KafkaProducer(
+            bootstrap_servers=self.bootstrap, linger_ms=5, acks="all", **self.client_options
+        )
 
-    def start(self, *roles: str) -> Worker:
+    def start(self, *roles: str, loglevel: str = "info") -> Worker:
         port = find_free_port()
         log = self.workdir / f"worker-{'-'.join(roles)}-{len(self.workers)}.log"
         handle = log.open("wb")
         proc = subprocess.Popen(
-            [REVAL, "worker", *roles, "--metrics-port", str(port), "--loglevel", "info"],
+            [REVAL, "worker", *roles, "--metrics-port", str(port), "--loglevel", loglevel],
             env=self.env,
             stdout=handle,
             stderr=subprocess.STDOUT,
@@ -186,7 +191,10 @@ class Stack:
     def read(self, topic: str, *, timeout_ms: int = 1500) -> list[Any]:
         """Every record of a topic so far (no consumer group: kafka-python's hangs on Tansu)."""
         consumer = KafkaConsumer(
-            bootstrap_servers=self.bootstrap, enable_auto_commit=False, consumer_timeout_ms=timeout_ms
+            bootstrap_servers=self.bootstrap,
+            enable_auto_commit=False,
+            consumer_timeout_ms=timeout_ms,
+            **self.client_options,
         )
         name = self.topics[topic]
         parts = [TopicPartition(name, p) for p in range(1 if topic == "dead_letter" else self.partitions)]
