@@ -285,6 +285,48 @@ def test_compose_file_is_valid_against_the_compose_spec_schema() -> None:
     assert len(list(validator.iter_errors(broken))) >= 2
 
 
+def _merged(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """Compose's merge of an override file: mappings merge key by key, the rest is replaced."""
+    out = dict(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            out[key] = _merged(base[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def test_the_three_node_kafka_override_is_a_replicated_cluster() -> None:
+    import jsonschema
+
+    schema = json.loads((DEPLOY / "compose" / "compose-spec.json").read_text())
+    override = yaml.safe_load((DEPLOY / "compose" / "kafka-3-nodes.yml").read_text())
+    spec = _merged(compose(), override)
+    errors = list(jsonschema.Draft7Validator(schema).iter_errors(spec))
+    assert not errors, [e.message for e in errors]
+    nodes = {
+        name: svc for name, svc in spec["services"].items() if svc.get("image", "").startswith("apache/kafka")
+    }
+    assert sorted(nodes) == ["kafka", "kafka-2", "kafka-3"]
+    assert len({svc["image"] for svc in nodes.values()}) == 1
+    envs = [svc["environment"] for svc in nodes.values()]
+    assert sorted(int(env["KAFKA_NODE_ID"]) for env in envs) == [1, 2, 3]
+    for env in envs:
+        assert env["KAFKA_CONTROLLER_QUORUM_VOTERS"] == "1@kafka:9093,2@kafka-2:9093,3@kafka-3:9093"
+        assert (
+            int(env["KAFKA_DEFAULT_REPLICATION_FACTOR"]) == 3 and int(env["KAFKA_MIN_INSYNC_REPLICAS"]) == 2
+        )
+        assert int(env["KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR"]) == 3
+        assert int(env["KAFKA_TRANSACTION_STATE_LOG_MIN_ISR"]) == 2
+    volumes = {svc["volumes"][0].split(":")[0] for svc in nodes.values()}
+    assert len(volumes) == 3 and volumes <= set(spec["volumes"])  # a data volume each
+    for role in ("embed", "index", "score"):
+        env = spec["services"][role]["environment"]
+        assert (
+            env["REVAL_BROKER"] == "kafka:9092,kafka-2:9092,kafka-3:9092" and env["REVAL_REPLICATION"] == "3"
+        )
+
+
 def test_compose_publishes_only_grafana_and_only_with_a_chosen_password() -> None:
     services = compose()["services"]
     assert {name for name, svc in services.items() if svc.get("ports")} == {"grafana"}
