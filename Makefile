@@ -3,7 +3,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup test lint demo services bench
+.PHONY: setup test lint check demo services bench
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,11 @@ lint: setup
 
 test: setup services lint
 	$(BIN)/python -m pytest
+
+# For contributors: lint, types and every test that needs no service (no broker, no Redis)
+# and is not marked slow -- a broken Scorer or Runtime shows here in minutes.
+check: lint
+	$(BIN)/python -m pytest -q -m "not integration and not slow"
 
 demo: setup
 	HF_HUB_OFFLINE=1 $(BIN)/reval demo $(ARGS)

@@ -71,3 +71,15 @@ def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaCluster]:
 def broker(kafka: KafkaCluster) -> str:
     """The session's Kafka bootstrap servers, ``127.0.0.1:PORT``."""
     return kafka.bootstrap
+
+
+#: Fixtures that reach a real service: a test using one (directly or through another fixture)
+#: is an integration test, whatever its module says, so ``make check`` (``-m "not integration"``)
+#: never waits for a broker or Redis.
+SERVICE_FIXTURES = frozenset({"redis_url", "kafka", "broker"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if SERVICE_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.integration)
