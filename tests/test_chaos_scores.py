@@ -188,3 +188,101 @@ def test_outputs_around_the_producer_limit_never_stop_the_scorer(
         assert (scored, rejected) == (len(expected) - len(letters), len(letters))  # N5: once each
     finally:
         stack.close()
+
+
+# --------------------------------------------------------------------------- N4
+
+
+def small_thesaurus() -> Any:
+    """Ten hashtags in pairs of near neighbours: flood~floods, help~rescue, ... (5 synonyms
+    each: the scorer's REVAL_KS must stop at 5)."""
+    import numpy as np
+
+    from workers.adapters.store import AnnoyThesaurus
+
+    rng = np.random.default_rng(4)
+    base = rng.normal(size=(5, 16))
+    names = [
+        "flood",
+        "floods",
+        "help",
+        "rescue",
+        "sandy",
+        "hurricane",
+        "quake",
+        "earthquake",
+        "news",
+        "media",
+    ]
+    vectors = np.repeat(base, 2, axis=0) + rng.normal(scale=0.01, size=(10, 16))
+    return AnnoyThesaurus.build(names, vectors, counts=[5] * 10, depth=5, n_trees=5)
+
+
+def publish_damaged(stack: Stack, thesaurus: Any) -> str:
+    """A version whose neighbour table has every 97th byte flipped, published as the index
+    job publishes (directory store, then Redis, whose copy the scorers load)."""
+    import redis
+
+    from workers.adapters.redis_thesaurus import RedisThesauri
+    from workers.adapters.store import TABLE_FILE, ThesaurusStore
+
+    version = ThesaurusStore(stack.index_dir).publish(thesaurus)
+    path = stack.index_dir / version / TABLE_FILE
+    data = bytearray(path.read_bytes())
+    for i in range(0, len(data), 97):
+        data[i] ^= 0xFF
+    path.write_bytes(bytes(data))
+    client = redis.Redis.from_url(stack.redis_url)
+    try:
+        RedisThesauri(client, stack.prefix).publish(stack.index_dir / version, version)
+    finally:
+        client.close()
+    return version
+
+
+def test_a_scorer_started_on_a_damaged_version_uses_the_newest_intact_one(
+    broker: str, private_redis: RedisServer, tiny_bertweet: Path, tmp_path: Path
+) -> None:
+    """N4: restarted with a damaged current version, the scorer rejected it and then scored
+    with no thesaurus at all: `"scorable": true` with `"index_version": null`."""
+    stack = Stack(broker, private_redis.url, tiny_bertweet, tmp_path, extra_env={"REVAL_KS": "0,1,5"})
+    try:
+        thesaurus = small_thesaurus()
+        good = stack.publish(thesaurus)
+        damaged = publish_damaged(stack, thesaurus)
+        score = stack.start("score")
+        stack.wait_ready(score)
+        stack.send("recommendations", [event("e1", recommended=["floods"], ground_truth=["flood"])])
+        (result,) = wait_for("a score", lambda: stack.read_json("scores"), 60)
+        assert result["index_version"] == good and result["scorable"] is True
+        assert result["reval_hit_ratio"]["1"]["5"] == 1.0  # flood is among floods' synonyms: a thesaurus
+        assert score.metric("reval_thesaurus_fallbacks_total") == 1
+        assert score.metric("reval_thesaurus_versions_rejected_total", role="score") == 1
+        assert score.metric("reval_scoring_thesaurus_version") == int(good[1:])
+        assert f"thesaurus {damaged} rejected" in score.text()
+        assert f"scoring with thesaurus {good}, the newest intact one (current: {damaged})" in score.text()
+    finally:
+        stack.close()
+
+
+def test_with_no_intact_version_events_wait_for_one(
+    broker: str, private_redis: RedisServer, tiny_bertweet: Path, tmp_path: Path
+) -> None:
+    """N4, none intact: no score against a thesaurus the scorer does not have; the events
+    wait, unacknowledged, and are scored once an intact version is published."""
+    stack = Stack(broker, private_redis.url, tiny_bertweet, tmp_path, extra_env={"REVAL_KS": "0,1,5"})
+    try:
+        thesaurus = small_thesaurus()
+        publish_damaged(stack, thesaurus)
+        score = stack.start("score")
+        stack.wait_ready(score)
+        stack.send("recommendations", [event(f"e{i}", recommended=["floods"]) for i in range(20)])
+        wait_for("the scorer waiting", lambda: score.metric("reval_scoring_thesaurus_missing") == 1, 30, 0.5)
+        time.sleep(5)
+        assert stack.read_json("scores") == [] and stack.read_json("dead_letter") == []
+        good = stack.publish(thesaurus)
+        results = wait_for("20 scores", lambda: (r := stack.read_json("scores")) and len(r) >= 20 and r, 60)
+        assert len(results) == 20 and {r["index_version"] for r in results} == {good}
+        assert score.metric("reval_scoring_thesaurus_missing") == 0
+    finally:
+        stack.close()
