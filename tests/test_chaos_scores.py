@@ -13,6 +13,7 @@ Apache Kafka and a private Redis server, faults injected, every event accounted 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import time
 from collections import Counter
@@ -286,3 +287,110 @@ def test_with_no_intact_version_events_wait_for_one(
         assert score.metric("reval_scoring_thesaurus_missing") == 0
     finally:
         stack.close()
+
+
+# --------------------------------------------------------------------------- N3
+
+
+def test_no_secret_setting_in_any_log_at_debug_level(tiny_bertweet: Path, tmp_path: Path) -> None:
+    """N3: kafka-python's admin client logged its configuration, SASL password included, at
+    debug level.  Every role in one worker at --loglevel debug, on Kafka with SASL/SCRAM over
+    TLS and a Redis with a password (one that URL-encoding changes): tweets embedded, a
+    thesaurus built, events scored; then a worker with a wrong SASL password fails.  No
+    spelling of any secret setting is in any of their output."""
+    import subprocess
+    from urllib.parse import quote
+
+    from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+
+    from tests.live import plain_tweets
+    from workers.adapters.kafka_client import create_topics
+    from workers.dev.kafka_cluster import KafkaCluster, Security
+    from workers.dev.ports import find_free_port
+    from workers.dev.stack import REVAL, keyed
+
+    sasl, wrong, redis_pw = "sasl-Pw-31c9e", "wrong-Pw-8d02a", "r3dis/Pw+7#q"
+    secrets = {sasl, wrong, redis_pw, quote(redis_pw, safe="")}
+    topics = {"tweets": "tw", "recommendations": "recs", "scores": "sc", "dead_letter": "dlq"}
+    server = RedisServer(tmp_path / "redis", password=redis_pw)
+    with KafkaCluster(nodes=1, data_dir=tmp_path / "kafka", security=Security({"reval": sasl})) as cluster:
+        options = cluster.client_options()
+        create_topics(cluster.bootstrap, {**{t: 2 for t in topics.values()}, "dlq": 1}, **options)
+        env = {
+            **os.environ,
+            "HF_HUB_OFFLINE": "1",
+            "REVAL_BROKER": cluster.bootstrap,
+            "REVAL_KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
+            "REVAL_KAFKA_SASL_MECHANISM": "SCRAM-SHA-256",
+            "REVAL_KAFKA_SASL_USERNAME": "reval",
+            "REVAL_KAFKA_SASL_PASSWORD": sasl,
+            "REVAL_KAFKA_SSL_CAFILE": str(cluster.ca_file),
+            "REVAL_REDIS_URL": f"redis://:{quote(redis_pw, safe='')}@127.0.0.1:{server.port}/0",
+            "REVAL_REDIS_PREFIX": "secrets",
+            "REVAL_APP_ID": "secrets",
+            "REVAL_TOPIC_TWEETS": topics["tweets"],
+            "REVAL_TOPIC_RECOMMENDATIONS": topics["recommendations"],
+            "REVAL_TOPIC_SCORES": topics["scores"],
+            "REVAL_TOPIC_DEAD_LETTER": topics["dead_letter"],
+            "REVAL_PARTITIONS": "2",
+            "REVAL_MODEL": str(tiny_bertweet),
+            "REVAL_DTYPE": "float32",
+            "REVAL_INDEX_DIR": str(tmp_path / "index"),
+            "REVAL_INDEX_INTERVAL_S": "1",
+            "REVAL_RELOAD_INTERVAL_S": "0.5",
+            "REVAL_SESSION_TIMEOUT_S": "6",
+        }
+        log = tmp_path / "worker.log"
+        command = [REVAL, "worker", "embed", "index", "score", "--loglevel", "debug"]
+        with log.open("wb") as out:
+            worker = subprocess.Popen(
+                [*command, "--metrics-port", str(find_free_port())],
+                env=env,
+                stdout=out,
+                stderr=out,
+                cwd=tmp_path,
+            )
+        try:
+            wait_for(
+                "the worker ready", lambda: "[^Worker]: Ready" in log.read_text(errors="replace"), 180, 1
+            )
+            producer = KafkaProducer(bootstrap_servers=cluster.bootstrap, **options)
+            for key, value in keyed(plain_tweets(200)):
+                producer.send(topics["tweets"], key=key, value=value)
+            wait_for(
+                "a thesaurus", lambda: "scoring with thesaurus" in log.read_text(errors="replace"), 120, 1
+            )
+            for i in range(20):
+                producer.send(topics["recommendations"], key=b"%d" % i, value=event(str(i))[1])
+            producer.flush()
+            producer.close()
+
+            def scores() -> int:
+                consumer = KafkaConsumer(
+                    bootstrap_servers=cluster.bootstrap, consumer_timeout_ms=1500, **options
+                )
+                parts = [TopicPartition(topics["scores"], p) for p in range(2)]
+                consumer.assign(parts)
+                consumer.seek_to_beginning(*parts)
+                n = len(list(consumer))
+                consumer.close()
+                return n
+
+            wait_for("20 scores", lambda: scores() >= 20, 120, 2)
+        finally:
+            worker.send_signal(signal.SIGTERM)
+            worker.wait(60)
+        failed = subprocess.run(
+            [*command, "--metrics-port", str(find_free_port())],
+            env={**env, "REVAL_KAFKA_SASL_PASSWORD": wrong, "REVAL_STARTUP_TIMEOUT_S": "10"},
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=tmp_path,
+        )
+    server.stop()
+    assert failed.returncode != 0
+    texts = {"worker": log.read_text(errors="replace"), "failed": failed.stdout + failed.stderr}
+    assert "DEBUG" in texts["worker"] and "sasl_plain_password" in texts["worker"]  # debug from kafka-python
+    leaks = [(name, secret) for name, text in texts.items() for secret in secrets if secret in text]
+    assert leaks == []
