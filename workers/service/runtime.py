@@ -287,6 +287,11 @@ class Runtime:
         self.exit = exit
         self._threads = {role: ThreadPoolExecutor(1, thread_name_prefix=f"reval-{role}") for role in roles}
 
+    def close(self) -> None:
+        """Stop the role threads (a worker process ends with them; tests make many runtimes)."""
+        for pool in self._threads.values():
+            pool.shutdown(wait=True)
+
     def attach(self, topics: Topics) -> None:
         """Deliver to ``topics`` with their app's producer."""
         self.topics = topics
