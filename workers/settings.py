@@ -73,7 +73,9 @@ class Settings(BaseSettings):
     data_dir: Path = Field(Path("var/faust"), description="Faust's local state directory")
     replication: int = Field(1, ge=1, description="Replication factor of created topics")
     max_message_bytes: int = Field(
-        1_000_000, ge=1024, description="Largest output record (the broker's message.max.bytes)"
+        1_000_000,
+        ge=1024,
+        description="Largest output record, key and overhead included (the producer's max_request_size)",
     )
     produce_timeout_s: float = Field(
         120.0, gt=0, description="Outputs not acknowledged this long: the worker stops (fail-stop)"
