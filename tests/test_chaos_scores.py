@@ -53,8 +53,9 @@ def outcome_counts(stack: Stack) -> Counter[str]:
 # --------------------------------------------------------------------------- N2
 
 
-def test_sigterm_while_redis_is_down_loses_no_score(
-    broker: str, private_redis: RedisServer, tiny_bertweet: Path, tmp_path: Path
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_stop_while_redis_is_down_loses_no_score(
+    broker: str, private_redis: RedisServer, tiny_bertweet: Path, tmp_path: Path, stop: signal.Signals
 ) -> None:
     """N2: the score agent's back-pressure check met the stop outside the guarded path; the
     agent crashed, Faust acknowledged the taken batch and committed it: 0 of 200 scored."""
@@ -65,7 +66,7 @@ def test_sigterm_while_redis_is_down_loses_no_score(
         private_redis.stop()
         stack.send("recommendations", [event(f"e{i}") for i in range(200)])
         wait_for("the scorer waiting on Redis", lambda: score.metric("reval_redis_unavailable") == 1, 60, 0.2)
-        score.proc.send_signal(signal.SIGTERM)
+        score.proc.send_signal(stop)
         assert score.proc.wait(30) == 0
         private_redis.start()
         again = stack.start("score")
