@@ -170,8 +170,8 @@ class Scorer:
     def reload(self, *, force: bool = False) -> bool:
         """Switch to the newest intact thesaurus version (no restart needed); True on a switch.
 
-        The current version first; when it cannot be loaded (damaged, pruned) the newer of
-        the older versions that can, said in the log, ``reval_thesaurus_fallbacks_total`` and
+        The current version first; when it cannot be loaded (damaged, pruned) the newest older
+        one that can, and the scorer says so: the log, ``reval_thesaurus_fallbacks_total`` and
         each score's ``index_version``.  With versions published and none loadable
         (``reval_scoring_thesaurus_missing`` = 1) :meth:`ready` is False and events wait:
         never a score against a thesaurus the scorer does not have.  Before the first version
