@@ -9,12 +9,14 @@ from __future__ import annotations
 import os
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import unquote, urlsplit
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from stream.hubness import DEFAULT_METHOD, METHODS
 from stream.scoring import DEFAULT_KS, DEFAULT_RS, parse_ints
+from workers import redaction
 
 
 def _durations(text: str) -> tuple[int, ...]:
@@ -71,7 +73,9 @@ class Settings(BaseSettings):
     data_dir: Path = Field(Path("var/faust"), description="Faust's local state directory")
     replication: int = Field(1, ge=1, description="Replication factor of created topics")
     max_message_bytes: int = Field(
-        1_000_000, ge=1024, description="Largest output record (the broker's message.max.bytes)"
+        1_000_000,
+        ge=1024,
+        description="Largest output record, key and overhead included (the producer's max_request_size)",
     )
     produce_timeout_s: float = Field(
         120.0, gt=0, description="Outputs not acknowledged this long: the worker stops (fail-stop)"
@@ -174,6 +178,23 @@ class Settings(BaseSettings):
     metrics_host: str = Field(
         "127.0.0.1", description="Prometheus bind address (containers set 0.0.0.0 explicitly)"
     )
+
+    def model_post_init(self, context: Any, /) -> None:
+        # Whoever holds the settings holds their secrets: from here on no log record of this
+        # process -- ours or a library's, at any level -- carries them (workers.redaction).
+        redaction.register(*self.secret_values())
+
+    def secret_values(self) -> list[str]:
+        """The values that must never be printed: the SASL password and the Redis URL's
+        password (as written in the URL and decoded)."""
+        values = [self.kafka_sasl_password.get_secret_value() if self.kafka_sasl_password else ""]
+        try:
+            password = urlsplit(self.redis_url).password
+        except ValueError:  # not a URL: the whole value may be the secret
+            password = self.redis_url
+        if password:
+            values += [password, unquote(password)]
+        return [value for value in values if value]
 
     @field_validator("kafka_security_protocol")
     @classmethod

@@ -266,6 +266,16 @@ class Exporter:
             "Thesaurus version number the scorer uses",
             registry=r,
         )
+        self.thesaurus_fallbacks = Counter(
+            "reval_thesaurus_fallbacks",
+            "Times the scorer took an older intact version because newer ones were refused",
+            registry=r,
+        )
+        self.thesaurus_missing = Gauge(
+            "reval_scoring_thesaurus_missing",
+            "1 while versions are published but none can be loaded: events wait, unscored",
+            registry=r,
+        )
         self.lag = Gauge(
             "reval_consumer_lag",
             "Records behind the end of the partition",

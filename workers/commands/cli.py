@@ -30,6 +30,7 @@ from stream.records import ErrorLog, RecordError, parse_recommendation
 from stream.scoring import ALL, Summary, parse_ints, r_label, score_event
 from workers.adapters.feeds import check_output_path, check_paths, read_file
 from workers.adapters.store import DEFAULT_DEPTH, load_thesaurus, neighbour_cache
+from workers.redaction import redact
 from workers.settings import Settings
 
 app = typer.Typer(  # the console script ``reval``
@@ -54,8 +55,9 @@ out = Console()
 
 
 def fail(message: str, *, code: int = 2) -> typer.Exit:
-    """One line on stderr naming what is wrong; exit 2 for a usage error, 1 for a runtime failure."""
-    err.print(f"[bold red]error:[/] {message}", soft_wrap=True, highlight=False)
+    """One line on stderr naming what is wrong; exit 2 for a usage error, 1 for a runtime
+    failure.  A library's message may quote a secret setting: it is masked (workers.redaction)."""
+    err.print(f"[bold red]error:[/] {redact(message)}", soft_wrap=True, highlight=False)
     return typer.Exit(code=code)
 
 
@@ -1196,13 +1198,13 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         if debug:
             raise
-        err.print(f"[bold red]error:[/] {_os_error(exc)}", highlight=False, soft_wrap=True)
+        err.print(f"[bold red]error:[/] {redact(_os_error(exc))}", highlight=False, soft_wrap=True)
         return 1
     except Exception as exc:  # a bug: still one line, the traceback on request
         if debug:
             raise
         err.print(
-            f"[bold red]error:[/] unexpected {type(exc).__name__}: {exc} "
+            f"[bold red]error:[/] unexpected {type(exc).__name__}: {redact(str(exc))} "
             "(REVAL_DEBUG=1 shows the traceback; please report it)",
             highlight=False,
             soft_wrap=True,

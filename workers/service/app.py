@@ -73,7 +73,7 @@ def create_app(
     )
     topics = Topics.declare(app, settings)
     rt = Runtime(settings, exporter, client, chosen)
-    rt.topics = topics
+    rt.attach(topics)
 
     if "embed" in chosen:
         embed.register(app, topics, rt, encoder)

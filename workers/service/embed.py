@@ -23,7 +23,7 @@ from workers.adapters.redis_means import Contribution, RedisMeans
 from workers.adapters.redis_state import RedisSamples, RedisSeen
 from workers.service.incarnation import Incarnations
 from workers.service.records import Record, admit
-from workers.service.runtime import Outcome, Output, Runtime, Step, Topics, letter, record_of
+from workers.service.runtime import Outcome, Output, Runtime, Step, Topics, letter
 from workers.settings import Settings
 
 Item = tuple[Record, Prepared]
@@ -178,5 +178,4 @@ def register(app: faust.App, topics: Topics, rt: Runtime, encoder: Any = None) -
 
     @app.agent(topics.tweets, name="embed")
     async def embed(stream: Any) -> None:
-        async for events in stream.take_events(settings.embed_batch_size, within=settings.embed_max_wait_s):
-            await rt.process(step, [record_of(e) for e in events])
+        await rt.consume(step, stream, settings.embed_batch_size, settings.embed_max_wait_s)

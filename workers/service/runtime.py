@@ -1,23 +1,31 @@
 """What every role's agents share: the worker threads, the batch step that never loses or
 doubles a record, and delivery of outputs before a batch is acknowledged.
 
-A batch goes through three stages:
+A batch goes through four stages:
 
+0. ``hold`` (optional): while the role must not take work (the join is full, no usable
+   thesaurus), wait; the consumer stops pulling (back-pressure).
 1. ``admit`` (once per record): parse, count, and dead-letter what cannot be parsed.
 2. ``apply`` (idempotent, so it may run again): the role's work.  On an unexpected error
    the batch is applied again one item at a time and the items that still fail are
-   dead-lettered (``processing_error``); when *every* item fails the cause is not the
-   records, and the worker stops instead (fail-stop: nothing is committed, the records
-   come back after a restart).  Transient Redis errors never get here: they are waited
-   out (:func:`workers.adapters.redis_client.with_retry`), which back-pressures.
+   dead-lettered (``processing_error``): no input can stop a worker.  An outage error
+   (Redis, Kafka) is not the record's fault: the worker stops instead (fail-stop: nothing
+   is committed, the records come back after a restart).  Transient Redis errors never
+   get here: they are waited out (:func:`workers.adapters.redis_client.with_retry`),
+   which back-pressures.
 3. ``deliver``: produce the outputs and wait for the broker's acknowledgement of each;
-   retry only what was not acknowledged; an output that can never be produced (too
-   large, not serialisable) is replaced by its source record's dead letter; when the
-   broker does not take the outputs within ``REVAL_PRODUCE_TIMEOUT_S`` the worker stops
-   (fail-stop) rather than acknowledge the batch.
+   retry only what was not acknowledged; an output that can never be produced (over the
+   producer's or the broker's size limit, not serialisable) is replaced by its source
+   record's dead letter; when the broker does not take the outputs within
+   ``REVAL_PRODUCE_TIMEOUT_S`` the worker stops (fail-stop) rather than acknowledge the batch.
 
 Only then are the effects that must follow the outputs done (``after``: settling the
 join, the quality metrics), and the batch is acknowledged by returning.
+
+Whatever else ends a batch -- SIGTERM or SIGINT while it waits for Redis, a cancelled
+agent, an error nobody planned for -- ends the process before the batch is acknowledged:
+Faust's ``take_events`` acknowledges a taken batch whenever its consumer leaves it, also
+by an exception, and a graceful shutdown would then commit it unsettled.
 """
 
 from __future__ import annotations
@@ -26,17 +34,21 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, fields
-from typing import Any, Generic, NoReturn, TypeVar
+from typing import Any, Generic, NoReturn, Protocol, TypeVar
 
 import faust
 import orjson
 from aiokafka.errors import KafkaError, MessageSizeTooLargeError, RecordTooLargeError
+from aiokafka.record.default_records import DefaultRecordBatchBuilder
+from kafka.errors import KafkaError as KafkaPythonError
+from redis.exceptions import RedisError
 
 from workers.adapters.exporter import Exporter
-from workers.adapters.redis_client import Client, Stopping
+from workers.adapters.kafka_client import BrokerError
+from workers.adapters.redis_client import Client, Stopping, stopping
 from workers.service.records import Record, dead_letter, letter_key
 from workers.settings import Settings
 
@@ -53,20 +65,56 @@ class FailStop(Exception):
     """A fault the worker must not acknowledge past: it stops without committing."""
 
 
-def fail_stop(reason: str) -> NoReturn:
+Exit = Callable[[int], NoReturn]
+"""How the process ends without acknowledging its batch (``os._exit``; tests pass their own)."""
+
+#: Errors of the systems around a worker, never of the record being processed: when one of
+#: them is what a record fails with, the record is not dead-lettered, the worker stops.
+OUTAGES: tuple[type[BaseException], ...] = (
+    RedisError,
+    KafkaError,
+    KafkaPythonError,
+    BrokerError,
+    ConnectionError,
+    TimeoutError,
+    MemoryError,
+)
+
+
+def fail_stop(reason: str, exit: Exit = os._exit) -> NoReturn:
     """Stop the process at once: no commit of the current batch, no graceful shutdown
     (which would commit what Faust considers processed)."""
     log.critical("fail-stop: %s", reason)
     logging.shutdown()
-    os._exit(FAIL_STOP_EXIT)
+    exit(FAIL_STOP_EXIT)
 
 
-def stop_now(role: str) -> NoReturn:
-    """Shutting down while a batch waits for Redis: leave without acknowledging it (it is
-    redelivered after the restart) and without waiting for Redis to come back."""
-    log.warning("%s: stopping while Redis is unavailable; the batch in progress will be redelivered", role)
+def stop_now(role: str, why: str = "while Redis is unavailable", exit: Exit = os._exit) -> NoReturn:
+    """Shutting down while a batch is not settled: leave without acknowledging it (it is
+    redelivered after the restart) and without waiting for it to finish."""
+    log.warning("%s: stopping %s; the batch in progress will be redelivered", role, why)
     logging.shutdown()
-    os._exit(0)
+    exit(0)
+
+
+def record_size(key: bytes | None, value: bytes) -> int:
+    """The bytes the producer counts for a record against its ``max_request_size`` (key,
+    value and the record batch's overhead, as aiokafka's ``send`` counts them).
+
+    >>> record_size(b"k", b"v" * 100) - 100
+    87
+    """
+    return int(DefaultRecordBatchBuilder.estimate_size_in_bytes(key, value, []))
+
+
+def _too_large(exc: BaseException) -> bool:
+    """Whether a producer or broker error says the record is too large (Faust wraps the
+    producer's own error in a ``ProducerSendError``)."""
+    while exc is not None:
+        if isinstance(exc, MessageSizeTooLargeError | RecordTooLargeError):
+            return True
+        exc = exc.__cause__  # type: ignore[assignment]
+    return False
 
 
 def record_of(event: Any) -> Record:
@@ -139,14 +187,20 @@ class Topics:
         return {f.name: getattr(self, f.name).get_topic_name() for f in fields(self)}
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class Output:
-    """A record to produce: to ``topic`` ("scores" or "dead_letters"), from ``source``."""
+    """A record to produce: to ``topic`` ("scores" or "dead_letters"), from ``source``.
+
+    ``dead_lettered`` is set by :meth:`Runtime.deliver` when the output could not be produced
+    and its source's dead letter went instead: after-effects that count the output (the
+    quality metrics) read it, so an event is counted once, as what it became.
+    """
 
     topic: str
     key: bytes | None
     value: dict[str, Any]
     source: Record
+    dead_lettered: bool = False
 
 
 def letter(record: Record, reason: str, detail: str, role: str) -> Output:
@@ -169,12 +223,35 @@ class Outcome:
 
 @dataclass(frozen=True)
 class Step(Generic[I]):
-    """A role's batch step: ``admit`` once per record, ``apply`` (idempotent) on the admitted."""
+    """A role's batch step: ``admit`` once per record, ``apply`` (idempotent) on the admitted.
+
+    ``hold`` (in the role's thread, before each batch): True while the role must not take
+    work -- the batch waits, unacknowledged, and the consumer stops pulling.
+    """
 
     role: str
     admit: Callable[[Sequence[Record]], tuple[list[I], list[Output]]]
     apply: Callable[[Sequence[I]], Outcome]
     source: Callable[[I], Record]
+    hold: Callable[[], bool] | None = None
+
+
+class Producer(Protocol):
+    """What delivery needs of a producer: Faust's (``app.producer``), or a test's."""
+
+    async def send(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        partition: int | None,
+        timestamp: float | None,
+        headers: Any,
+    ) -> Awaitable[Any]: ...
+
+
+#: Seconds between two looks at a step's ``hold``.
+HOLD_POLL_S = 1.0
 
 
 class Runtime:
@@ -183,44 +260,103 @@ class Runtime:
 
     The encoder and Redis calls block: they run off the event loop (heartbeats keep
     flowing), one thread per role so a role's state is never touched concurrently.
+
+    ``producer`` and ``exit`` are the seams of a test without a broker: a producer of its
+    own, and an ``exit`` that raises instead of ending the process.
     """
 
-    def __init__(self, settings: Settings, exporter: Exporter, client: Client, roles: Sequence[str]) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        exporter: Exporter,
+        client: Client,
+        roles: Sequence[str],
+        *,
+        producer: Producer | None = None,
+        exit: Exit = os._exit,
+    ) -> None:
         self.settings = settings
         self.exporter = exporter
         self.client = client
         self.topics: Topics | None = None
+        self.names: dict[str, str] = {
+            "scores": settings.topic_scores,
+            "dead_letters": settings.topic_dead_letter,
+        }
+        self.producer = producer
+        self.exit = exit
         self._threads = {role: ThreadPoolExecutor(1, thread_name_prefix=f"reval-{role}") for role in roles}
+
+    def close(self) -> None:
+        """Stop the role threads (a worker process ends with them; tests make many runtimes)."""
+        for pool in self._threads.values():
+            pool.shutdown(wait=True)
+
+    def attach(self, topics: Topics) -> None:
+        """Deliver to ``topics`` with their app's producer."""
+        self.topics = topics
+        self.names = topics.names()
+
+    def fail_stop(self, reason: str) -> NoReturn:
+        fail_stop(reason, self.exit)
+
+    def stop_now(self, role: str, why: str = "while Redis is unavailable") -> NoReturn:
+        stop_now(role, why, self.exit)
 
     async def run(self, role: str, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` in the role's thread."""
         return await asyncio.get_running_loop().run_in_executor(self._threads[role], fn, *args)
 
-    async def _guarded(self, role: str, fn: Callable[[list[Any]], T], batch: list[Any]) -> T:
-        """``fn(batch)`` in the role's thread.  A stop while Redis is away and a fail-stop end
-        the process here (``os._exit``: nothing acknowledged); any other error is the caller's."""
+    async def _guarded(self, role: str, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` in the role's thread.  A stop while Redis is away and a fail-stop end
+        the process here (nothing acknowledged); any other error is the caller's."""
         try:
-            return await self.run(role, fn, batch)
+            return await self.run(role, fn, *args)
         except Stopping:
-            stop_now(role)
+            self.stop_now(role)
         except FailStop as exc:
-            fail_stop(f"{role}: {exc}")
+            self.fail_stop(f"{role}: {exc}")
 
-    async def process(self, step: Step[Any], records: list[Record]) -> None:
-        """Admit, apply, deliver, then the after-effects; returns when the batch may be acknowledged.
+    async def consume(self, step: Step[Any], stream: Any, size: int, within: float) -> None:
+        """An agent's body: batches of up to ``size`` events (or what came ``within`` seconds)
+        from a Faust stream through :meth:`process`.  Each batch is acknowledged (by
+        ``take_events``) only when :meth:`process` returned: every other way out of it ends
+        the process first."""
+        async for events in stream.take_events(size, within=within):
+            await self.process(step, events, to_record=record_of)
 
-        An error nobody planned for stops the process (a crashed Faust agent would
-        otherwise sit in a live worker consuming nothing); the batch is redelivered.
+    async def process(
+        self, step: Step[Any], batch: Sequence[Any], *, to_record: Callable[[Any], Record] | None = None
+    ) -> None:
+        """Hold, admit, apply, deliver, then the after-effects; returns when the batch may be
+        acknowledged.  ``batch``: :class:`Record` s, or what ``to_record`` turns into them.
+
+        Returns only then: a shutdown while the batch is not settled, a cancellation and an
+        error nobody planned for end the process without acknowledging it (a crashed Faust
+        agent would otherwise acknowledge it, and sit in a live worker consuming nothing).
         """
         try:
-            items, rejected = await self._admit(step, records)
+            await self._hold(step)
+            taken = [to_record(e) for e in batch] if to_record is not None else list(batch)
+            items, rejected = await self._admit(step, taken)
             outcome = Outcome(list(rejected))
             if items:
                 outcome.merge(await self._apply(step, items))
             await self.finish(step.role, outcome)
+        except asyncio.CancelledError:
+            self.stop_now(step.role, "(its agent was cancelled)")
         except Exception as exc:
             log.exception("%s: unexpected error", step.role)
-            fail_stop(f"{step.role}: unexpected {exc!r}")
+            self.fail_stop(f"{step.role}: unexpected {exc!r}")
+
+    async def _hold(self, step: Step[Any]) -> None:
+        """Wait while ``step.hold`` says so; a shutdown meanwhile leaves the batch unacknowledged."""
+        if step.hold is None:
+            return
+        while await self._guarded(step.role, step.hold):
+            if stopping.is_set():
+                self.stop_now(step.role, "while its batch was held back")
+            await asyncio.sleep(HOLD_POLL_S)
 
     async def _admit(self, step: Step[Any], records: list[Record]) -> tuple[list[Any], list[Output]]:
         """The batch's admission; a record whose admission raises (a parser bug) is dead-lettered alone."""
@@ -235,6 +371,7 @@ class Runtime:
                 one, out = await self._guarded(step.role, step.admit, [record])
             except Exception as exc:
                 log.error("%s: record %s dead-lettered: %r", step.role, record.claimant, exc)
+                self.exporter.consumed.labels(record.topic).inc()  # its admission counted nothing
                 self.exporter.rejected.labels(record.topic, "processing_error").inc()
                 rejected.append(letter(record, "processing_error", repr(exc)[:500], step.role))
                 continue
@@ -246,15 +383,13 @@ class Runtime:
         """Deliver an outcome's outputs, then run its after-effects (in the role's thread)."""
         await self.deliver(outcome.outputs)
         if outcome.after:
-            try:
-                await self.run(role, _run_all, outcome.after)
-            except Stopping:
-                stop_now(role)
+            await self._guarded(role, _run_all, outcome.after)
 
     async def _apply(self, step: Step[Any], items: list[Any]) -> Outcome:
         try:
             return await self._guarded(step.role, step.apply, items)
-        except Exception:
+        except Exception as exc:
+            self._unless_outage(step.role, exc)
             if len(items) == 1:
                 log.exception("%s: record %s failed", step.role, step.source(items[0]).claimant)
             else:
@@ -264,10 +399,8 @@ class Runtime:
             try:
                 outcome.merge(await self._guarded(step.role, step.apply, [item]))
             except Exception as exc:
+                self._unless_outage(step.role, exc)
                 failed.append((item, exc))
-        if failed and len(failed) == len(items) > 1:
-            # Every record fails on its own too: the cause is not in the records.
-            fail_stop(f"{step.role}: every record of a batch of {len(items)} failed ({failed[0][1]!r})")
         for item, error in failed:
             record = step.source(item)
             log.error("%s: record %s dead-lettered: %r", step.role, record.claimant, error)
@@ -275,26 +408,55 @@ class Runtime:
             outcome.outputs.append(letter(record, "processing_error", repr(error)[:500], step.role))
         return outcome
 
+    def _unless_outage(self, role: str, exc: Exception) -> None:
+        """An outage error is not the record's: stop (the batch is redelivered), never dead-letter."""
+        if isinstance(exc, OUTAGES):
+            log.error("%s: %r", role, exc, exc_info=exc)
+            self.fail_stop(f"{role}: {exc!r} (an outage, not a bad record)")
+
     # -- delivery ------------------------------------------------------------------------
 
     def _encode(self, output: Output) -> tuple[Output, bytes]:
-        """The output's bytes; an output that cannot be produced becomes its source's dead letter."""
+        """The output's bytes; an output that cannot be produced becomes its source's dead letter.
+
+        The limit is on what the producer counts (key, value and record overhead,
+        :func:`record_size`), so an output that passes here is never refused by it."""
         limit = self.settings.max_message_bytes
         try:
             data = encode_json(output.value)
         except (TypeError, ValueError) as exc:
             return self._replace(output, "unserialisable", f"the {output.topic} record is not JSON: {exc}")
-        if len(data) <= limit:
+        size = record_size(output.key, data)
+        if size <= limit:
             return output, data
-        if output.topic == "dead_letters":  # cut the carried bytes: the coordinates find the whole record
-            value = {**output.value, "value_base64": "", "value_truncated": True}
-            return output, encode_json(value)
+        if output.topic == "dead_letters":
+            return self._fit_letter(output, limit)
         return self._replace(
-            output, "output_too_large", f"its {output.topic} record is {len(data):,} bytes (limit {limit:,})"
+            output, "output_too_large", f"its {output.topic} record is {size:,} bytes (limit {limit:,})"
         )
 
+    def _fit_letter(self, output: Output, limit: int) -> tuple[Output, bytes]:
+        """A dead letter cut to ``limit``: the carried bytes first, then the source's key and
+        the detail (its coordinates and SHA-256 still find the whole record)."""
+        value = {**output.value, "value_base64": "", "value_truncated": True}
+        data = encode_json(value)
+        if record_size(output.key, data) > limit:
+            key, detail = str(value.get("key") or ""), str(value.get("detail") or "")
+            value.update(key=_cut(key, 128), key_truncated=_cut(key, 128) != key, detail=_cut(detail, 256))
+            data = encode_json(value)
+        output.value = value
+        return output, data
+
     def _replace(self, output: Output, reason: str, detail: str) -> tuple[Output, bytes]:
+        """``output``'s source dead-lettered instead (and ``output.dead_lettered`` set).  A dead
+        letter refused as too large goes again cut to its minimum; one refused at its minimum
+        is not the record's fault (the dead-letter topic's limit is): the worker stops."""
+        if output.topic == "dead_letters":
+            if "key_truncated" in output.value:
+                self.fail_stop(f"the dead letter of {output.source.claimant} cannot be produced: {detail}")
+            return self._fit_letter(output, 0)
         source = output.source
+        output.dead_lettered = True
         self.exporter.rejected.labels(source.topic, reason).inc()
         role = output.value.get("role") or "score"
         return self._encode(letter(source, reason, detail, str(role)))
@@ -302,29 +464,24 @@ class Runtime:
     async def deliver(self, outputs: Sequence[Output]) -> None:
         """Produce every output and wait until the broker acknowledged each.
 
-        Only what was not acknowledged is sent again; an output the broker refuses for
-        good (too large for it) becomes its source's dead letter; when the broker takes
-        nothing for ``produce_timeout_s`` the worker fails-stop (never acknowledges a batch
-        whose outputs are not durable).
+        Only what was not acknowledged is sent again; an output the producer or the broker
+        refuses for good (too large for it) becomes its source's dead letter; when the broker
+        takes nothing for ``produce_timeout_s`` the worker fails-stop (never acknowledges a
+        batch whose outputs are not durable).
         """
         if not outputs:
             return
-        assert self.topics is not None
         pending = [self._encode(o) for o in outputs]
         deadline = time.monotonic() + self.settings.produce_timeout_s
         delay = 0.2
-        # Faust's producer itself rather than ``Topic.send``: the bytes are ready, and the
-        # channel's per-message wrapping (a FutureMessage, sensor callbacks, a topic lookup)
-        # cost ~25 µs per output, ~4% of the score worker (py-spy).
-        producer = await self.topics.scores.app.maybe_start_producer()
-        names = self.topics.names()
+        producer = await self._producer()
         while pending:
-            sent = []
+            sent: list[tuple[Output, bytes, Any]] = []
             for output, data in pending:
                 try:
-                    future = await producer.send(names[output.topic], output.key, data, None, None, None)
+                    future = await producer.send(self.names[output.topic], output.key, data, None, None, None)
                     sent.append((output, data, future))
-                except KafkaError as exc:
+                except Exception as exc:  # the producer refused it before sending (Faust wraps KafkaError)
                     sent.append((output, data, exc))
             retry: list[tuple[Output, bytes]] = []
             for output, data, future in sent:
@@ -332,16 +489,18 @@ class Runtime:
                     if isinstance(future, BaseException):
                         raise future
                     await future
-                except (MessageSizeTooLargeError, RecordTooLargeError) as exc:
-                    replaced = self._replace(output, "output_too_large", f"the broker refused it: {exc!r}")
-                    retry.append(replaced)
-                except Exception as exc:  # retried until the deadline
-                    log.warning("producing to %s failed (%r); will retry", output.topic, exc)
-                    retry.append((output, data))
+                except Exception as exc:
+                    if _too_large(exc):
+                        retry.append(
+                            self._replace(output, "output_too_large", f"refused as too large: {exc!r}")
+                        )
+                    else:  # retried until the deadline
+                        log.warning("producing to %s failed (%r); will retry", output.topic, exc)
+                        retry.append((output, data))
             if not retry:
                 return
             if time.monotonic() > deadline:
-                fail_stop(
+                self.fail_stop(
                     f"{len(retry)} record(s) not acknowledged by the broker within "
                     f"{self.settings.produce_timeout_s:g}s; not acknowledging the batch"
                 )
@@ -349,6 +508,21 @@ class Runtime:
             await asyncio.sleep(delay)
             delay = min(delay * 2, 5.0)
             pending = retry
+
+    async def _producer(self) -> Producer:
+        if self.producer is not None:
+            return self.producer
+        # Faust's producer itself rather than ``Topic.send``: the bytes are ready, and the
+        # channel's per-message wrapping (a FutureMessage, sensor callbacks, a topic lookup)
+        # cost ~25 µs per output, ~4% of the score worker (py-spy).
+        assert self.topics is not None, "attach() the topics first"
+        producer: Producer = await self.topics.scores.app.maybe_start_producer()
+        return producer
+
+
+def _cut(text: str, size: int) -> str:
+    """``text`` cut to at most ``size`` bytes of UTF-8 (never inside a character)."""
+    return text.encode()[:size].decode(errors="ignore")
 
 
 def _run_all(effects: Sequence[Callable[[], None]]) -> None:

@@ -11,7 +11,6 @@ scored once and counted as ``duplicate``.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import gc
 import hashlib
@@ -32,14 +31,14 @@ from stream.scoring import NeighbourCache, score_events
 from stream.thesaurus import JsonThesaurus
 from workers.adapters.exporter import Exporter, LabelGuard, QualityMetrics
 from workers.adapters.kafka_client import TopicIdentity
-from workers.adapters.redis_client import Client, stopping, with_retry
+from workers.adapters.redis_client import Client, with_retry
 from workers.adapters.redis_state import RedisClaims, RedisJoin, Waiting
 from workers.adapters.redis_thesaurus import RedisThesauri
 from workers.adapters.store import ThesaurusStore, neighbour_cache, version_number
 from workers.service.incarnation import Incarnations
 from workers.service.index import thesauri_of
 from workers.service.records import Record, admit, dead_letter, letter_key
-from workers.service.runtime import Outcome, Output, Runtime, Step, Topics, letter, record_of
+from workers.service.runtime import Outcome, Output, Runtime, Step, Topics, letter
 from workers.settings import Settings, window_label
 
 log = logging.getLogger("reval.workers")
@@ -160,35 +159,80 @@ class Scorer:
         )
         self.index_version: str | None = None  # the store's name of the loaded version
         self.cache = NeighbourCache(EMPTY, max_k=max(self.ks))
+        self.missing = False  # versions are published, none could be loaded: events wait
         self._checked = 0.0
-        self._rejected: str | None = None  # the last version refused (not retried until a newer one)
+        self._rejected: set[str] = set()  # versions refused (not retried: a version never changes)
         self.reload(force=True)
 
     def _retry(self, what: str, call: Any) -> Any:
         return with_retry(what, call, report=self.x.redis_report)
 
     def reload(self, *, force: bool = False) -> bool:
-        """Switch to the newest thesaurus version if there is one (no restart needed)."""
+        """Switch to the newest intact thesaurus version (no restart needed); True on a switch.
+
+        The current version first; when it cannot be loaded (damaged, pruned) the newest older
+        one that can, and the scorer says so: the log, ``reval_thesaurus_fallbacks_total`` and
+        each score's ``index_version``.  With versions published and none loadable
+        (``reval_scoring_thesaurus_missing`` = 1) :meth:`ready` is False and events wait:
+        never a score against a thesaurus the scorer does not have.  Before the first version
+        is published the thesaurus is empty (every hashtag its only synonym: exact match),
+        and the scores say ``index_version: null``.
+        """
         now = time.monotonic()
         if not force and now - self._checked < self.settings.reload_interval_s:
             return False
         self._checked = now
-        current = self.store.current_version()
-        if current is None or current in (self.index_version, self._rejected):
-            return False
         try:
-            thesaurus = self.store.load(current, index=False)  # the neighbour table is all it needs
-            cache = neighbour_cache(thesaurus, max(self.ks))
-        except (OSError, ValueError) as exc:  # damaged or unreadable: keep the last good version
-            self._rejected = current
-            self.x.thesaurus_rejected.labels("score").inc()
-            log.error("thesaurus %s rejected (%s); still scoring with %s", current, exc, self.index_version)
-            return False
-        self.cache = cache
-        self.index_version = current
-        self.x.thesaurus_loaded.set(version_number(current))
-        log.info("scoring with thesaurus %s (%d hashtags)", current, len(thesaurus))
-        return True
+            current = self._retry("thesaurus", self.store.current_version)
+        except (OSError, ValueError) as exc:  # a damaged pointer: the versions are still there
+            log.error("thesaurus: the current version cannot be read (%s); trying the newest", exc)
+            current = None
+        listed = self._retry("thesaurus versions", self.store.versions)
+        newest_first = sorted({*listed, *([current] if current else [])}, key=version_number, reverse=True)
+        if current is not None:  # never a version newer than the current one
+            newest_first = [v for v in newest_first if version_number(v) <= version_number(current)]
+        self._rejected &= set(newest_first)
+        for version in newest_first:
+            if version == self.index_version:
+                break  # already on the newest intact version
+            if version in self._rejected:
+                continue
+            try:  # the neighbour table is all a scorer needs
+                thesaurus = self._retry("thesaurus", partial(self.store.load, version, index=False))
+                cache = neighbour_cache(thesaurus, max(self.ks))
+            except (OSError, ValueError) as exc:  # damaged or unreadable
+                self._rejected.add(version)
+                self.x.thesaurus_rejected.labels("score").inc()
+                log.error("thesaurus %s rejected (%s)", version, exc)
+                continue
+            self.cache, self.index_version, self.missing = cache, version, False
+            self.x.thesaurus_loaded.set(version_number(version))
+            self.x.thesaurus_missing.set(0)
+            if version != current:
+                self.x.thesaurus_fallbacks.inc()
+                log.warning(
+                    "scoring with thesaurus %s, the newest intact one (current: %s)", version, current
+                )
+            else:
+                log.info("scoring with thesaurus %s (%d hashtags)", version, len(thesaurus))
+            return True
+        if self.index_version is None and newest_first and not self.missing:
+            log.error(
+                "no thesaurus version can be loaded (%s refused): events wait until one can",
+                ", ".join(newest_first),
+            )
+        self.missing = self.index_version is None and bool(newest_first)
+        self.x.thesaurus_missing.set(int(self.missing))
+        return False
+
+    def ready(self) -> bool:
+        """Whether events can be scored: a version is loaded, or none was ever published."""
+        self.reload()
+        return not self.missing
+
+    def hold_events(self) -> bool:
+        """The score agent's back-pressure: no usable thesaurus, or the join is full."""
+        return not self.ready() or self.join_full()
 
     def _score(self, jobs: Sequence[tuple[Recommendation, Sequence[str], Record]], outcome: Outcome) -> None:
         """Score ``(event, truth, source)`` jobs as one batch (:func:`stream.scoring.score_events`):
@@ -196,16 +240,25 @@ class Scorer:
         if not jobs:
             return
         results = score_events([(event, truth) for event, truth, _ in jobs], self.cache, self.ks, self.rs)
-        times = []
+        times, outputs = [], []
         for (event, truth, source), result in zip(jobs, results, strict=True):
             event_time = event.ts.timestamp() if event.ts else source.time
             value = result.to_json()
             value["index_version"] = self.index_version  # the store's name; thesaurus_version is the content
             value["event_time"] = event_time
             value["ground_truth"] = list(truth)
-            outcome.outputs.append(Output("scores", event.tweet_id.encode(), value, source))
+            outputs.append(Output("scores", event.tweet_id.encode(), value, source))
             times.append(event_time)
-        outcome.after.append(partial(self.quality.observe_many, results, times))
+        outcome.outputs += outputs
+        outcome.after.append(partial(self._observe, outputs, results, times))
+
+    def _observe(self, outputs: Sequence[Output], results: Sequence[Any], times: Sequence[float]) -> None:
+        """The quality metrics of the scores delivered as scores (one the broker refused went
+        as a dead letter, and is counted as that)."""
+        if any(o.dead_lettered for o in outputs):
+            kept = [i for i, o in enumerate(outputs) if not o.dead_lettered]
+            results, times = [results[i] for i in kept], [times[i] for i in kept]
+        self.quality.observe_many(results, times)
 
     def _event_ids(self, records: Sequence[Record]) -> list[str]:
         """``incarnation:partition:offset`` per record; the incarnation is asked once per
@@ -268,6 +321,9 @@ class Scorer:
             joined: Counter[str] = Counter()
             for (parked, eid), (status, truth) in zip(waiting, replies, strict=True):
                 joined[_JOIN_OUTCOME.get(status, "duplicate")] += 1
+                if status == "dup":  # settled before: an event's outcome is counted once
+                    name = self.quality.guard(parked.event.recommender)
+                    outcome.after.append(partial(_inc, self.x.events, name, "duplicate"))
                 if status == "match":
                     assert truth is not None
                     matched.append((parked.event, truth, parked.source))
@@ -377,27 +433,37 @@ def register(app: faust.App, topics: Topics, rt: Runtime) -> None:
     incarnations = Incarnations(identity, rt.client, settings.redis_prefix, rt.exporter)
     scorer = Scorer(settings, rt.exporter, rt.client, incarnations)
     size = max(settings.embed_batch_size, SCORE_BATCH)
-    events_step = Step("score", scorer.admit_events, scorer.apply_events, source=lambda item: item[0])
-    tweets_step = Step("score", scorer.admit_tweets, scorer.apply_tweets, source=lambda item: item[0])
+    events_step = Step(
+        "score",
+        scorer.admit_events,
+        scorer.apply_events,
+        source=lambda item: item[0],
+        hold=scorer.hold_events,
+    )
+    # Tweets drain the join, so a full join does not hold them; a missing thesaurus does
+    # (the events they answer are scored).
+    tweets_step = Step(
+        "score",
+        scorer.admit_tweets,
+        scorer.apply_tweets,
+        source=lambda item: item[0],
+        hold=lambda: not scorer.ready(),
+    )
     incarnations.watch(app, [settings.topic_recommendations, settings.topic_tweets])
 
     @app.agent(topics.recommendations, name="score")
     async def score(stream: Any) -> None:
-        async for events in stream.take_events(size, within=0.2):
-            while await rt.run("score", scorer.join_full) and not stopping.is_set():
-                await asyncio.sleep(1.0)  # back-pressure: wait for the join to drain
-            await rt.process(events_step, [record_of(e) for e in events])
+        await rt.consume(events_step, stream, size, 0.2)
 
     @app.agent(topics.tweets, name="join")
     async def join(stream: Any) -> None:
-        async for events in stream.take_events(size, within=0.2):
-            await rt.process(tweets_step, [record_of(e) for e in events])
+        await rt.consume(tweets_step, stream, size, 0.2)
 
     @app.timer(interval=settings.reload_interval_s)
     async def reload() -> None:
         try:
             await rt.run("score", scorer.reload)
-        except Exception:  # a failed reload must not stop the timer
+        except Exception:  # a failed reload must not stop the timer (Stopping included)
             log.exception("thesaurus reload failed")
 
     @app.timer(interval=settings.join_window_s / 4, on_leader=True)
