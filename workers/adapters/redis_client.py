@@ -1,14 +1,41 @@
-"""Redis: the client the workers share, pipelined script calls, and back-pressure on outages.
+"""Redis: the client the workers share, pipelined script calls, back-pressure on outages,
+and the replication barrier that keeps a failover from losing acknowledged writes.
 
 The running means (:mod:`workers.adapters.redis_means`) and the other worker state
-(:mod:`workers.adapters.redis_state`) use these.
+(:mod:`workers.adapters.redis_state`, :mod:`workers.adapters.redis_thesaurus`) use these.
+
+Replication and failover
+------------------------
+Redis replicates asynchronously: a master acknowledges a write before any replica has it.
+If the master then dies and a replica that lacks the write is promoted (Redis Cluster
+failover, or Sentinel), the write is gone -- while the worker that made it may already
+have committed its Kafka offset: a running mean would silently miss tweets.
+
+:class:`Replication` closes that window.  Each adapter method that writes what a Kafka
+commit depends on ends with :meth:`Replication.barrier`: on every master, a write to a
+small marker key followed by ``WAIT replicas timeout`` *on the same connection*.  ``WAIT``
+waits for the replication offset of its own connection's last write; a master's
+replication stream is one ordered log, and the marker is written after every write of the
+call had its reply, so the marker's offset covers them all (and any unreplicated write of
+another client that the call read).  Only when every master reports ``replicas`` replicas
+at that offset does the method return -- and only then is the batch acknowledged.
+
+When a master cannot confirm (a replica paused, cut off or dead: fewer acknowledgements
+than asked within the timeout), or the set of masters changed while the call ran (a
+failover: the writes may have gone to the master that died), the method raises
+:class:`ReplicationLagError`, a transient error: :func:`with_retry` waits and runs the
+*whole* call again -- writes and barrier -- which is safe because every write here is
+idempotent.  So a batch is acknowledged only once its writes are on ``replicas`` replicas
+of the masters that serve them now; while that cannot be had, the workers stall
+(back-pressure, ``reval_redis_unavailable`` = 1) rather than go on unprotected.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, suppress
 from typing import Any, TypeVar, cast
 
 import redis
@@ -20,11 +47,13 @@ from redis.exceptions import (
     AuthorizationError,
     BusyLoadingError,
     ClusterDownError,
+    ClusterError,
     NoScriptError,
     OutOfMemoryError,
     ReadOnlyError,
     RedisError,
     ResponseError,
+    SlotNotCoveredError,
     TryAgainError,
 )
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -68,6 +97,134 @@ def eval_many(client: Client, script: Any, calls: Sequence[tuple[str, Sequence[A
     raise AssertionError("unreachable")
 
 
+class ReplicationLagError(RedisError):
+    """Writes not yet confirmed on enough replicas, or the masters changed while they were
+    made: transient (:func:`with_retry` runs the writes and the barrier again)."""
+
+
+class Replication:
+    """The replication barrier (see the module docstring): ``replicas`` replicas of every
+    master must hold what was written before :meth:`barrier` returns.
+
+    ``replicas=0`` turns it off (a single Redis without replicas; or an operator's choice
+    to trade the failover guarantee for availability while replicas are missing).
+    ``timeout_s`` bounds one ``WAIT``; a shortfall raises :class:`ReplicationLagError`.
+    The marker keys are ``{prefix}:sync:{<n>}``, one per master (a few bytes each).
+
+    >>> Replication(redis.Redis(), replicas=0).barrier_needed
+    False
+    """
+
+    def __init__(
+        self, client: Client, replicas: int, *, timeout_s: float = 1.0, prefix: str = "reval"
+    ) -> None:
+        if replicas < 0:
+            raise ValueError(f"replicas must be >= 0, got {replicas}")
+        if not timeout_s > 0:
+            raise ValueError(f"timeout_s must be positive, got {timeout_s}")
+        self.client = client
+        self.replicas = replicas
+        self.timeout_ms = max(1, round(timeout_s * 1000))
+        self.prefix = prefix
+        self._markers: dict[str, str] = {}  # master name -> a marker key in its slots
+
+    @property
+    def barrier_needed(self) -> bool:
+        return self.replicas > 0
+
+    def masters(self) -> tuple[str, ...]:
+        """The masters the client routes to now (``host:port``; empty for a single Redis)."""
+        if isinstance(self.client, RedisCluster):
+            return tuple(sorted(node.name for node in self.client.get_primaries()))
+        return ()
+
+    @contextmanager
+    def barrier(self) -> Iterator[None]:
+        """``with replication.barrier(): <writes>``: after the writes, wait until they are
+        on the replicas (:meth:`wait`); the masters must be the same as before the writes."""
+        before = self.masters() if self.barrier_needed else ()
+        yield
+        self.wait(before)
+
+    def wait(self, masters: tuple[str, ...] | None = None) -> None:
+        """Wait until every master's replication stream so far is on ``replicas`` replicas.
+
+        ``masters``: the masters before the writes (:meth:`masters`); if they changed
+        (a failover), raise :class:`ReplicationLagError` at once -- the writes may have
+        gone to a master that died.
+        """
+        if not self.barrier_needed:
+            return
+        if isinstance(self.client, RedisCluster):
+            now = self.masters()
+            if masters is not None and now != masters:
+                self._markers.clear()
+                raise ReplicationLagError(
+                    f"the Redis Cluster's masters changed during the writes ({', '.join(masters)} -> "
+                    f"{', '.join(now)}): writing again"
+                )
+            for name in now:
+                self._wait_on(name)
+        else:
+            self._wait_on("")
+
+    def _wait_on(self, name: str) -> None:
+        key = self._marker(name)
+        if isinstance(self.client, RedisCluster):
+            node = self.client.get_node(node_name=name)
+            if node is None:
+                raise ReplicationLagError(f"Redis master {name} left the cluster: writing again")
+            connection: redis.Redis = self.client.get_redis_connection(node)
+        else:
+            connection = self.client
+        # One pipeline = one connection: WAIT counts the writes of the connection it is sent on.
+        pipe = connection.pipeline(transaction=False)
+        pipe.set(key, b"")
+        pipe.execute_command("WAIT", self.replicas, self.timeout_ms)
+        try:
+            _, acked = pipe.execute()
+        except RedisError:
+            self._markers.pop(name, None)  # the slot may have moved: choose the marker again
+            self._refresh(key)
+            raise
+        if int(acked) < self.replicas:
+            where = f"Redis master {name}" if name else "Redis"
+            raise ReplicationLagError(
+                f"{where}: {int(acked)} of {self.replicas} replicas acknowledged the writes within "
+                f"{self.timeout_ms / 1000:g} s (REVAL_REDIS_REPLICAS): holding the batch until they do"
+            )
+
+    def _marker(self, name: str) -> str:
+        """A key of ``{prefix}:sync:{n}`` whose slot the master ``name`` serves (any key for a
+        single Redis): the first ``n`` that hashes there, found in a few tries per master."""
+        if name in self._markers:
+            return self._markers[name]
+        if not isinstance(self.client, RedisCluster):
+            self._markers[name] = f"{self.prefix}:sync"
+            return self._markers[name]
+        wanted = set(self.masters())
+        for n in range(100_000):
+            key = f"{self.prefix}:sync:{{{n}}}"
+            try:
+                owner = self.client.get_node_from_key(key).name
+            except SlotNotCoveredError:
+                continue
+            if owner in wanted:
+                self._markers.setdefault(owner, key)
+            if name in self._markers and len(self._markers) >= len(wanted):
+                break
+        if name not in self._markers:
+            raise ReplicationLagError(f"Redis master {name} serves no slot now: writing again")
+        return self._markers[name]
+
+    def _refresh(self, key: str) -> None:
+        """Let the cluster client learn the topology anew: a command routed by slot, which
+        follows MOVED and reinitialises on connection errors (redis-py's own recovery)."""
+        if isinstance(self.client, RedisCluster):
+            with suppress(RedisError, SlotNotCoveredError):
+                self.client.exists(key)
+
+
 class Stopping(Exception):
     """The process is shutting down: a Redis wait gives up instead of blocking shutdown."""
 
@@ -85,8 +242,10 @@ _TRANSIENT = (
     ReadOnlyError,
     OutOfMemoryError,  # redis-py strips the "OOM" from its message: match the class
     ClusterDownError,
+    ClusterError,  # redis-py gave up following redirections: the cluster is reconfiguring
     TryAgainError,
     AskError,
+    ReplicationLagError,
 )
 _TRANSIENT_REPLIES = (
     "OOM",
@@ -102,7 +261,8 @@ _TRANSIENT_REPLIES = (
 
 
 def is_transient(exc: BaseException) -> bool:
-    """Whether a Redis error is one to wait out (see ``_TRANSIENT``); a wrong password is not.
+    """Whether a Redis error is one to wait out (see ``_TRANSIENT``; and a slot no master
+    serves, mid-failover); a wrong password is not.
 
     >>> is_transient(RedisConnectionError("refused")), is_transient(ResponseError("OOM command not allowed"))
     (True, True)
@@ -113,7 +273,7 @@ def is_transient(exc: BaseException) -> bool:
     """
     if isinstance(exc, AuthenticationError | AuthorizationError):
         return False
-    if isinstance(exc, _TRANSIENT):
+    if isinstance(exc, _TRANSIENT | SlotNotCoveredError):
         return True
     return isinstance(exc, ResponseError) and str(exc).split(" ", 1)[0].upper() in _TRANSIENT_REPLIES
 
@@ -137,7 +297,7 @@ def with_retry(what: str, call: Callable[[], T], *, report: Report | None = None
             raise Stopping(f"{what}: shutting down")
         try:
             result = call()
-        except RedisError as exc:
+        except (RedisError, SlotNotCoveredError) as exc:
             if not is_transient(exc):
                 raise
             failures += 1

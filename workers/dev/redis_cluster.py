@@ -236,7 +236,8 @@ class LocalRedisCluster:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
         if done.returncode != 0:
             lines = [ln for ln in (done.stdout + done.stderr).splitlines() if ln.strip()]
-            raise RedisClusterError(f"redis-cli --cluster create failed: {lines[-1] if lines else done.returncode}")
+            reason = lines[-1] if lines else f"exit code {done.returncode}"
+            raise RedisClusterError(f"redis-cli --cluster create failed: {reason}")
 
     def stop(self) -> None:
         """Stop every node: SIGKILL for a temporary cluster (its data goes anyway), else
@@ -324,7 +325,6 @@ class LocalRedisCluster:
         replication link up."""
         timeout = timeout or self.startup_timeout
         deadline = time.monotonic() + timeout
-        why = "not checked"
         while True:
             for node in self.nodes:
                 if node.proc is not None and not node.alive:
@@ -336,7 +336,7 @@ class LocalRedisCluster:
             if why is None:
                 return
             if time.monotonic() > deadline:
-                raise RedisClusterError(f"Redis Cluster on {self.url} not ready within {timeout:.0f} s: {why}")
+                raise RedisClusterError(f"the Redis Cluster was not ready within {timeout:.0f} s: {why}")
             time.sleep(0.1)
 
     def _not_ready(self, replicated: bool) -> str | None:
@@ -418,7 +418,7 @@ class LocalRedisCluster:
                 if promoted and self._not_ready(replicated=False) is None:
                     return promoted[0]
             if time.monotonic() > deadline:
-                raise RedisClusterError(f"no replica took over from the master on port {port} in {timeout:.0f} s")
+                raise RedisClusterError(f"no replica took over from master {port} within {timeout:.0f} s")
             time.sleep(0.1)
 
     def __repr__(self) -> str:
