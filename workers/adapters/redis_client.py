@@ -246,6 +246,7 @@ _TRANSIENT = (
     TryAgainError,
     AskError,
     ReplicationLagError,
+    SlotNotCoveredError,  # not a RedisError: redis-py raises it mid-failover
 )
 _TRANSIENT_REPLIES = (
     "OOM",
@@ -261,8 +262,7 @@ _TRANSIENT_REPLIES = (
 
 
 def is_transient(exc: BaseException) -> bool:
-    """Whether a Redis error is one to wait out (see ``_TRANSIENT``; and a slot no master
-    serves, mid-failover); a wrong password is not.
+    """Whether a Redis error is one to wait out (see ``_TRANSIENT``); a wrong password is not.
 
     >>> is_transient(RedisConnectionError("refused")), is_transient(ResponseError("OOM command not allowed"))
     (True, True)
@@ -273,7 +273,7 @@ def is_transient(exc: BaseException) -> bool:
     """
     if isinstance(exc, AuthenticationError | AuthorizationError):
         return False
-    if isinstance(exc, _TRANSIENT | SlotNotCoveredError):
+    if isinstance(exc, _TRANSIENT):
         return True
     return isinstance(exc, ResponseError) and str(exc).split(" ", 1)[0].upper() in _TRANSIENT_REPLIES
 
@@ -313,13 +313,18 @@ def with_retry(what: str, call: Callable[[], T], *, report: Report | None = None
         return result
 
 
-def clear_prefix(url: str, prefix: str) -> int:
-    """Delete every key under ``prefix:`` (tests, demos); returns how many went."""
-    client = redis.Redis.from_url(url)
+def clear_prefix(url: str, prefix: str, *, cluster: bool = False) -> int:
+    """Delete every key under ``prefix:`` (tests, demos); returns how many went.  On a Redis
+    Cluster the SCAN covers every master and each key is deleted by its own command (keys of
+    different slots cannot share one)."""
+    client = connect(url, cluster=cluster)
     try:
-        keys = list(client.scan_iter(f"{prefix}:*", count=1000))
+        keys = list(dict.fromkeys(client.scan_iter(match=f"{prefix}:*", count=1000)))
         for start in range(0, len(keys), 1000):
-            client.delete(*keys[start : start + 1000])
+            pipe = client.pipeline(transaction=False)
+            for key in keys[start : start + 1000]:
+                pipe.unlink(key)
+            pipe.execute()
         return len(keys)
     finally:
         client.close()

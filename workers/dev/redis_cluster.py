@@ -5,7 +5,9 @@ for the tests, the benchmarks and by hand::
     with LocalRedisCluster() as cluster:
         cluster.url                  # "redis://127.0.0.1:P" (any live node: a startup node)
         old = cluster.master_of("reval:h:{flood}")
+        cluster.cut_off(cluster.replicas_of(old)[0])   # its replica paused, link dropped
         cluster.kill(old)            # kill -9 that master ...
+        cluster.resume(cluster.replicas_of(old)[0])
         new = cluster.wait_failover(old)   # ... until its replica took over its slots
         cluster.start_node(old)      # back on its data: it rejoins as the new master's replica
         cluster.wait_ready()
@@ -387,6 +389,19 @@ class LocalRedisCluster:
         assert target.proc is not None and target.alive, f"node {node} is not running"
         os.killpg(target.proc.pid, signal.SIGSTOP)
         target.paused = True
+
+    def cut_off(self, replica: int) -> None:
+        """Pause ``replica`` (SIGSTOP) and drop its master's replication links: nothing the
+        master is sent from now on reaches it, even once continued if the master is dead by
+        then (a replica paused but still connected would find those writes in its socket
+        buffer when continued).  Other replicas of that master reconnect at once."""
+        target = self.node(replica)
+        role, master = self.topology().get(target.port, ("", None))
+        if role != "replica" or master is None:
+            raise RedisClusterError(f"port {target.port} is not a replica")
+        self.pause(replica)
+        with self.node(master).client() as client:
+            client.client_kill_filter(_type="replica")
 
     def resume(self, node: int) -> None:
         """SIGCONT a paused node."""
