@@ -87,7 +87,7 @@ def test_the_pipeline_runs_on_a_redis_cluster(
     try:
         embed, score = stack.start("embed", "index"), stack.start("score")
         stack.wait_ready(embed, score, timeout=180)
-        lines = plain_tweets(400)
+        lines = plain_tweets(800)  # 352 tweets (retweets left out)
         expected = batch_means(lines, stack.model)
         events = events_for(lines)
         early = [e for e in events if "ground_truth" not in e][::2]  # these wait for their tweets
@@ -144,8 +144,8 @@ def test_kill_9_of_a_master_mid_stream(
     try:
         embed, score = stack.start("embed"), stack.start("score")
         stack.wait_ready(embed, score, timeout=180)
-        lines = plain_tweets(500)
-        first, second = lines[:200], lines[200:]
+        lines = plain_tweets(1000)  # 463 tweets (retweets left out)
+        first, second = lines[:150], lines[150:]
         stack.send("tweets", keyed(first))
         wait_for(
             "the first tweets applied", lambda: counts_reach(stack, batch_means(first, stack.model)), 180, 1

@@ -286,7 +286,8 @@ class LocalRedisCluster:
 
     def topology(self) -> dict[int, tuple[str, int | None]]:
         """``port -> (role, master's port)`` as a live node sees the cluster now: ``"master"``
-        (serving slots), ``"replica"``, or ``"failed"`` (flagged fail, or a master without slots)."""
+        (serving slots), ``"replica"`` (answering or not), or ``"failed"`` (a master flagged
+        fail, or one without slots)."""
         for node in self.nodes:
             if not node.alive or node.paused:
                 continue
@@ -365,8 +366,9 @@ class LocalRedisCluster:
         if len(masters) != self.masters:
             return f"{len(masters)} masters serve slots, not {self.masters}"
         if replicated:
+            ports = {n.port for n in live}
             for port in masters:
-                mine = [p for p, (role, m) in topology.items() if role == "replica" and m == port]
+                mine = [p for p, (r, m) in topology.items() if r == "replica" and m == port and p in ports]
                 if len(mine) < self.replicas:
                     return f"master {port} has {len(mine)} replicas, not {self.replicas}"
         return None
@@ -442,18 +444,19 @@ class LocalRedisCluster:
 
 
 def _roles(nodes: dict[str, dict[str, Any]]) -> dict[int, tuple[str, int | None]]:
-    """``CLUSTER NODES`` (as redis-py parses it) as ``port -> (role, master's port)``."""
+    """``CLUSTER NODES`` (as redis-py parses it) as ``port -> (role, master's port)``: a
+    replica is listed as one whether it answers or not (who may take over from a master)."""
     port_of = {info["node_id"]: int(addr.rsplit(":", 1)[1]) for addr, info in nodes.items()}
     out: dict[int, tuple[str, int | None]] = {}
     for addr, info in nodes.items():
         flags = set(info["flags"].split(","))
         port = int(addr.rsplit(":", 1)[1])
-        if "fail" in flags or "noaddr" in flags or ("master" in flags and not info["slots"]):
-            out[port] = ("failed", None)  # down, or a master serving no slots
-        elif "master" in flags:
-            out[port] = ("master", None)
-        else:
+        if "master" not in flags:
             out[port] = ("replica", port_of.get(info["master_id"]))
+        elif "fail" in flags or "noaddr" in flags or not info["slots"]:
+            out[port] = ("failed", None)  # down, or a master serving no slots
+        else:
+            out[port] = ("master", None)
     return out
 
 
