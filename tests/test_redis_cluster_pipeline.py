@@ -136,8 +136,9 @@ def test_kill_9_of_a_master_mid_stream(
 ) -> None:
     """kill -9 of the busiest master while its replica is cut off and the workers stream: with
     the barrier the workers hold their batches (unacknowledged) until the promoted replica has
-    a replica again, then ride on -- means exact, every event scored, no worker died; without
-    it (``REVAL_REDIS_REPLICAS=0``) the acknowledged tweets of that master's hashtags are lost."""
+    a replica again, then ride on -- means exact, every event scored, no worker died, no
+    rollback reported; without it (``REVAL_REDIS_REPLICAS=0``) the acknowledged tweets of
+    that master's hashtags are lost -- and ``reval_redis_rollbacks_total`` says so."""
     cluster = own_cluster
     env = {} if barrier else {"REVAL_REDIS_REPLICAS": "0"}
     stack = cluster_stack(broker, cluster, tiny_bertweet, tmp_path, **env)
@@ -145,7 +146,7 @@ def test_kill_9_of_a_master_mid_stream(
         embed, score = stack.start("embed"), stack.start("score")
         stack.wait_ready(embed, score, timeout=180)
         lines = plain_tweets(1000)  # 463 tweets (retweets left out)
-        first, second = lines[:150], lines[150:]
+        first, second, third = lines[:150], lines[150:400], lines[400:]
         stack.send("tweets", keyed(first))
         wait_for(
             "the first tweets applied", lambda: counts_reach(stack, batch_means(first, stack.model)), 180, 1
@@ -172,13 +173,15 @@ def test_kill_9_of_a_master_mid_stream(
             )
             assert embed.metric("reval_records_consumed_total", topic=topic) < len(lines)
         else:
-            wait_for("every tweet applied on the master", lambda: counts_reach(stack, expected), 180, 1)
+            applied = batch_means(first + second, stack.model)
+            wait_for("every tweet applied on the master", lambda: counts_reach(stack, applied), 180, 1)
 
         cluster.kill(master)
         cluster.resume(replica)
         assert cluster.wait_failover(master) == replica
         cluster.start_node(master)  # back as the new master's replica
         cluster.wait_ready()
+        stack.send("tweets", keyed(third))  # after the failover
 
         if barrier:
             wait_for("every tweet applied", lambda: counts_reach(stack, expected), 180, 1.0)
@@ -188,7 +191,20 @@ def test_kill_9_of_a_master_mid_stream(
             assert not [d for d in stack.read_json("dead_letter") if d["reason"] == "join_expired"]
             assert embed.proc.poll() is None and score.proc.poll() is None  # rode through
             assert embed.metric("reval_redis_unavailable") == 0
+            assert embed.metric("reval_redis_rollbacks_total") == 0  # nothing lost, no false alarm
         else:
+            wait_for(
+                "the rollback reported",
+                lambda: embed.metric("reval_redis_rollbacks_total") >= 1,
+                120,
+                1.0,
+            )
+            wait_for(
+                "the tweets after the failover",
+                lambda: embed.metric("reval_records_consumed_total", topic=topic) == len(lines),
+                120,
+                1.0,
+            )
             got = means_of(stack)
             lost = {t: expected.states[t].count - (got[t].count if t in got else 0) for t in on_master}
             assert any(n > 0 for n in lost.values()), "nothing was lost: the fault did not bite"

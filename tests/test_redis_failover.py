@@ -178,13 +178,17 @@ def test_every_write_a_commit_depends_on_waits_for_the_replicas(
 # -- the loss, and none with the barrier -----------------------------------------------------
 
 
-def test_without_the_barrier_a_failover_loses_acknowledged_writes(
+def test_without_the_barrier_a_failover_loses_acknowledged_writes_and_says_so(
     cluster: LocalRedisCluster, client: RedisCluster
 ) -> None:
     """The loss the barrier exists for: applied (acknowledged) batches missing after the
-    failover -- exactly those of the hashtags on the master that died."""
+    failover -- exactly those of the hashtags on the master that died.  With the barrier
+    off (``replicas=0``) the rollback check still reports it, naming the master."""
     items = stream()
-    store = RedisMeans(client, prefix=prefix())  # no Replication: acknowledged on the master's word
+    rollbacks: list[tuple[str, str]] = []
+    p = prefix()
+    check = Replication(client, 0, prefix=p, on_rollback=lambda master, key: rollbacks.append((master, key)))
+    store = RedisMeans(client, prefix=p, replication=check)  # acknowledged on the master's word
     before, after = items[:300], items[300:]
     for batch in batches(before, 50):
         store.apply(batch)
@@ -195,7 +199,8 @@ def test_without_the_barrier_a_failover_loses_acknowledged_writes(
     cluster.cut_off(cluster.replicas_of(master)[0])
     for batch in batches(after, 50):
         store.apply(batch)  # returns: the master has the writes, its replica does not
-    fail_over(cluster, master)
+    assert not rollbacks
+    new = fail_over(cluster, master)
 
     got = patiently(store.read_all)
     count = {tag: state.count for tag, state in got.items()}
@@ -206,7 +211,31 @@ def test_without_the_barrier_a_failover_loses_acknowledged_writes(
     assert any(count.get(tag, 0) < everything.states[tag].count for tag in on_master), "nothing lost"
     # Every other hashtag is whole.
     assert_matches({t: m for t, m in got.items() if t not in on_master}, _without(everything, on_master))
+    # The next write finds the master's marker gone back: reported, once, for that master.
+    patiently(lambda: store.apply(items[:1]))
+    assert [m for m, _ in rollbacks] == [f"127.0.0.1:{new}"]
     store.clear()
+
+
+def test_a_rollback_on_a_single_redis_is_reported(redis_url: str) -> None:
+    """A Redis restarted from older data (here: the marker set back by hand) is reported at
+    the next write; an unchanged one never is."""
+    client = redis.Redis.from_url(redis_url)
+    rollbacks: list[str] = []
+    p = prefix()
+    check = Replication(client, 0, prefix=p, on_rollback=lambda master, key: rollbacks.append(key))
+    for _ in range(3):
+        check.wait()
+    assert not rollbacks
+    (marker,) = [k.decode() for k in client.scan_iter(match=f"{p}:sync:*")]
+    assert 0 < client.pttl(marker) <= 7 * 86400 * 1000  # a dead process' markers expire
+    client.set(marker, 1)
+    check.wait()
+    assert rollbacks == [marker]
+    check.wait()
+    assert rollbacks == [marker]  # once per rollback
+    client.delete(marker)
+    client.close()
 
 
 def test_with_the_barrier_a_failover_loses_nothing(cluster: LocalRedisCluster, client: RedisCluster) -> None:
@@ -215,7 +244,9 @@ def test_with_the_barrier_a_failover_loses_nothing(cluster: LocalRedisCluster, c
     its own (the killed master, restarted), and the means equal the in-memory ones exactly."""
     items = stream(seed=1)
     p = prefix()
-    store = RedisMeans(client, prefix=p, replication=Replication(client, 1, timeout_s=0.3, prefix=p))
+    rollbacks: list[str] = []
+    barrier = Replication(client, 1, timeout_s=0.3, prefix=p, on_rollback=lambda m, key: rollbacks.append(m))
+    store = RedisMeans(client, prefix=p, replication=barrier)
     before, after = items[:300], items[300:]
     for batch in batches(before, 50):
         store.apply(batch)
@@ -249,6 +280,7 @@ def test_with_the_barrier_a_failover_loses_nothing(cluster: LocalRedisCluster, c
     assert "ReplicationLagError" in errors and "ConnectionError" in errors
 
     assert_matches(patiently(store.read_all), in_memory(items, DIM), tol=1e-7)
+    assert not rollbacks  # nothing acknowledged was lost: nothing to report
     store.clear()
 
 

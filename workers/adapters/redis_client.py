@@ -28,14 +28,22 @@ failover: the writes may have gone to the master that died), the method raises
 idempotent.  So a batch is acknowledged only once its writes are on ``replicas`` replicas
 of the masters that serve them now; while that cannot be had, the workers stall
 (back-pressure, ``reval_redis_unavailable`` = 1) rather than go on unprotected.
+
+What the barrier cannot prevent -- a master and its replicas lost together, a restart from
+an old append-only file, or any failover with the barrier turned off -- is detected: the
+marker write is an ``INCR`` of a counter of this process' own, which only grows; a count
+that went back is a rollback of writes this process had acknowledged, logged and counted
+(``reval_redis_rollbacks_total``).  The writes being idempotent, replaying the input from
+before the fault repairs it (deploy/README.md, "Redis lost writes").
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import uuid
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
 from typing import Any, TypeVar, cast
 
 import redis
@@ -103,20 +111,32 @@ class ReplicationLagError(RedisError):
 
 
 class Replication:
-    """The replication barrier (see the module docstring): ``replicas`` replicas of every
-    master must hold what was written before :meth:`barrier` returns.
+    """The replication barrier and the rollback check (see the module docstring).
 
-    ``replicas=0`` turns it off (a single Redis without replicas; or an operator's choice
+    After a call's writes, on every master: ``INCR`` of this process' marker key there,
+    then (``replicas`` > 0) ``WAIT replicas timeout`` on the same connection.  The barrier
+    holds the call until ``replicas`` replicas of every master have what was written; the
+    marker's count, which only ever grows, tells when a master went back in time -- lost
+    writes this process had acknowledged (``replicas=0``, or a fault beyond one node:
+    a master and its replica lost together, a restart from an old append-only file).  Such
+    a rollback is logged and handed to ``on_rollback(master, marker key)``; the call goes on.
+
+    ``replicas=0``: the check only (a single Redis without replicas; or an operator's choice
     to trade the failover guarantee for availability while replicas are missing).
     ``timeout_s`` bounds one ``WAIT``; a shortfall raises :class:`ReplicationLagError`.
-    The marker keys are ``{prefix}:sync:{<n>}``, one per master (a few bytes each).
-
-    >>> Replication(redis.Redis(), replicas=0).barrier_needed
-    False
+    Marker keys: ``{prefix}:sync:{<n>}:<process token>``, one per master and process, a few
+    bytes each, expiring ``marker_ttl_s`` after the process' last write.
     """
 
     def __init__(
-        self, client: Client, replicas: int, *, timeout_s: float = 1.0, prefix: str = "reval"
+        self,
+        client: Client,
+        replicas: int,
+        *,
+        timeout_s: float = 1.0,
+        prefix: str = "reval",
+        on_rollback: Callable[[str, str], None] | None = None,
+        marker_ttl_s: float = 7 * 86400.0,
     ) -> None:
         if replicas < 0:
             raise ValueError(f"replicas must be >= 0, got {replicas}")
@@ -126,11 +146,11 @@ class Replication:
         self.replicas = replicas
         self.timeout_ms = max(1, round(timeout_s * 1000))
         self.prefix = prefix
+        self.on_rollback = on_rollback
+        self.marker_ttl_ms = max(1000, round(marker_ttl_s * 1000))
+        self.token = uuid.uuid4().hex[:12]  # this process' markers: its own writes, its own count
         self._markers: dict[str, str] = {}  # master name -> a marker key in its slots
-
-    @property
-    def barrier_needed(self) -> bool:
-        return self.replicas > 0
+        self._counts: dict[str, int] = {}  # marker key -> its count when last confirmed
 
     def masters(self) -> tuple[str, ...]:
         """The masters the client routes to now (``host:port``; empty for a single Redis)."""
@@ -140,21 +160,20 @@ class Replication:
 
     @contextmanager
     def barrier(self) -> Iterator[None]:
-        """``with replication.barrier(): <writes>``: after the writes, wait until they are
-        on the replicas (:meth:`wait`); the masters must be the same as before the writes."""
-        before = self.masters() if self.barrier_needed else ()
+        """``with replication.barrier(): <writes>``: after the writes, :meth:`wait`; the
+        masters must be the same as before the writes."""
+        before = self.masters()
         yield
         self.wait(before)
 
     def wait(self, masters: tuple[str, ...] | None = None) -> None:
-        """Wait until every master's replication stream so far is on ``replicas`` replicas.
+        """Until every master's replication stream so far is on ``replicas`` replicas (and
+        check each master's marker for a rollback).
 
         ``masters``: the masters before the writes (:meth:`masters`); if they changed
         (a failover), raise :class:`ReplicationLagError` at once -- the writes may have
         gone to a master that died.
         """
-        if not self.barrier_needed:
-            return
         if isinstance(self.client, RedisCluster):
             now = self.masters()
             if masters is not None and now != masters:
@@ -179,32 +198,47 @@ class Replication:
             connection = self.client
         # One pipeline = one connection: WAIT counts the writes of the connection it is sent on.
         pipe = connection.pipeline(transaction=False)
-        pipe.set(key, b"")
-        pipe.execute_command("WAIT", self.replicas, self.timeout_ms)
+        pipe.incr(key)
+        pipe.pexpire(key, self.marker_ttl_ms)
+        if self.replicas:
+            pipe.execute_command("WAIT", self.replicas, self.timeout_ms)
         try:
-            _, acked = pipe.execute()
+            count, _, *waited = pipe.execute()
         except RedisError:
             self._markers.pop(name, None)  # the slot may have moved: choose the marker again
             self._refresh(key)
             raise
-        if int(acked) < self.replicas:
-            where = f"Redis master {name}" if name else "Redis"
+        where = f"Redis master {name}" if name else "Redis"
+        acked = int(waited[0]) if waited else 0
+        if acked < self.replicas:  # unconfirmed: the count is not ours to remember yet
             raise ReplicationLagError(
-                f"{where}: {int(acked)} of {self.replicas} replicas acknowledged the writes within "
+                f"{where}: {acked} of {self.replicas} replicas acknowledged the writes within "
                 f"{self.timeout_ms / 1000:g} s (REVAL_REDIS_REPLICAS): holding the batch until they do"
             )
+        last = self._counts.get(key)
+        if last is not None and int(count) <= last:
+            log.error(
+                "%s lost writes this worker had acknowledged: its marker %s went back from %d to %d "
+                "(a failover to a replica without them, or a restart from older data); what was "
+                "written there may be missing -- runbook: deploy/README.md, 'Redis lost writes'",
+                where, key, last, int(count),
+            )  # fmt: skip
+            if self.on_rollback is not None:
+                self.on_rollback(name, key)
+        self._counts[key] = int(count)
 
     def _marker(self, name: str) -> str:
-        """A key of ``{prefix}:sync:{n}`` whose slot the master ``name`` serves (any key for a
-        single Redis): the first ``n`` that hashes there, found in a few tries per master."""
+        """This process' marker key whose slot the master ``name`` serves (one key for a
+        single Redis): the first ``n`` that hashes there, found in a few tries per master --
+        the same key for the replica that takes over the master's slots."""
         if name in self._markers:
             return self._markers[name]
         if not isinstance(self.client, RedisCluster):
-            self._markers[name] = f"{self.prefix}:sync"
+            self._markers[name] = f"{self.prefix}:sync:{self.token}"
             return self._markers[name]
         wanted = set(self.masters())
         for n in range(100_000):
-            key = f"{self.prefix}:sync:{{{n}}}"
+            key = f"{self.prefix}:sync:{{{n}}}:{self.token}"
             try:
                 owner = self.client.get_node_from_key(key).name
             except SlotNotCoveredError:
@@ -280,6 +314,11 @@ def is_transient(exc: BaseException) -> bool:
 
 Report = Callable[[str, BaseException | None], None]
 """``report(what, error)``: told of each wait (the error) and of the recovery (None)."""
+
+
+def replicated(replication: Replication | None) -> AbstractContextManager[None]:
+    """``replication.barrier()``, or nothing when there is no :class:`Replication`."""
+    return replication.barrier() if replication is not None else nullcontext()
 
 
 def with_retry(what: str, call: Callable[[], T], *, report: Report | None = None, cap: float = 10.0) -> T:

@@ -136,7 +136,7 @@ from redis.cluster import RedisCluster
 from redis.exceptions import NoScriptError
 
 from stream.means import RunningMean, Vector
-from workers.adapters.redis_client import Replication
+from workers.adapters.redis_client import Replication, replicated
 
 Client: TypeAlias = "redis.Redis | RedisCluster"
 
@@ -280,7 +280,7 @@ class RedisMeans:
         self.fold_after = fold_after
         self.window_s = window_s
         self.window_keep = window_keep
-        self.replication = replication or Replication(client, 0)
+        self.replication = replication
         self._wanted_dim = dim
         self._dim: int | None = None  # set once checked against {prefix}:dim
         self._unfinished: _Plan | None = None  # a plan whose pipeline failed part-way
@@ -367,7 +367,7 @@ class RedisMeans:
         if self._unfinished is not None:
             plan = _Plan(self._unfinished.calls + plan.calls, plan.duplicates)
         try:
-            with self.replication.barrier():
+            with replicated(self.replication):
                 result = self._execute(plan)
         except Exception:
             self._unfinished = plan

@@ -39,7 +39,7 @@ from typing import Any, cast
 import numpy as np
 import numpy.typing as npt
 
-from workers.adapters.redis_client import Client, Replication, eval_many
+from workers.adapters.redis_client import Client, Replication, eval_many, replicated
 
 _CLAIM = """
 local owner = redis.call('GET', KEYS[1])
@@ -133,7 +133,7 @@ class RedisSamples:
         self.prefix = f"{prefix}:sample"
         self.rate, self.cap, self.bucket_s, self.window_s = rate, cap, bucket_s, window_s
         self.ttl = 2 * window_s + bucket_s
-        self.replication = replication or Replication(client, 0)
+        self.replication = replication
         self._add = cast(Any, client).register_script(_SAMPLE)
 
     def sampled(self, claimant: str) -> bool:
@@ -152,7 +152,7 @@ class RedisSamples:
         ]
         if not calls:
             return 0
-        with self.replication.barrier():
+        with replicated(self.replication):
             return sum(int(x) for x in eval_many(self.client, self._add, calls))
 
     def windows(self) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
@@ -188,7 +188,7 @@ class RedisClaims:
         self.client = client
         self.prefix = f"{prefix}:{namespace}"
         self.ttl = ttl
-        self.replication = replication or Replication(client, 0)
+        self.replication = replication
         self._claim = cast(Any, client).register_script(_CLAIM)
 
     def claim_many(self, requests: Sequence[tuple[Sequence[str], str]]) -> list[list[bool]]:
@@ -198,7 +198,7 @@ class RedisClaims:
         ]
         if not calls:
             return [[] for _ in requests]
-        with self.replication.barrier():  # what is decided on a claim must survive a failover
+        with replicated(self.replication):  # what is decided on a claim must survive a failover
             owners = iter(eval_many(self.client, self._claim, calls))
         return [[_text(next(owners)) == claimant for _ in keys] for keys, claimant in requests]
 
@@ -252,7 +252,7 @@ class RedisJoin:
         self.client = client
         self.prefix = prefix
         self.window = window
-        self.replication = replication or Replication(client, 0)
+        self.replication = replication
         self.ttl = max(60, int(2 * window))
         self.deadlines = f"{prefix}:j:deadlines"
         self.bytes_key = f"{prefix}:j:bytes"
@@ -269,7 +269,7 @@ class RedisJoin:
         if not tweets:
             return []
         calls = [(self.key(t), (json.dumps(list(tags)), self.ttl)) for t, tags in tweets]
-        with self.replication.barrier():
+        with replicated(self.replication):
             replies = eval_many(self.client, self._put_tweet, calls)
         found = []
         for (tweet_id, hashtags), reply in zip(tweets, replies, strict=True):
@@ -285,7 +285,7 @@ class RedisJoin:
         if not events:
             return []
         calls = [(self.key(t), (e, payload, self.ttl)) for t, e, payload in events]
-        with self.replication.barrier():
+        with replicated(self.replication):
             return self._put_events(events, calls, now)
 
     def _put_events(
@@ -313,7 +313,7 @@ class RedisJoin:
         if not answered:
             return
         calls = [(self.key(t), (e, self.ttl)) for t, e in answered]
-        with self.replication.barrier():  # a settle lost in a failover would score it again
+        with replicated(self.replication):  # a settle lost in a failover would score it again
             freed = sum(int(n) for n in eval_many(self.client, self._settle, calls))
             pipe = self.client.pipeline(transaction=False)
             pipe.zrem(self.deadlines, *(f"{t}\0{e}" for t, e in answered))

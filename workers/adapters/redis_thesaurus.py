@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from stream.thesaurus import NeighbourTable, ThesaurusFormatError, ThesaurusMetadata
-from workers.adapters.redis_client import Client, Replication
+from workers.adapters.redis_client import Client, Replication, replicated
 from workers.adapters.store import HASHTAGS_FILE, METADATA_FILE, TABLE_FILE, parse_table, version_number
 
 #: What a scorer needs of a version directory.
@@ -52,7 +52,7 @@ class RedisThesauri:
             raise ValueError(f"keep must be at least 1, got {keep}")
         self.client: Any = client
         self.keep = keep
-        self.replication = replication or Replication(client, 0)
+        self.replication = replication
         self._base = f"{prefix}:thesaurus"
         self._current = f"{self._base}:current"
         self._versions = f"{self._base}:versions"
@@ -66,12 +66,12 @@ class RedisThesauri:
         directory = Path(directory)
         number = version_number(version)
         files = {name: (directory / name).read_bytes() for name in SCORER_FILES}
-        with self.replication.barrier():
+        with replicated(self.replication):
             pipe = self.client.pipeline(transaction=False)
             pipe.hset(self.key(version), mapping=files)
             pipe.zadd(self._versions, {version: number})
             pipe.execute()
-        with self.replication.barrier():
+        with replicated(self.replication):
             self.client.set(self._current, version)  # only once the version is there
         self.prune()
         return sum(len(data) for data in files.values())

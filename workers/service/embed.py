@@ -39,7 +39,7 @@ class Embedder:
         self.x = exporter
         self.encoder = encoder
         self.incarnations = incarnations
-        replication = replication_of(client, settings)
+        replication = replication_of(client, settings, exporter)
         self.means = means_of(client, settings, dim=encoder.dim, replication=replication)
         self.seen = RedisSeen(
             client, settings.redis_prefix, ttl=settings.dedup_ttl_s, replication=replication
@@ -130,13 +130,15 @@ def recent_windows(settings: Settings) -> int:
     return max(1, math.ceil(settings.means_recent_s / settings.means_window_s))
 
 
-def replication_of(client: Client, settings: Settings) -> Replication:
-    """The replication barrier as the settings configure it (every role that writes)."""
+def replication_of(client: Client, settings: Settings, exporter: Exporter | None = None) -> Replication:
+    """The replication barrier and rollback check as the settings configure them (every role
+    that writes); rollbacks count in ``reval_redis_rollbacks_total``."""
     return Replication(
         client,
         settings.replicas_required(),
         timeout_s=settings.redis_replica_timeout_s,
         prefix=settings.redis_prefix,
+        on_rollback=(lambda master, key: exporter.redis_rollbacks.inc()) if exporter is not None else None,
     )
 
 

@@ -141,7 +141,7 @@ class Scorer:
             if settings.thesaurus_source == "redis"
             else ThesaurusStore(Path(settings.index_dir), keep=settings.index_keep)
         )
-        replication = replication_of(client, settings)  # claims and join writes outlive a failover
+        replication = replication_of(client, settings, exporter)  # claims, join: outlive a failover
         self.join = RedisJoin(
             client, settings.redis_prefix, window=settings.join_window_s, replication=replication
         )
