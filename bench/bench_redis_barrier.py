@@ -155,6 +155,35 @@ def measure(
     return rows
 
 
+def barrier_alone(client: Client, replicas: int, n: int, target: str, name: str) -> str:
+    """One call's barrier in isolation: a write, then :meth:`Replication.wait` timed alone
+    (median and 90th percentile over ``n`` calls) -- the time a batch adds per barriered call,
+    without the noise of the whole write path."""
+    prefix = f"bench-barrier-{uuid.uuid4().hex[:10]}"
+    replication = Replication(client, replicas, prefix=prefix)
+    times = []
+    for i in range(n):
+        client.set(f"{prefix}:k{i % 50}", i)
+        start = time.perf_counter()
+        replication.wait()
+        times.append((time.perf_counter() - start) * 1e3)
+    clear_prefix_of(client, prefix)
+    times.sort()
+    masters = max(1, len(replication.masters()))
+    return (
+        f"| {target} | {name} | {masters} | {statistics.median(times):.3f} | "
+        f"{times[int(0.9 * len(times))]:.3f} | {3 * statistics.median(times):.2f} |"
+    )
+
+
+def clear_prefix_of(client: Client, prefix: str) -> None:
+    keys = list(client.scan_iter(match=f"{prefix}:*"))
+    pipe = client.pipeline(transaction=False)
+    for key in keys:
+        pipe.unlink(key)
+    pipe.execute()
+
+
 def main(argv: list[str] | None = None) -> str:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
@@ -164,15 +193,18 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--dim", type=int, default=768)
     parser.add_argument("--slice", type=float, default=2.0, help="seconds per timed slice")
-    parser.add_argument("--rounds", type=int, default=2, help="ABC CBA rounds")
+    parser.add_argument("--rounds", type=int, default=4, help="ABC CBA rounds")
+    parser.add_argument("--calls", type=int, default=500, help="barrier calls timed alone")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
 
     tweets = workload(args.tweets, args.hashtags, args.dim, args.partitions)
     batches = [tweets[i : i + args.batch] for i in range(0, len(tweets), args.batch)]
-    rows = []
+    rows, alone = [], []
     with LocalRedisCluster() as local:
         client = connect(local.url, cluster=True)
+        alone.append(barrier_alone(client, 0, args.calls, "cluster 3+3", "check only"))
+        alone.append(barrier_alone(client, 1, args.calls, "cluster 3+3", "barrier: WAIT 1"))
         version = redis.Redis(port=local.nodes[0].port).info("server")["redis_version"]
         methods = [
             Method("before: no barrier, no check", client, None, batches, local.url),
@@ -184,6 +216,7 @@ def main(argv: list[str] | None = None) -> str:
         )
         client.close()
     single = connect(args.url)
+    alone.append(barrier_alone(single, 0, args.calls, "single Redis", "check only"))
     single_version = redis.Redis.from_url(args.url).info("server")["redis_version"]
     methods = [
         Method("before: no check", single, None, batches, args.url),
@@ -212,6 +245,13 @@ def main(argv: list[str] | None = None) -> str:
             "| × time | server CPU µs / tweet (all nodes) | × server CPU |",
             "|---|---|---|---|---|---|---|---|---|",
             *rows,
+            "",
+            f"The barrier alone (a write, then `Replication.wait()` timed by itself, {args.calls} "
+            "calls; an embed batch makes three barriered calls):",
+            "",
+            "| target | barrier | masters | median ms / call | p90 ms / call | ms / embed batch (3 calls) |",
+            "|---|---|---|---|---|---|",
+            *alone,
             "",
         ]
     )
