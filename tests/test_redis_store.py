@@ -304,6 +304,33 @@ def test_a_failed_apply_is_rerun_before_the_next_batch(
     assert_matches(store.read_all(), in_memory(stream, 768), tol=1e-7)
 
 
+def test_a_batch_retried_many_times_is_written_once_per_try(
+    store: RedisMeans, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """with_retry runs the same batch again while a failover or the replicas are waited out:
+    the failed calls are rerun once per try, not piled up try after try."""
+    rng = np.random.default_rng(9)
+    stream = zipf_stream(rng, 64)
+    real = store._execute
+    sizes: list[int] = []
+
+    def failing(plan: _Plan, changed: bool = True) -> object:
+        sizes.append(len(plan.calls))
+        if len(sizes) < 6:
+            raise redis.ConnectionError("failover")
+        return real(plan, changed)
+
+    monkeypatch.setattr(store, "_execute", failing)
+    for _ in range(6):
+        try:
+            store.apply(stream)
+            break
+        except redis.ConnectionError:
+            continue
+    assert len(set(sizes)) == 1 and len(sizes) == 6
+    assert_matches(store.read_all(), in_memory(stream, 768), tol=1e-7)
+
+
 def test_a_record_logged_again_after_its_fold_is_ignored_then_dropped(store: RedisMeans) -> None:
     """The one race apply's watermark check cannot close: a redelivered record written while
     another process folds it.  Reads ignore it and the next fold drops it."""

@@ -365,7 +365,9 @@ class RedisMeans:
         """
         plan = self._plan(contributions)
         if self._unfinished is not None:
-            plan = _Plan(self._unfinished.calls + plan.calls, plan.duplicates)
+            # Once each: a retried batch (with_retry while a failover or the replicas are
+            # waited out) brings the very calls that failed, and must not pile them up.
+            plan = _Plan(tuple(dict.fromkeys(self._unfinished.calls + plan.calls)), plan.duplicates)
         try:
             with replicated(self.replication):
                 result = self._execute(plan)
