@@ -12,8 +12,9 @@ failover, or Sentinel), the write is gone -- while the worker that made it may a
 have committed its Kafka offset: a running mean would silently miss tweets.
 
 :class:`Replication` closes that window.  Each adapter method that writes what a Kafka
-commit depends on ends with :meth:`Replication.barrier`: on every master, a write to a
-small marker key followed by ``WAIT replicas timeout`` *on the same connection*.  ``WAIT``
+commit depends on runs its writes inside :meth:`Replication.barrier`, which ends with, on
+every master, a write to a small marker key and ``WAIT replicas timeout`` *on the same
+connection*.  ``WAIT``
 waits for the replication offset of its own connection's last write; a master's
 replication stream is one ordered log, and the marker is written after every write of the
 call had its reply, so the marker's offset covers them all (and any unreplicated write of
@@ -34,7 +35,12 @@ an old append-only file, or any failover with the barrier turned off -- is detec
 marker write is an ``INCR`` of a counter of this process' own, which only grows; a count
 that went back is a rollback of writes this process had acknowledged, logged and counted
 (``reval_redis_rollbacks_total``).  The writes being idempotent, replaying the input from
-before the fault repairs it (deploy/README.md, "Redis lost writes").
+before the fault repairs it (deploy/README.md, "RevalRedisLostWrites").
+
+Why each call has its own barrier rather than one per batch: what is decided on a write
+must not outlive it.  The embed worker claims a retweet's keys, then writes the means of
+the tweets it owns; were the claims lost with the means written, a redo could let another
+worker win them and both tweets would count.  The claims' barrier passes first.
 """
 
 from __future__ import annotations
@@ -176,6 +182,8 @@ class Replication:
         """
         if isinstance(self.client, RedisCluster):
             now = self.masters()
+            if not now:
+                raise ReplicationLagError("the Redis Cluster client knows no master now: writing again")
             if masters is not None and now != masters:
                 self._markers.clear()
                 raise ReplicationLagError(
@@ -220,7 +228,7 @@ class Replication:
             log.error(
                 "%s lost writes this worker had acknowledged: its marker %s went back from %d to %d "
                 "(a failover to a replica without them, or a restart from older data); what was "
-                "written there may be missing -- runbook: deploy/README.md, 'Redis lost writes'",
+                "written there may be missing -- runbook: deploy/README.md, RevalRedisLostWrites",
                 where, key, last, int(count),
             )  # fmt: skip
             if self.on_rollback is not None:
