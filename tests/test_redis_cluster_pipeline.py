@@ -191,7 +191,8 @@ def test_kill_9_of_a_master_mid_stream(
             assert not [d for d in stack.read_json("dead_letter") if d["reason"] == "join_expired"]
             assert embed.proc.poll() is None and score.proc.poll() is None  # rode through
             assert embed.metric("reval_redis_unavailable") == 0
-            assert embed.metric("reval_redis_rollbacks_total") == 0  # nothing lost, no false alarm
+            for worker in (embed, score):  # nothing lost, no false alarm
+                assert worker.metric("reval_redis_rollbacks_total") == 0
         else:
             wait_for(
                 "the rollback reported",
@@ -199,16 +200,15 @@ def test_kill_9_of_a_master_mid_stream(
                 120,
                 1.0,
             )
-            wait_for(
-                "the tweets after the failover",
-                lambda: embed.metric("reval_records_consumed_total", topic=topic) == len(lines),
-                120,
-                1.0,
-            )
+            others = {t: s.count for t, s in expected.states.items() if t not in on_master}
+
+            def rest() -> dict[str, int]:
+                return {t: s.count for t, s in means_of(stack).items() if t not in on_master}
+
+            wait_for("the other masters' hashtags whole", lambda: rest() == others, 120, 1.0)
             got = means_of(stack)
             lost = {t: expected.states[t].count - (got[t].count if t in got else 0) for t in on_master}
             assert any(n > 0 for n in lost.values()), "nothing was lost: the fault did not bite"
-            whole = {t: s.count for t, s in got.items() if t not in on_master}
-            assert whole == {t: s.count for t, s in expected.states.items() if t not in on_master}
+            assert all(n >= 0 for n in lost.values())  # lost, never counted twice
     finally:
         stack.close()
