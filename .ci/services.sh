@@ -15,6 +15,15 @@ if ! redis_up; then
 fi
 redis_up && echo "services: redis ok at 127.0.0.1:6379"
 
+# redis-server + redis-cli on PATH for the Redis Cluster the tests start themselves
+# (workers/dev/redis_cluster.py): needed even where a Redis already answers on 6379.
+command -v redis-server >/dev/null && command -v redis-cli >/dev/null || {
+  echo "services: installing redis-server + redis-tools (Debian) for the test Redis Cluster"
+  apt-get install -y -qq redis-server redis-tools >/dev/null || {
+    apt-get update -qq && apt-get install -y -qq redis-server redis-tools >/dev/null
+  }
+}
+
 # Prometheus + promtool + Alertmanager (Debian) for the rule tests and the real-Prometheus test.
 command -v promtool >/dev/null && command -v prometheus-alertmanager >/dev/null || {
   echo "services: installing prometheus + alertmanager (Debian)"

@@ -13,6 +13,7 @@ import pytest
 
 if TYPE_CHECKING:
     from workers.dev.kafka_cluster import KafkaCluster
+    from workers.dev.redis_cluster import LocalRedisCluster
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing in the tests may touch a model hub
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -73,10 +74,37 @@ def broker(kafka: KafkaCluster) -> str:
     return kafka.bootstrap
 
 
+# -- Redis Cluster ---------------------------------------------------------------------------
+
+
+def start_redis_cluster(folder: Path, **options: object) -> LocalRedisCluster:
+    """A started :class:`~workers.dev.redis_cluster.LocalRedisCluster` (3 masters + 3 replicas)
+    in ``folder``.  No redis-server here skips the test, except in CI (``$CI`` set), where
+    ``.ci/services.sh`` installs it: there a missing binary fails."""
+    from workers.dev.redis_cluster import LocalRedisCluster, RedisClusterError, redis_binary
+
+    try:
+        redis_binary("redis-server"), redis_binary("redis-cli")
+    except RedisClusterError as exc:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must run the Redis Cluster tests: {exc}")
+        pytest.skip(str(exc))
+    return LocalRedisCluster(data_dir=folder, **options).start()  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRedisCluster]:
+    """A Redis Cluster for the session (3 masters + 3 replicas); tests use key prefixes of their
+    own and leave its nodes as they found them (the fault tests start clusters of their own)."""
+    cluster = start_redis_cluster(tmp_path_factory.mktemp("redis-cluster"))
+    yield cluster
+    cluster.stop()
+
+
 #: Fixtures that reach a real service: a test using one (directly or through another fixture)
 #: is an integration test, whatever its module says, so ``make check`` (``-m "not integration"``)
 #: never waits for a broker or Redis.
-SERVICE_FIXTURES = frozenset({"redis_url", "kafka", "broker"})
+SERVICE_FIXTURES = frozenset({"redis_url", "kafka", "broker", "redis_cluster"})
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

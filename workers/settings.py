@@ -94,6 +94,15 @@ class Settings(BaseSettings):
     redis_url: str = Field("redis://127.0.0.1:6379/0", description="redis:// or rediss:// (TLS)")
     redis_prefix: str = Field("reval", description="Prefix of every Redis key")
     redis_cluster: bool = Field(False, description="Use a Redis Cluster client")
+    redis_replicas: int | None = Field(
+        None,
+        ge=0,
+        description="Replicas of each master that must hold a batch's writes before it is acknowledged "
+        "(WAIT; unset: 1 with REVAL_REDIS_CLUSTER, else 0; 0: off)",
+    )
+    redis_replica_timeout_s: float = Field(
+        1.0, gt=0, description="Longest wait for the replicas before the batch is held and retried"
+    )
     dedup_ttl_s: int = Field(7 * 86400, ge=60, description="Memory of retweet duplicates")
     means_fold_after: int = Field(
         8, ge=1, description="Records a hashtag's log holds before the embed worker folds it"
@@ -240,6 +249,13 @@ class Settings(BaseSettings):
     @property
     def event_key_fields(self) -> tuple[str, ...]:
         return tuple(f.strip() for f in self.event_key.split(",") if f.strip())
+
+    def replicas_required(self) -> int:
+        """``redis_replicas``, or its default: 1 on a Redis Cluster (the failover guarantee), 0
+        on a single Redis (no replicas to wait for)."""
+        if self.redis_replicas is not None:
+            return self.redis_replicas
+        return 1 if self.redis_cluster else 0
 
     def kafka_client_options(self) -> dict[str, Any]:
         """TLS / SASL options as kafka-python names them (the admin client, replays)."""

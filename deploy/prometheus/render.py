@@ -526,6 +526,19 @@ def alert_rules(p: Params) -> list[dict[str, Any]]:
                 "nothing is lost, nothing advances."
             ),
         ),
+        alert(
+            "RevalRedisLostWrites",
+            "max by (job, instance) (increase(reval_redis_rollbacks_total[15m])) > 0",
+            "0m",
+            "critical",
+            "{{ $labels.job }} found writes it had acknowledged missing from Redis",
+            (
+                "{{ $labels.job }}{{ with $labels.instance }} at {{ . }}{{ end }} found a Redis master gone "
+                "back in time (a failover to a replica without its latest writes, or a restart from older "
+                "data): running means, claims or the join may miss records whose offsets were committed. "
+                "Replay the input from before the fault."
+            ),
+        ),
     ]
     return [{"name": "reval-alerts", "rules": rules}]
 
@@ -544,6 +557,7 @@ ALERTS = (
     "RevalWorkerDown",
     "RevalTopicReset",
     "RevalRedisUnavailable",
+    "RevalRedisLostWrites",
 )
 
 

@@ -162,6 +162,11 @@ class Exporter:
         self.redis_waits = Counter(
             "reval_redis_waits", "Redis calls retried after a transient error", ["error"], registry=r
         )
+        self.redis_rollbacks = Counter(
+            "reval_redis_rollbacks",
+            "Redis masters found to have lost writes this worker had acknowledged",
+            registry=r,
+        )
         self.outside_windows = Counter(
             "reval_events_outside_windows",
             "Scored events kept out of the rolling windows (event time too far ahead, or too late)",

@@ -76,6 +76,14 @@ redelivered after its fold is skipped at write (its offset is at or below the
 watermark read just before); if a fold lands between that check and the HSET,
 the record is logged again, ignored by reads, and dropped by the next fold.
 
+Failover (Redis Cluster, or any Redis with replicas): given a
+:class:`~workers.adapters.redis_client.Replication`, :meth:`RedisMeans.apply` returns only
+once the batch's writes are on the replicas of every master; otherwise it raises a
+transient error and is run again (below).  So a record whose offset is committed is in a
+log or a folded sum that survives the loss of any one master.  A fold lost in a failover
+needs no barrier: the promoted replica holds the state before the fold -- the log it
+would have folded, and the old sum -- which reads the same.
+
 What the caller must do (the usual at-least-once consumer contract):
 commit a Kafka offset only after :meth:`RedisMeans.apply` has returned for
 every record below it.  If ``apply`` raises, retrying the same batch is safe
@@ -128,6 +136,7 @@ from redis.cluster import RedisCluster
 from redis.exceptions import NoScriptError
 
 from stream.means import RunningMean, Vector
+from workers.adapters.redis_client import Replication, replicated
 
 Client: TypeAlias = "redis.Redis | RedisCluster"
 
@@ -249,6 +258,7 @@ class RedisMeans:
         fold_after: int = 8,
         window_s: float | None = None,
         window_keep: int = 5,
+        replication: Replication | None = None,
     ) -> None:
         if not _PREFIX_RE.fullmatch(prefix):
             raise ValueError(
@@ -270,6 +280,7 @@ class RedisMeans:
         self.fold_after = fold_after
         self.window_s = window_s
         self.window_keep = window_keep
+        self.replication = replication
         self._wanted_dim = dim
         self._dim: int | None = None  # set once checked against {prefix}:dim
         self._unfinished: _Plan | None = None  # a plan whose pipeline failed part-way
@@ -344,6 +355,9 @@ class RedisMeans:
         order); within a batch any order is fine.  Raises :class:`DimensionError` /
         :class:`ValueError` before touching Redis.
 
+        With a :class:`~workers.adapters.redis_client.Replication` it returns only once the
+        writes are on the replicas (raising a transient ``ReplicationLagError`` otherwise).
+
         If a previous call failed part-way (connection lost, timeout, failover), its calls
         are run again first: they are idempotent, and this way a caller that logs the error
         and goes on with the next batch instead of retrying cannot leave a hole below a
@@ -351,9 +365,12 @@ class RedisMeans:
         """
         plan = self._plan(contributions)
         if self._unfinished is not None:
-            plan = _Plan(self._unfinished.calls + plan.calls, plan.duplicates)
+            # Once each: a retried batch (with_retry while a failover or the replicas are
+            # waited out) brings the very calls that failed, and must not pile them up.
+            plan = _Plan(tuple(dict.fromkeys(self._unfinished.calls + plan.calls)), plan.duplicates)
         try:
-            result = self._execute(plan)
+            with replicated(self.replication):
+                result = self._execute(plan)
         except Exception:
             self._unfinished = plan
             raise

@@ -21,6 +21,11 @@ it is Redis Cluster safe.
 Delivery: an event is *settled* only after its score (or ``join_expired`` letter) was
 acknowledged by the broker (:meth:`RedisJoin.settle`), so a crash at any point before
 redelivers it: scores are at-least-once.
+
+Failover: given a :class:`~workers.adapters.redis_client.Replication`, every method that
+writes what a Kafka commit depends on (claims, samples, the join's puts and settles)
+returns only once its writes are on the replicas; a lost master makes it raise a transient
+error, and the caller's retry writes again (every write here is idempotent).
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from typing import Any, cast
 import numpy as np
 import numpy.typing as npt
 
-from workers.adapters.redis_client import Client, eval_many
+from workers.adapters.redis_client import Client, Replication, eval_many, replicated
 
 _CLAIM = """
 local owner = redis.call('GET', KEYS[1])
@@ -120,6 +125,7 @@ class RedisSamples:
         cap: int = 300,
         bucket_s: int = 3600,
         window_s: int = 86400,
+        replication: Replication | None = None,
     ) -> None:
         if not 0.0 <= rate <= 1.0:
             raise ValueError(f"sample rate must be within [0, 1], got {rate}")
@@ -127,6 +133,7 @@ class RedisSamples:
         self.prefix = f"{prefix}:sample"
         self.rate, self.cap, self.bucket_s, self.window_s = rate, cap, bucket_s, window_s
         self.ttl = 2 * window_s + bucket_s
+        self.replication = replication
         self._add = cast(Any, client).register_script(_SAMPLE)
 
     def sampled(self, claimant: str) -> bool:
@@ -143,7 +150,10 @@ class RedisSamples:
             for claimant, when, vector in items
             if self.sampled(claimant)
         ]
-        return sum(int(x) for x in eval_many(self.client, self._add, calls)) if calls else 0
+        if not calls:
+            return 0
+        with replicated(self.replication):
+            return sum(int(x) for x in eval_many(self.client, self._add, calls))
 
     def windows(self) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
         """(reference, recent): the samples of the last ``window_s`` of event time, ending at
@@ -172,10 +182,13 @@ class RedisClaims:
     """First-claimant-wins keys with a time to live: the first ``claimant`` of a key owns
     it, and claiming again with the same claimant (a redelivery) still returns True."""
 
-    def __init__(self, client: Client, prefix: str, namespace: str, ttl: int) -> None:
+    def __init__(
+        self, client: Client, prefix: str, namespace: str, ttl: int, replication: Replication | None = None
+    ) -> None:
         self.client = client
         self.prefix = f"{prefix}:{namespace}"
         self.ttl = ttl
+        self.replication = replication
         self._claim = cast(Any, client).register_script(_CLAIM)
 
     def claim_many(self, requests: Sequence[tuple[Sequence[str], str]]) -> list[list[bool]]:
@@ -183,7 +196,10 @@ class RedisClaims:
         calls = [
             (f"{self.prefix}:{key}", (claimant, self.ttl)) for keys, claimant in requests for key in keys
         ]
-        owners = iter(eval_many(self.client, self._claim, calls) if calls else [])
+        if not calls:
+            return [[] for _ in requests]
+        with replicated(self.replication):  # what is decided on a claim must survive a failover
+            owners = iter(eval_many(self.client, self._claim, calls))
         return [[_text(next(owners)) == claimant for _ in keys] for keys, claimant in requests]
 
 
@@ -191,8 +207,14 @@ class RedisSeen(RedisClaims):
     """:class:`stream.cleaning.SeenStore` in Redis: claims survive restarts and are shared
     by all embed workers, so duplicate retweets are removed exactly as in a batch run."""
 
-    def __init__(self, client: Client, prefix: str = "reval", ttl: int = 7 * 86400) -> None:
-        super().__init__(client, prefix, "seen", ttl)
+    def __init__(
+        self,
+        client: Client,
+        prefix: str = "reval",
+        ttl: int = 7 * 86400,
+        replication: Replication | None = None,
+    ) -> None:
+        super().__init__(client, prefix, "seen", ttl, replication)
 
     def claim(self, keys: Sequence[str], claimant: str) -> list[bool]:
         return self.claim_many([(keys, claimant)])[0]
@@ -220,10 +242,17 @@ class RedisJoin:
     says the outputs are acknowledged (:meth:`settle`).
     """
 
-    def __init__(self, client: Client, prefix: str = "reval", window: float = 300.0) -> None:
+    def __init__(
+        self,
+        client: Client,
+        prefix: str = "reval",
+        window: float = 300.0,
+        replication: Replication | None = None,
+    ) -> None:
         self.client = client
         self.prefix = prefix
         self.window = window
+        self.replication = replication
         self.ttl = max(60, int(2 * window))
         self.deadlines = f"{prefix}:j:deadlines"
         self.bytes_key = f"{prefix}:j:bytes"
@@ -240,10 +269,10 @@ class RedisJoin:
         if not tweets:
             return []
         calls = [(self.key(t), (json.dumps(list(tags)), self.ttl)) for t, tags in tweets]
+        with replicated(self.replication):
+            replies = eval_many(self.client, self._put_tweet, calls)
         found = []
-        for (tweet_id, hashtags), reply in zip(
-            tweets, eval_many(self.client, self._put_tweet, calls), strict=True
-        ):
+        for (tweet_id, hashtags), reply in zip(tweets, replies, strict=True):
             for i in range(0, len(reply), 2):
                 found.append(Waiting(tweet_id, _text(reply[i]), _text(reply[i + 1]), list(hashtags)))
         return found
@@ -256,6 +285,12 @@ class RedisJoin:
         if not events:
             return []
         calls = [(self.key(t), (e, payload, self.ttl)) for t, e, payload in events]
+        with replicated(self.replication):
+            return self._put_events(events, calls, now)
+
+    def _put_events(
+        self, events: Sequence[tuple[str, str, str]], calls: list[tuple[str, tuple[Any, ...]]], now: float
+    ) -> list[tuple[str, list[str] | None]]:
         replies = eval_many(self.client, self._put_event, calls)
         out: list[tuple[str, list[str] | None]] = []
         waiting: dict[str, float] = {}
@@ -278,12 +313,13 @@ class RedisJoin:
         if not answered:
             return
         calls = [(self.key(t), (e, self.ttl)) for t, e in answered]
-        freed = sum(int(n) for n in eval_many(self.client, self._settle, calls))
-        pipe = self.client.pipeline(transaction=False)
-        pipe.zrem(self.deadlines, *(f"{t}\0{e}" for t, e in answered))
-        if freed:
-            pipe.decrby(self.bytes_key, freed)
-        pipe.execute()
+        with replicated(self.replication):  # a settle lost in a failover would score it again
+            freed = sum(int(n) for n in eval_many(self.client, self._settle, calls))
+            pipe = self.client.pipeline(transaction=False)
+            pipe.zrem(self.deadlines, *(f"{t}\0{e}" for t, e in answered))
+            if freed:
+                pipe.decrby(self.bytes_key, freed)
+            pipe.execute()
 
     def due(self, now: float, limit: int = 1000) -> list[Waiting]:
         """Events whose window has passed without their tweet (not yet settled: the caller

@@ -18,7 +18,10 @@ Keys (``prefix`` as the running means')
 Each command touches one key, so this works unchanged on Redis Cluster.  Publishing writes
 the version's hash first and moves ``current`` only after it (a separate round trip: on a
 cluster the two keys may live on different nodes), so ``current`` never names a version
-that is not there yet; pruning then deletes all but the newest ``keep`` and the current one.
+that is not there yet -- with a :class:`~workers.adapters.redis_client.Replication`, not even
+after a failover: the version is on the replicas before ``current`` moves, and ``current``
+before :meth:`RedisThesauri.publish` returns.  Pruning then deletes all but the newest
+``keep`` and the current one.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from stream.thesaurus import NeighbourTable, ThesaurusFormatError, ThesaurusMetadata
+from workers.adapters.redis_client import Client, Replication, replicated
 from workers.adapters.store import HASHTAGS_FILE, METADATA_FILE, TABLE_FILE, parse_table, version_number
 
 #: What a scorer needs of a version directory.
@@ -41,11 +45,14 @@ class RedisThesauri:
     (``current_version``, ``load``), so a scorer takes either.
     """
 
-    def __init__(self, client: Any, prefix: str = "reval", keep: int = 3) -> None:
+    def __init__(
+        self, client: Client, prefix: str = "reval", keep: int = 3, replication: Replication | None = None
+    ) -> None:
         if keep < 1:
             raise ValueError(f"keep must be at least 1, got {keep}")
-        self.client = client
+        self.client: Any = client
         self.keep = keep
+        self.replication = replication
         self._base = f"{prefix}:thesaurus"
         self._current = f"{self._base}:current"
         self._versions = f"{self._base}:versions"
@@ -59,11 +66,13 @@ class RedisThesauri:
         directory = Path(directory)
         number = version_number(version)
         files = {name: (directory / name).read_bytes() for name in SCORER_FILES}
-        pipe = self.client.pipeline(transaction=False)
-        pipe.hset(self.key(version), mapping=files)
-        pipe.zadd(self._versions, {version: number})
-        pipe.execute()
-        self.client.set(self._current, version)  # only once the version is there
+        with replicated(self.replication):
+            pipe = self.client.pipeline(transaction=False)
+            pipe.hset(self.key(version), mapping=files)
+            pipe.zadd(self._versions, {version: number})
+            pipe.execute()
+        with replicated(self.replication):
+            self.client.set(self._current, version)  # only once the version is there
         self.prune()
         return sum(len(data) for data in files.values())
 

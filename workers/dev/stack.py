@@ -15,12 +15,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import redis
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from prometheus_client.parser import text_string_to_metric_families
 
 from workers.adapters.kafka_client import create_topics
-from workers.adapters.redis_client import clear_prefix
+from workers.adapters.redis_client import clear_prefix, connect
 from workers.adapters.redis_thesaurus import RedisThesauri
 from workers.adapters.store import AnnoyThesaurus, ThesaurusStore
 from workers.dev.ports import find_free_port
@@ -98,6 +97,8 @@ class Stack:
     #: kafka-python options for the test's own clients (TLS/SASL: ``KafkaCluster.client_options``)
     client_options: dict[str, Any] = field(default_factory=dict)
     extra_env: dict[str, str] = field(default_factory=dict)
+    redis_cluster: bool = False
+    """``redis_url`` names a node of a Redis Cluster (``REVAL_REDIS_CLUSTER=true`` for the workers)."""
     workers: list[Worker] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -117,6 +118,7 @@ class Stack:
             "REVAL_BROKER": self.bootstrap,
             "REVAL_REDIS_URL": self.redis_url,
             "REVAL_REDIS_PREFIX": self.prefix,
+            "REVAL_REDIS_CLUSTER": "true" if self.redis_cluster else "false",
             "REVAL_APP_ID": f"reval-{tag}",
             "REVAL_TOPIC_TWEETS": self.topics["tweets"],
             "REVAL_TOPIC_RECOMMENDATIONS": self.topics["recommendations"],
@@ -170,7 +172,7 @@ class Stack:
         """Publish a thesaurus version as the index job does: in the directory store, and in
         Redis for the scorers; return its name."""
         version = ThesaurusStore(self.index_dir).publish(thesaurus)
-        client = redis.Redis.from_url(self.redis_url)
+        client = connect(self.redis_url, cluster=self.redis_cluster)
         try:
             RedisThesauri(client, self.prefix).publish(self.index_dir / version, version)
         finally:
@@ -212,7 +214,7 @@ class Stack:
         for worker in self.workers:
             worker.stop()
         self.producer.close()
-        clear_prefix(self.redis_url, self.prefix)
+        clear_prefix(self.redis_url, self.prefix, cluster=self.redis_cluster)
 
 
 def tweet_lines(path: Path, n: int, start: int = 0) -> list[str]:

@@ -18,7 +18,7 @@ from stream.cleaning import Dropped, Prepared, dedup, prepare
 from stream.records import parse_tweet
 from workers.adapters.exporter import Exporter
 from workers.adapters.kafka_client import TopicIdentity
-from workers.adapters.redis_client import Client, with_retry
+from workers.adapters.redis_client import Client, Replication, with_retry
 from workers.adapters.redis_means import Contribution, RedisMeans
 from workers.adapters.redis_state import RedisSamples, RedisSeen
 from workers.service.incarnation import Incarnations
@@ -39,9 +39,12 @@ class Embedder:
         self.x = exporter
         self.encoder = encoder
         self.incarnations = incarnations
-        self.means = means_of(client, settings, dim=encoder.dim)
-        self.seen = RedisSeen(client, settings.redis_prefix, ttl=settings.dedup_ttl_s)
-        self.samples = samples_of(client, settings)
+        replication = replication_of(client, settings, exporter)
+        self.means = means_of(client, settings, dim=encoder.dim, replication=replication)
+        self.seen = RedisSeen(
+            client, settings.redis_prefix, ttl=settings.dedup_ttl_s, replication=replication
+        )
+        self.samples = samples_of(client, settings, replication)
 
     def admit(self, records: Sequence[Record]) -> tuple[list[Item], list[Output]]:
         """Parse and pre-process once: the tweets to embed, and the dead letters."""
@@ -127,7 +130,21 @@ def recent_windows(settings: Settings) -> int:
     return max(1, math.ceil(settings.means_recent_s / settings.means_window_s))
 
 
-def means_of(client: Client, settings: Settings, dim: int | None = None) -> RedisMeans:
+def replication_of(client: Client, settings: Settings, exporter: Exporter | None = None) -> Replication:
+    """The replication barrier and rollback check as the settings configure them (every role
+    that writes); rollbacks count in ``reval_redis_rollbacks_total``."""
+    return Replication(
+        client,
+        settings.replicas_required(),
+        timeout_s=settings.redis_replica_timeout_s,
+        prefix=settings.redis_prefix,
+        on_rollback=(lambda master, key: exporter.redis_rollbacks.inc()) if exporter is not None else None,
+    )
+
+
+def means_of(
+    client: Client, settings: Settings, dim: int | None = None, replication: Replication | None = None
+) -> RedisMeans:
     """The running means as the settings configure them (embed workers and index job): each
     hashtag keeps its recent windows and one more, the one the recent use starts in."""
     return RedisMeans(
@@ -137,10 +154,11 @@ def means_of(client: Client, settings: Settings, dim: int | None = None) -> Redi
         fold_after=settings.means_fold_after,
         window_s=settings.means_window_s or None,
         window_keep=recent_windows(settings) + 1,
+        replication=replication,
     )
 
 
-def samples_of(client: Client, settings: Settings) -> RedisSamples:
+def samples_of(client: Client, settings: Settings, replication: Replication | None = None) -> RedisSamples:
     """The embedding samples as the settings configure them (embed workers and index job)."""
     return RedisSamples(
         client,
@@ -149,6 +167,7 @@ def samples_of(client: Client, settings: Settings) -> RedisSamples:
         cap=settings.drift_sample_cap,
         bucket_s=settings.drift_bucket_s,
         window_s=settings.drift_window_s,
+        replication=replication,
     )
 
 

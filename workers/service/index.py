@@ -27,7 +27,7 @@ from workers.adapters.store import (
     thesaurus_drift,
     version_number,
 )
-from workers.service.embed import means_of, recent_windows, samples_of
+from workers.service.embed import means_of, recent_windows, replication_of, samples_of
 from workers.service.runtime import Runtime
 from workers.settings import Settings
 
@@ -203,7 +203,9 @@ class Indexer:
 
 def thesauri_of(client: Any, settings: Settings) -> RedisThesauri:
     """The thesaurus versions in Redis, as the settings configure them (index job, scorers)."""
-    return RedisThesauri(client, settings.redis_prefix, keep=settings.index_keep)
+    return RedisThesauri(
+        client, settings.redis_prefix, keep=settings.index_keep, replication=replication_of(client, settings)
+    )
 
 
 def register(app: faust.App, rt: Runtime) -> None:

@@ -35,6 +35,7 @@ from workers.adapters.redis_client import Client, with_retry
 from workers.adapters.redis_state import RedisClaims, RedisJoin, Waiting
 from workers.adapters.redis_thesaurus import RedisThesauri
 from workers.adapters.store import ThesaurusStore, neighbour_cache, version_number
+from workers.service.embed import replication_of
 from workers.service.incarnation import Incarnations
 from workers.service.index import thesauri_of
 from workers.service.records import Record, admit, dead_letter, letter_key
@@ -139,8 +140,13 @@ class Scorer:
             if settings.thesaurus_source == "redis"
             else ThesaurusStore(Path(settings.index_dir), keep=settings.index_keep)
         )
-        self.join = RedisJoin(client, settings.redis_prefix, window=settings.join_window_s)
-        self.events = RedisClaims(client, settings.redis_prefix, "ev", max(1, settings.event_dedup_window_s))
+        replication = replication_of(client, settings, exporter)  # claims, join: outlive a failover
+        self.join = RedisJoin(
+            client, settings.redis_prefix, window=settings.join_window_s, replication=replication
+        )
+        self.events = RedisClaims(
+            client, settings.redis_prefix, "ev", max(1, settings.event_dedup_window_s), replication
+        )
         guard = LabelGuard(
             settings.recommender_allowlist,
             settings.max_recommenders,
