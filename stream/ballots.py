@@ -108,6 +108,11 @@ class Protocol:
         if not 2 <= self.n_ballots <= 10:
             raise ValueError(f"ballots n_b={self.n_ballots} is outside 001's range 2..10")
         low, high = alpha_bounds(self.n_items, self.n_ballots)
+        if low > high + 1e-9:
+            raise ValueError(
+                f"{self.n_items} items are too few for the adaptive protocol: 001 asks for at least 2 "
+                "and at most 10% of the items in the last ballot, so at least 20 items"
+            )
         if not low - 1e-9 <= self.alpha <= high + 1e-9:
             raise ValueError(
                 f"alpha={self.alpha:g} is outside 001's range [{low:.3f}, {high:.3f}] for "
@@ -138,7 +143,7 @@ class Protocol:
         return cls(n_items, n_ballots, alpha, m)
 
 
-def draw_pairs(items: Sequence[int], m: int, rng: np.random.Generator) -> IntArray:
+def draw_pairs(items: Sequence[int] | IntArray, m: int, rng: np.random.Generator) -> IntArray:
     """Random comparisons in which every item appears ``m`` times (one random item once
     more when ``m · len(items)`` is odd), never an item against itself; rows (left, right).
 
@@ -218,7 +223,7 @@ def tally(items: IntArray, pairs: IntArray, outcomes: FloatArray, n_items: int) 
     left, right, score = pairs[voted, 0], pairs[voted, 1], outcomes[voted]
     wins = np.bincount(left, score, n_items) + np.bincount(right, 1.0 - score, n_items)
     shown = np.bincount(left, None, n_items) + np.bincount(right, None, n_items)
-    return BallotResult(items, wins[items], shown[items].astype(np.float64))
+    return BallotResult(items, wins[items].astype(np.float64), shown[items].astype(np.float64))
 
 
 class VoteError(ValueError):
@@ -305,6 +310,26 @@ class Campaign:
         j = int(index)
         return (b, j) if j < len(b.pairs) else None
 
+    def voted(self, comparison_id: str) -> bool:
+        """Whether ``comparison_id`` names a comparison (of any ballot so far) with a vote."""
+        number, _, index = comparison_id.partition(".")
+        if not (number.isdigit() and index.isdigit()):
+            return False
+        for b in [*self.closed, *([self.current] if self.current else [])]:
+            if b.number == int(number) and int(index) < len(b.pairs):
+                return bool(np.isfinite(b.outcomes[int(index)]))
+        return False
+
+    def evidence(self) -> list[tuple[IntArray, IntArray, FloatArray]]:
+        """(items, voted comparisons, their outcomes) of each ballot the scores come
+        from: the closed ones, or the open first ballot while none is closed."""
+        chosen = self.closed or ([self.current] if self.current is not None else [])
+        out = []
+        for b in chosen:
+            done = np.isfinite(b.outcomes)
+            out.append((b.items, b.pairs[done], b.outcomes[done]))
+        return out
+
     def vote(self, comparison_id: str, left_score: float) -> None:
         """Record one vote: ``left_score`` 1 (left more related), 0 (right), 0.5 (as related)."""
         if left_score not in (LEFT, RIGHT, TIE):
@@ -313,8 +338,9 @@ class Campaign:
             raise VoteError("finished", "the campaign is finished: every ballot is closed")
         found = self._locate(comparison_id)
         if found is None:
-            raise VoteError("unknown_comparison", f"no open comparison {comparison_id!r} in ballot "
-                            f"{self.current.number}")
+            raise VoteError(
+                "unknown_comparison", f"no open comparison {comparison_id!r} in ballot {self.current.number}"
+            )
         ballot, j = found
         if np.isfinite(ballot.outcomes[j]):
             raise VoteError("already_voted", f"comparison {comparison_id} already has its vote")

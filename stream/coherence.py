@@ -328,7 +328,9 @@ def pair_clusters(
     >>> p.synonyms, len(p.random), set(p.random) & {"a", "b", "c"}
     (('b', 'c'), 2, set())
     """
-    index = PopularityIndex({h: counts.get(h, len(texts)) for h, texts in samples.items() if texts}, window=window)
+    index = PopularityIndex(
+        {h: counts.get(h, len(texts)) for h, texts in samples.items() if texts}, window=window
+    )
     out = []
     for hashtag in hashtags:
         synonyms = [s for s in neighbours(hashtag, k) if s != hashtag and samples.get(s)]
