@@ -309,31 +309,27 @@ class Pairing:
 def pair_clusters(
     hashtags: Sequence[str],
     neighbours: Callable[[str, int], Sequence[str]],
-    samples: Mapping[str, Sequence[str]],
     counts: Mapping[str, int],
     k: int,
     rng: np.random.Generator,
     *,
     window: int = 25,
 ) -> list[Pairing]:
-    """For each of ``hashtags``: its top-``k`` synonyms that have tweets in ``samples``,
-    and for each a random hashtag with tweets whose popularity (``counts``: tweets per
-    hashtag in the whole source, not in the bounded sample) is close to the synonym's.
+    """For each of ``hashtags``: its top-``k`` synonyms among the hashtags with tweets
+    (the keys of ``counts``: tweets per hashtag in the whole source, not in the bounded
+    samples), and for each synonym a random hashtag with tweets of close popularity.
     Hashtags without a synonym with tweets are left out.
 
-    >>> samples = {c: [f"text {c}"] for c in "abcdefgh"}
     >>> counts = {c: i + 1 for i, c in enumerate("abcdefgh")}
     >>> syn = {"a": ["b", "c", "zz"]}
-    >>> [p] = pair_clusters(["a"], lambda h, k: syn[h][:k], samples, counts, 3, np.random.default_rng(0))
+    >>> [p] = pair_clusters(["a"], lambda h, k: syn[h][:k], counts, 3, np.random.default_rng(0))
     >>> p.synonyms, len(p.random), set(p.random) & {"a", "b", "c"}
     (('b', 'c'), 2, set())
     """
-    index = PopularityIndex(
-        {h: counts.get(h, len(texts)) for h, texts in samples.items() if texts}, window=window
-    )
+    index = PopularityIndex({h: n for h, n in counts.items() if n > 0}, window=window)
     out = []
     for hashtag in hashtags:
-        synonyms = [s for s in neighbours(hashtag, k) if s != hashtag and samples.get(s)]
+        synonyms = [s for s in neighbours(hashtag, k) if s != hashtag and s in index]
         if not synonyms:
             continue
         drawn = matched_random(synonyms, index, [hashtag], rng)
@@ -341,6 +337,15 @@ def pair_clusters(
         if synonyms:
             out.append(Pairing(hashtag, tuple(synonyms), tuple(drawn)))
     return out
+
+
+def tags_of(pairings: Iterable[Pairing]) -> set[str]:
+    """Every hashtag whose tweets the pairings' clusters need.
+
+    >>> sorted(tags_of([Pairing("a", ("b",), ("c",))]))
+    ['a', 'b', 'c']
+    """
+    return {t for p in pairings for t in (p.hashtag, *p.synonyms, *p.random)}
 
 
 @dataclass(frozen=True)

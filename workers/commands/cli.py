@@ -1156,6 +1156,13 @@ def demo(
         raise fail(f"demo: {exc}", code=1) from None
 
 
+# The thesaurus audit (workers/commands/audit_cli.py): coherence of the synonym sets, votes.
+from workers.commands.audit_cli import audit_app, thesaurus_coherence  # noqa: E402
+
+thesaurus_app.command("coherence")(thesaurus_coherence)
+app.add_typer(audit_app, name="audit")
+
+
 def _os_error(exc: OSError) -> str:
     """``[Errno 2] No such file...: 'x'`` → ``x: No such file or directory``."""
     where = exc.filename if exc.filename is not None else ""
