@@ -172,7 +172,8 @@ def tfidf_coherence(texts: Sequence[str]) -> float:
 def greedy_f1(a: FloatArray, b: FloatArray) -> float:
     """BERTScore F1 of two texts given their token embeddings (unit rows): recall = mean
     over a's tokens of the best cosine in b, precision the same from b, F1 their harmonic
-    mean (0 when both are 0).
+    mean -- 0 when either is not positive (a harmonic mean of a negative number means
+    nothing; transformer token cosines are nearly always positive anyway).
 
     >>> a = np.array([[1.0, 0.0], [0.0, 1.0]]); b = np.array([[1.0, 0.0]])
     >>> greedy_f1(a, b)  # recall 0.5, precision 1
@@ -180,8 +181,9 @@ def greedy_f1(a: FloatArray, b: FloatArray) -> float:
     """
     sims = a @ b.T
     recall, precision = float(sims.max(axis=1).mean()), float(sims.max(axis=0).mean())
-    total = recall + precision
-    return 2.0 * recall * precision / total if total > 0 else 0.0
+    if recall <= 0 or precision <= 0:
+        return 0.0
+    return 2.0 * recall * precision / (recall + precision)
 
 
 def bertscore_coherence(tokens: Sequence[FloatArray], block: int = 2048) -> float:
@@ -211,7 +213,8 @@ def bertscore_coherence(tokens: Sequence[FloatArray], block: int = 2048) -> floa
     # match[i, j] = mean over text i's tokens of their best cosine in text j: R(ref i, cand j)
     match = np.add.reduceat(best.astype(np.float64), starts, axis=0) / lengths[:, None]
     total = match + match.T
-    f1 = np.divide(2.0 * match * match.T, total, out=np.zeros_like(total), where=total > 0)
+    positive = (match > 0) & (match.T > 0)
+    f1 = np.divide(2.0 * match * match.T, total, out=np.zeros_like(total), where=positive)
     upper = np.triu_indices(n, k=1)
     return float(f1[upper].mean())
 
