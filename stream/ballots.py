@@ -298,9 +298,13 @@ class Campaign:
         ]
 
     def comparison(self, comparison_id: str) -> tuple[int, int] | None:
-        """(left, right) of a comparison of the current ballot still open; None otherwise."""
+        """(left, right) of a comparison of the current ballot without a vote yet; None
+        for any other id."""
         found = self._locate(comparison_id)
-        return None if found is None else (int(found[0].pairs[found[1], 0]), int(found[0].pairs[found[1], 1]))
+        if found is None or np.isfinite(found[0].outcomes[found[1]]):
+            return None
+        ballot, j = found
+        return int(ballot.pairs[j, 0]), int(ballot.pairs[j, 1])
 
     def _locate(self, comparison_id: str) -> tuple[_Ballot, int] | None:
         number, _, index = comparison_id.partition(".")
