@@ -122,11 +122,20 @@ def test_votes_the_campaign_cannot_take() -> None:
 
 
 def _plan() -> Plan:
-    return Plan("a1", "v1", (Area("x", tuple("abcdefg")), Area("y", tuple("hijklmn"))), 2, 0.1, 2, seed=3).check()
+    return Plan(
+        "a1", "v1", (Area("x", tuple("abcdefg")), Area("y", tuple("hijklmn"))), 2, 0.1, 2, seed=3
+    ).check()
 
 
 def _vote(area: int, cid: str, choice: str, n: int) -> dict[str, object]:
-    return {"type": "vote", "audit": "a1", "vote_id": f"vote-{n:04d}", "area": area, "comparison": cid, "choice": choice}
+    return {
+        "type": "vote",
+        "audit": "a1",
+        "vote_id": f"vote-{n:04d}",
+        "area": area,
+        "comparison": cid,
+        "choice": choice,
+    }
 
 
 def test_state_replayed_from_events_skips_replays_and_closed_comparisons() -> None:
@@ -190,11 +199,22 @@ def test_agreement_of_a_thesaurus_that_ranks_like_the_voters() -> None:
     while not state.finished:
         for area, cid, left, right in state.pending():
             noisy = truth[[left, right]] + rng.normal(0, 0.05, 2)
-            state.apply({"vote_id": f"vote-{n:05d}", "area": area, "comparison": cid,
-                         "choice": "left" if noisy[0] > noisy[1] else "right"})
+            state.apply(
+                {
+                    "vote_id": f"vote-{n:05d}",
+                    "area": area,
+                    "comparison": cid,
+                    "choice": "left" if noisy[0] > noisy[1] else "right",
+                }
+            )
             n += 1
     (area,), overall = agreement(state, [truth], resamples=200)
-    assert overall.tau_w is not None and overall.tau_w > 0.6 and overall.rho_w is not None and overall.rho_w > 0.8
+    assert (
+        overall.tau_w is not None
+        and overall.tau_w > 0.6
+        and overall.rho_w is not None
+        and overall.rho_w > 0.8
+    )
     assert overall.tau_w_ci[0] is not None and overall.tau_w_ci[0] <= overall.tau_w <= overall.tau_w_ci[1]
     (_, reverse) = agreement(state, [truth[::-1].copy()], resamples=50)
     assert reverse.tau_w is not None and reverse.tau_w < -0.6

@@ -47,7 +47,9 @@ def test_tfidf_coherence_of_a_hand_computed_cluster() -> None:
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.lists(st.lists(st.sampled_from(WORDS), min_size=0, max_size=6).map(" ".join), min_size=2, max_size=12))
+@given(
+    st.lists(st.lists(st.sampled_from(WORDS), min_size=0, max_size=6).map(" ".join), min_size=2, max_size=12)
+)
 def test_tfidf_rows_equal_scikit_learn_and_the_exhaustive_mean(texts: list[str]) -> None:
     ours = tfidf_rows(texts)
     if ours.shape[1]:
@@ -131,7 +133,9 @@ def test_random_hashtags_have_matched_popularity() -> None:
 def test_pair_clusters_skips_synonyms_without_tweets_and_draws_as_many_random() -> None:
     counts = {f"h{i}": i + 1 for i in range(100)}
     neighbours = {"h50": ["h49", "ghost", "h51"], "h10": ["ghost"]}
-    pairings = pair_clusters(["h50", "h10"], lambda h, k: neighbours[h][:k], counts, 3, np.random.default_rng(0))
+    pairings = pair_clusters(
+        ["h50", "h10"], lambda h, k: neighbours[h][:k], counts, 3, np.random.default_rng(0)
+    )
     assert [p.hashtag for p in pairings] == ["h50"]  # h10's only synonym has no tweet
     (p,) = pairings
     assert p.synonyms == ("h49", "h51")

@@ -103,6 +103,7 @@ class AuditServer:
                 web.get("/", self.page),
                 web.get("/app.js", self.asset),
                 web.get("/style.css", self.asset),
+                web.get("/favicon.ico", self.no_icon),
                 web.get("/api/next", self.next_comparison),
                 web.get("/api/state", self.progress),
                 web.post("/api/vote", self.vote),
@@ -136,6 +137,9 @@ class AuditServer:
 
     async def page(self, request: web.Request) -> web.Response:
         return web.Response(text=_asset("audit.html"), content_type="text/html", charset="utf-8")
+
+    async def no_icon(self, request: web.Request) -> web.Response:
+        return web.Response(status=204)  # the page has no icon; a 404 would be a console error
 
     async def asset(self, request: web.Request) -> web.Response:
         name = request.path.lstrip("/")
