@@ -310,16 +310,13 @@ def agreement(
         )
         per_area.append(found)
         reps.append(replicates)
-    valued = [i for i, g in enumerate(per_area) if g.tau_w is not None]
+    valued = [i for i, g in enumerate(per_area) if g.tau_w is not None and g.rho_w is not None]
     if not valued:
         return per_area, Agreement(None, None, items=sum(g.items for g in per_area), votes=state.votes)
-    rho = float(np.mean([per_area[i].rho_w for i in valued]))
-    tau = float(np.mean([per_area[i].tau_w for i in valued]))
+    rho = _finite_mean([per_area[i].rho_w for i in valued])
+    tau = _finite_mean([per_area[i].tau_w for i in valued])
     mean_reps = [
-        (
-            float(np.nanmean([reps[i][r][0] for i in valued])),
-            float(np.nanmean([reps[i][r][1] for i in valued])),
-        )
+        (_finite_mean([reps[i][r][0] for i in valued]), _finite_mean([reps[i][r][1] for i in valued]))
         for r in range(resamples)
     ]
     overall = Agreement(
@@ -332,6 +329,13 @@ def agreement(
         extra={"areas": len(valued)},
     )
     return per_area, overall
+
+
+def _finite_mean(values: Sequence[float | None]) -> float:
+    """The mean of the finite values; NaN when there is none (a replicate where every
+    area's ranking came out constant)."""
+    finite = [v for v in values if v is not None and np.isfinite(v)]
+    return float(np.mean(finite)) if finite else float("nan")
 
 
 def _finite(value: float) -> float | None:

@@ -39,7 +39,7 @@ def test_parameter_bounds_of_section_2_7() -> None:
     low, high = alpha_bounds(45, 3)
     assert low == pytest.approx((2 / 45) ** 0.5) and high == pytest.approx(0.1**0.5)
     Protocol(45, 3, 0.3, 4).check()
-    with pytest.raises(ValueError, match="alpha=0.5 is outside 001's range"):
+    with pytest.raises(ValueError, match=r"alpha=0\.5 is outside 001's range"):
         Protocol(45, 3, 0.5, 4).check()
     with pytest.raises(ValueError, match="ballots n_b=11"):
         Protocol(45000, 11, 0.7, 4).check()
