@@ -88,34 +88,54 @@ def sample_priority(hashtag: str, text: str) -> float:
     return int.from_bytes(digest, "big") / 2.0**64
 
 
-def bottom_k(pairs: Iterable[tuple[str, str]], m: int) -> dict[str, list[str]]:
-    """Per hashtag, the ``m`` distinct texts of smallest :func:`sample_priority` (ordered
-    by it): a uniform sample without replacement of its distinct texts.
+class BottomK:
+    """Per hashtag, the ``m`` distinct texts of smallest :func:`sample_priority`: a uniform
+    sample without replacement of its distinct texts, the same whatever the order or
+    repetition of the arrivals (the live reservoir's rule, kept in memory).
 
-    >>> s = bottom_k([("a", "x"), ("a", "y"), ("a", "x"), ("b", "z")], m=5)
-    >>> sorted(s["a"]), s["b"]
+    >>> sample = BottomK(5)
+    >>> sample.update([("a", "x"), ("a", "y"), ("a", "x"), ("b", "z")])
+    >>> sorted(sample.get()["a"]), sample.get()["b"]
     (['x', 'y'], ['z'])
+    """
+
+    def __init__(self, m: int) -> None:
+        if m < 1:
+            raise ValueError(f"the sample size must be at least 1, got {m}")
+        self.m = m
+        self._heaps: dict[str, list[tuple[float, str]]] = {}
+        self._members: dict[str, set[str]] = {}
+
+    def update(self, pairs: Iterable[tuple[str, str]]) -> None:
+        """Offer ``(hashtag, text)`` pairs."""
+        for hashtag, text in pairs:
+            seen = self._members.setdefault(hashtag, set())
+            if text in seen:
+                continue
+            heap = self._heaps.setdefault(hashtag, [])
+            key = (-sample_priority(hashtag, text), text)  # a max-heap of the m smallest
+            if len(heap) < self.m:
+                heapq.heappush(heap, key)
+                seen.add(text)
+            elif key > heap[0]:
+                _, dropped = heapq.heapreplace(heap, key)
+                seen.discard(dropped)
+                seen.add(text)
+
+    def get(self) -> dict[str, list[str]]:
+        """Every hashtag's sample, smallest priority first."""
+        return {h: [t for _, t in sorted(heap, reverse=True)] for h, heap in self._heaps.items()}
+
+
+def bottom_k(pairs: Iterable[tuple[str, str]], m: int) -> dict[str, list[str]]:
+    """:class:`BottomK` of ``pairs`` in one call.
+
     >>> len(bottom_k([("a", str(i)) for i in range(100)], m=3)["a"])
     3
     """
-    if m < 1:
-        raise ValueError(f"the sample size must be at least 1, got {m}")
-    heaps: dict[str, list[tuple[float, str]]] = {}
-    members: dict[str, set[str]] = {}
-    for hashtag, text in pairs:
-        seen = members.setdefault(hashtag, set())
-        if text in seen:
-            continue
-        heap = heaps.setdefault(hashtag, [])
-        key = (-sample_priority(hashtag, text), text)  # a max-heap of the m smallest
-        if len(heap) < m:
-            heapq.heappush(heap, key)
-            seen.add(text)
-        elif key > heap[0]:
-            _, dropped = heapq.heapreplace(heap, key)
-            seen.discard(dropped)
-            seen.add(text)
-    return {h: [t for _, t in sorted(heap, reverse=True)] for h, heap in heaps.items()}
+    sample = BottomK(m)
+    sample.update(pairs)
+    return sample.get()
 
 
 # --------------------------------------------------------------------------- scores

@@ -10,17 +10,20 @@ match what the index job exports for the same tweets.
 
 from __future__ import annotations
 
+import json
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from stream.cleaning import Cleaner, Dropped
+from stream.audit import replay
+from stream.cleaning import Cleaner, Dropped, Prepared
 from stream.coherence import (
     METRICS,
+    BottomK,
     Pairing,
     bertscore_coherence,
     bottom_k,
@@ -34,6 +37,8 @@ from stream.coherence import (
 )
 from stream.records import ErrorLog
 from workers.adapters.feeds import read_tweets
+from workers.service.thesaurus_audit import latest_audit, version_agreement, version_coherence
+from workers.settings import Settings
 
 ProgressFactory = Callable[[str, int | None], Callable[[int], None]]
 
@@ -204,4 +209,56 @@ def _row(
     }
     for name, (syn, rnd) in scores.items():
         out[name] = {"synonyms": _num(syn[i]), "random": _num(rnd[i])}
+    return out
+
+
+class RefitAudit:
+    """The audit of each thesaurus a backtest builds (``reval backtest``): the coherence
+    lift over the tweets seen so far, sampled as the live reservoir samples them, and,
+    given an audit's events (the ``votes`` topic dumped as JSON lines), the agreement
+    with the votes -- what the index job exports for each live version."""
+
+    def __init__(self, votes: Path | None = None) -> None:
+        defaults = Settings()
+        self.k, self.sample, self.min_tweets = (
+            defaults.coherence_k,
+            defaults.coherence_sample,
+            defaults.coherence_min_tweets,
+        )
+        self.reservoir = BottomK(defaults.coherence_reservoir)
+        self.state = latest_audit(replay(_events(votes))) if votes is not None else None
+
+    def update(self, prepared: Sequence[Prepared]) -> None:
+        """Sample the tweets since the last refit."""
+        texts = ((p.hashtags, coherence_text(p.text)) for p in prepared)
+        self.reservoir.update((tag, text) for tags, text in texts if text for tag in tags)
+
+    def row(self, thesaurus: Any, counts: Mapping[str, int], seed: int) -> dict[str, Any]:
+        """The refit's ``audit``: ``coherence`` (TF-IDF lift) and ``agreement`` (or None)."""
+        samples = self.reservoir.get()
+        coherence = version_coherence(
+            thesaurus,
+            {h: n for h, n in counts.items() if h in samples},
+            lambda tags: {t: samples[t] for t in tags if t in samples},
+            k=self.k,
+            sample=self.sample,
+            min_tweets=self.min_tweets,
+            seed=seed,
+        )
+        return {"coherence": {"tfidf": coherence}, "agreement": version_agreement(self.state, thesaurus)}
+
+
+def _events(path: Path) -> list[dict[str, Any]]:
+    """An audit's events from a JSON-lines file (one event per line, as in the topic)."""
+    out = []
+    with open(path, encoding="utf-8") as fh:
+        for number, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                event = json.loads(line)
+            except ValueError:
+                raise ValueError(f"{path}:{number}: not a JSON event") from None
+            if isinstance(event, dict):
+                out.append(event)
     return out

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -112,6 +112,35 @@ def latest_audit(states: Mapping[str, AuditState], name: str | None = None) -> A
     return list(states.values())[-1] if states else None
 
 
+def version_coherence(
+    thesaurus: AnnoyThesaurus,
+    counts: Mapping[str, int],
+    fetch: Callable[[set[str]], Mapping[str, Sequence[str]]],
+    *,
+    k: int,
+    sample: int,
+    min_tweets: int,
+    seed: int,
+    resamples: int = LIVE_RESAMPLES,
+) -> dict[str, Any] | None:
+    """The TF-IDF coherence lift of ``thesaurus`` over sampled tweets: ``sample`` hashtags
+    with at least ``min_tweets`` tweets, their top ``k`` synonyms against random hashtags
+    of matched popularity.  ``counts``: tweets per hashtag that has a sample (its
+    popularity); ``fetch(hashtags)``: their samples.  None when nothing qualifies."""
+    rng = np.random.default_rng(seed)
+    candidates = sorted(h for h, n in counts.items() if n >= min_tweets and h in thesaurus)
+    if not candidates or not sample:
+        return None
+    chosen = rng.choice(candidates, min(sample, len(candidates)), replace=False)
+    pairings = pair_clusters([str(h) for h in chosen], thesaurus.neighbours, counts, k, rng)
+    samples = fetch(tags_of(pairings))
+    enough = set(eligible(samples, min_tweets))
+    pairings = [p for p in pairings if p.hashtag in enough]
+    synonyms, random = score_pairings(pairings, samples, tfidf_coherence)
+    lift = coherence_lift(synonyms, random, resamples=resamples, seed=seed)
+    return None if lift is None else {**lift.to_dict(), "k": k}
+
+
 def live_coherence(
     thesaurus: AnnoyThesaurus,
     counts: Mapping[str, int],
@@ -119,24 +148,29 @@ def live_coherence(
     settings: Settings,
     seed: int,
 ) -> dict[str, Any] | None:
-    """The TF-IDF coherence lift of ``thesaurus`` over the reservoir's tweets:
-    ``coherence_sample`` hashtags with at least ``coherence_min_tweets`` tweets sampled,
-    their top ``coherence_k`` synonyms against random hashtags of matched popularity
-    (``counts``: every hashtag's tweets, from the running means).  None when too few."""
-    rng = np.random.default_rng(seed)
+    """:func:`version_coherence` over the embed workers' reservoir (``counts``: every
+    hashtag's tweets, from the running means)."""
     pooled = with_retry("reservoir", reservoir.hashtags)
-    pool = {h: n for h, n in counts.items() if h in pooled}
-    candidates = sorted(h for h, n in pool.items() if n >= settings.coherence_min_tweets and h in thesaurus)
-    if not candidates or not settings.coherence_sample:
+    return version_coherence(
+        thesaurus,
+        {h: n for h, n in counts.items() if h in pooled},
+        lambda tags: with_retry("reservoir", lambda: reservoir.samples(tags)),
+        k=settings.coherence_k,
+        sample=settings.coherence_sample,
+        min_tweets=settings.coherence_min_tweets,
+        seed=seed,
+    )
+
+
+def version_agreement(
+    state: AuditState | None, thesaurus: AnnoyThesaurus, resamples: int = LIVE_RESAMPLES
+) -> dict[str, Any] | None:
+    """ρ_w, τ_w (overall, with intervals) of ``thesaurus`` against an audit's votes; None
+    without votes."""
+    if state is None or not state.votes:
         return None
-    chosen = rng.choice(candidates, min(settings.coherence_sample, len(candidates)), replace=False)
-    pairings = pair_clusters([str(h) for h in chosen], thesaurus.neighbours, pool, settings.coherence_k, rng)
-    samples = with_retry("reservoir", lambda: reservoir.samples(tags_of(pairings)))
-    enough = set(eligible(samples, settings.coherence_min_tweets))
-    pairings = [p for p in pairings if p.hashtag in enough]
-    synonyms, random = score_pairings(pairings, samples, tfidf_coherence)
-    lift = coherence_lift(synonyms, random, resamples=LIVE_RESAMPLES, seed=seed)
-    return None if lift is None else lift.to_dict()
+    _, overall = agreement(state, model_scores(state.plan, thesaurus), resamples=resamples)
+    return {"audit": state.plan.audit, **overall.to_dict()}
 
 
 class VersionAudit:
@@ -146,7 +180,7 @@ class VersionAudit:
         self.settings = settings
         self.x = exporter
         self.reservoir = RedisReservoir(client, settings.redis_prefix, settings.coherence_reservoir)
-        self.votes = VoteLog(settings, timeout=10.0)
+        self.votes = VoteLog(settings, timeout=5.0)
         self.x.set_coherence("tfidf", None)
         self.x.set_agreement(None)
 
@@ -161,7 +195,7 @@ class VersionAudit:
             coherence = None
         self.x.set_coherence("tfidf", coherence)
         if coherence is not None:
-            out["coherence"] = {"tfidf": coherence, "k": self.settings.coherence_k}
+            out["coherence"] = {"tfidf": coherence}
             log.info(
                 "index: coherence lift (tfidf) %.4f [%.4f, %.4f] over %d hashtags",
                 coherence["lift"],
@@ -180,8 +214,4 @@ class VersionAudit:
             events = self.votes.events()
         except BrokerError:  # no votes topic (no audit yet), or the broker is away
             return None
-        state = latest_audit(replay(events))
-        if state is None or not state.votes:
-            return None
-        _, overall = agreement(state, model_scores(state.plan, thesaurus), resamples=LIVE_RESAMPLES)
-        return {"audit": state.plan.audit, **overall.to_dict()}
+        return version_agreement(latest_audit(replay(events)), thesaurus)
