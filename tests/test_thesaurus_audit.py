@@ -24,12 +24,13 @@ from workers.service.thesaurus_audit import VoteLog
 from workers.settings import Settings
 
 pytestmark = [pytest.mark.integration]
-TOPICS = {
-    "flood": "water river rescue levee rain boats evacuate shelter sandbag overflow".split(),
-    "quake": "magnitude shaking aftershock rubble epicentre tremor collapse seismic tsunami fault".split(),
-    "bomb": "explosion marathon finish police suspect blast injured runners manhunt witness".split(),
-    "fire": "wildfire smoke blaze acres firefighters containment evacuation embers drought heat".split(),
+WORDS = {
+    "flood": "water river rescue levee rain boats evacuate shelter sandbag overflow",
+    "quake": "magnitude shaking aftershock rubble epicentre tremor collapse seismic tsunami fault",
+    "bomb": "explosion marathon finish police suspect blast injured runners manhunt witness",
+    "fire": "wildfire smoke blaze acres firefighters containment evacuation embers drought heat",
 }
+TOPICS = {topic: words.split(" ") for topic, words in WORDS.items()}
 
 
 @pytest.fixture
@@ -142,7 +143,7 @@ def test_the_index_job_exports_coherence_and_agreement_per_version(
         }
         log.append(vote)
     log.close()
-    more, more_texts = _feed(seed=1)
+    more, _ = _feed(seed=1)
     means_of(client, settings).apply(
         [Contribution("tweets", 1, c.offset, c.hashtags, c.vector, c.time) for c in more]
     )
