@@ -21,8 +21,8 @@ are counted and skipped, so a redelivered or doubly written event changes nothin
 
 **Agreement.** Per area, the thesaurus ranks the pairs by its similarity and people by
 their final scores ȳ; ρ_w and τ_w (:mod:`stream.rankcorr`) compare the two, with a
-percentile bootstrap over the votes (each ballot's comparisons resampled, the ballots'
-memberships as they were).  *Overall* is the mean over areas (each area a separate
+bias-corrected percentile bootstrap over the votes (each ballot's comparisons resampled, the
+ballots' memberships as they were; :func:`stream.rankcorr.bootstrap_interval`).  *Overall* is the mean over areas (each area a separate
 competition: scores of different areas are not comparable).
 """
 
@@ -278,8 +278,8 @@ def area_agreement(
     agreement = Agreement(
         _finite(rho),
         _finite(tau),
-        bootstrap_interval([r for r, _ in reps]),
-        bootstrap_interval([t for _, t in reps]),
+        bootstrap_interval([r for r, _ in reps], estimate=rho),
+        bootstrap_interval([t for _, t in reps], estimate=tau),
         items=n,
         votes=campaign.votes,
         extra={"ballot": campaign.ballot_number, "provisional": not campaign.closed},
@@ -322,8 +322,8 @@ def agreement(
     overall = Agreement(
         rho,
         tau,
-        bootstrap_interval([r for r, _ in mean_reps]),
-        bootstrap_interval([t for _, t in mean_reps]),
+        bootstrap_interval([r for r, _ in mean_reps], estimate=rho),
+        bootstrap_interval([t for _, t in mean_reps], estimate=tau),
         items=sum(g.items for g in per_area),
         votes=state.votes,
         extra={"areas": len(valued)},

@@ -47,11 +47,13 @@ def thesaurus(tmp_path_factory: pytest.TempPathFactory) -> Path:
 class Server:
     """``reval audit serve`` in its own process on a fixed port (so a restart keeps the URL)."""
 
-    def __init__(self, thesaurus: Path, broker: str, audit: str, port: int, token: str | None = None) -> None:
+    def __init__(
+        self, thesaurus: Path, broker: str, audit: str, port: int, token: str | None = None, m: int = 2
+    ) -> None:
         self.args = [
             sys.executable, "-m", "workers.commands.cli", "audit", "serve",
             "--thesaurus", str(thesaurus), "--broker", broker, "--audit", audit, "--port", str(port),
-            "--areas", "2", "--area-size", "7", "--ballots", "2", "--alpha", "0.1", "-m", "2",
+            "--areas", "2", "--area-size", "7", "--ballots", "2", "--alpha", "0.1", "-m", str(m),
         ]  # fmt: skip
         if token:
             self.args += ["--token", token]
@@ -91,8 +93,10 @@ class Server:
 
 
 @contextmanager
-def running(thesaurus: Path, broker: str, audit: str, token: str | None = None) -> Iterator[Server]:
-    server = Server(thesaurus, broker, audit, find_free_port(), token).start()
+def running(
+    thesaurus: Path, broker: str, audit: str, token: str | None = None, m: int = 2
+) -> Iterator[Server]:
+    server = Server(thesaurus, broker, audit, find_free_port(), token, m).start()
     try:
         yield server
     finally:
@@ -281,3 +285,48 @@ def test_a_non_loopback_address_needs_a_token(thesaurus: Path) -> None:
     )  # fmt: skip
     assert done.returncode == 2
     assert "--host 0.0.0.0 is reachable from other machines: set --token" in done.stderr
+
+
+@pytest.mark.timeout(400)
+def test_report_ranks_the_pairs_against_the_votes(thesaurus: Path, broker: str) -> None:
+    """Votes that follow the thesaurus's own ranking agree with it; the report says so per area,
+    overall and against chance, from the log alone (the server is gone by then)."""
+    from workers.adapters.store import AnnoyThesaurus
+
+    audit = f"report-{uuid.uuid4().hex[:8]}"
+    index = AnnoyThesaurus.load(thesaurus)
+    with running(thesaurus, broker, audit, m=8) as server:
+        for n in range(500):
+            _, nxt = request(server.url + "api/next?voter=bot")
+            if nxt.get("comparison") is None:
+                break
+            left, right = (tuple(nxt[side]["hashtags"]) for side in ("left", "right"))
+            sims = index.similarities([left, right])
+            choice = "left" if sims[0] > sims[1] else "right"
+            vote = {
+                "vote_id": f"bot-{n:06d}",
+                "area": nxt["area"],
+                "comparison": nxt["comparison"],
+                "choice": choice,
+            }
+            assert post_vote(server, vote)[0] == 200
+    done = subprocess.run(
+        [sys.executable, "-m", "workers.commands.cli", "audit", "report", "--thesaurus", str(thesaurus),
+         "--audit", audit, "--broker", broker, "--resamples", "200", "--json"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["audit"] == audit and report["votes"] == 2 * (84 + 8) == report["planned"]
+    (version,) = report["versions"]
+    assert len(version["areas"]) == 2
+    overall = version["overall"]
+    assert overall["tau_w"] > 0.6 and overall["rho_w"] > 0.8
+    assert overall["tau_w_ci_low"] <= overall["tau_w"] <= overall["tau_w_ci_high"]
+    assert abs(version["chance"]["tau_w"]) < 0.3 < overall["tau_w"]
+    missing = subprocess.run(
+        [sys.executable, "-m", "workers.commands.cli", "audit", "report", "--thesaurus", str(thesaurus),
+         "--audit", "no-such-audit", "--broker", broker],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert missing.returncode == 1 and "no audit no-such-audit" in missing.stderr

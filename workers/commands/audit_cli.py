@@ -337,6 +337,23 @@ def _print_report(payload: dict[str, Any]) -> None:
         cli.out.print(table)
 
 
+def _truth(thesaurus: Path, truth: str, items: int, seed: int) -> Any:
+    """The items' underlying similarities z: the thesaurus's cosines of the pairs of one
+    area (the smallest with ``items`` pairs), or one of 001's synthetic distributions."""
+    from stream.audit import make_areas
+    from stream.voters import exponential_similarity, power_similarity
+
+    index = _annoy(thesaurus)
+    if truth != "thesaurus":
+        return (exponential_similarity if truth == "exponential" else power_similarity)(items)
+    size = int(np.ceil((1 + np.sqrt(1 + 8 * items)) / 2))
+    rng = np.random.default_rng(seed)
+    found = make_areas(_popular_first(index), index.neighbours, 1, size, rng, depth=max(50, 3 * size))
+    if not found:
+        raise _cli().fail(f"--items {items}: the thesaurus has no area of {size} hashtags")
+    return index.similarities(found[0].items[:items], ranking=False)
+
+
 @audit_app.command("simulate")
 def simulate_cmd(
     thesaurus: Annotated[
@@ -361,8 +378,7 @@ def simulate_cmd(
     """001's stochastic transitivity model with a known true ranking: the adaptive
     protocol against uniform pairs at the same number of votes (tau_w, rho_w to the truth)."""
     cli = _cli()
-    from stream.audit import make_areas
-    from stream.voters import exponential_similarity, power_similarity, simulate
+    from stream.voters import simulate
 
     if truth not in ("thesaurus", "exponential", "power"):
         raise cli.fail(f"--truth must be thesaurus, exponential or power, not {truth!r}")
@@ -374,22 +390,7 @@ def simulate_cmd(
         ).check()
     except ValueError as exc:
         raise cli.fail(str(exc)) from None
-    index = _annoy(thesaurus)
-    if truth == "thesaurus":
-        size = int(np.ceil((1 + np.sqrt(1 + 8 * items)) / 2))
-        found = make_areas(
-            _popular_first(index),
-            index.neighbours,
-            1,
-            size,
-            np.random.default_rng(seed),
-            depth=max(50, 3 * size),
-        )
-        if not found:
-            raise cli.fail(f"--items {items}: the thesaurus has no area of {size} hashtags")
-        z = index.similarities(found[0].items[:items], ranking=False)
-    else:
-        z = (exponential_similarity if truth == "exponential" else power_similarity)(items)
+    z = _truth(thesaurus, truth, items, seed)
     results = [simulate(z, protocol, voters, seed + r) for r in range(runs)]
     payload = {
         "budget": results[0].budget,
