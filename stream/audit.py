@@ -22,8 +22,9 @@ are counted and skipped, so a redelivered or doubly written event changes nothin
 **Agreement.** Per area, the thesaurus ranks the pairs by its similarity and people by
 their final scores ȳ; ρ_w and τ_w (:mod:`stream.rankcorr`) compare the two, with a
 bias-corrected percentile bootstrap over the votes (each ballot's comparisons resampled, the
-ballots' memberships as they were; :func:`stream.rankcorr.bootstrap_interval`).  *Overall* is the mean over areas (each area a separate
-competition: scores of different areas are not comparable).
+ballots' memberships as they were; :func:`stream.rankcorr.bootstrap_interval`).  *Overall*
+is the mean over areas (each area a separate competition: scores of different areas are not
+comparable).
 """
 
 from __future__ import annotations
