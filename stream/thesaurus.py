@@ -92,6 +92,10 @@ class ThesaurusMetadata:
     #: Meaning drift from the version before (:meth:`stream.drift.ThesaurusDrift.to_dict`:
     #: quantiles and the movers with their old and new neighbours); None for a first version.
     drift: dict[str, Any] | None = None
+    #: The audit of this version (the index job fills it in): the coherence lift of its
+    #: synonym sets (:mod:`stream.coherence`) and its agreement with people's votes
+    #: (:mod:`stream.audit`); None when not audited.
+    audit: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

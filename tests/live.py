@@ -10,11 +10,13 @@ import numpy as np
 import redis
 
 from stream.cleaning import Cleaner, Prepared
+from stream.coherence import bottom_k, coherence_text
 from stream.means import HashtagMeans
 from stream.records import parse_tweet
 from workers.adapters.encoder import Encoder
 from workers.adapters.feeds import sample_feed
 from workers.adapters.redis_means import RedisMeans
+from workers.adapters.redis_reservoir import RedisReservoir
 from workers.dev.stack import Stack, tweet_lines
 
 
@@ -26,6 +28,24 @@ def batch_means(lines: list[str], model: Path) -> HashtagMeans:
     means = HashtagMeans(encoder.dim)
     means.update_batch([p.hashtags for p in prepared], encoder.encode([p.text for p in prepared]))
     return means
+
+
+def batch_reservoir(lines: list[str], size: int = 20) -> dict[str, list[str]]:
+    """The coherence sample ``reval thesaurus coherence`` takes of the same tweets."""
+    cleaner = Cleaner()
+    prepared = [p for p in (cleaner(parse_tweet(line)) for line in lines) if isinstance(p, Prepared)]
+    return bottom_k(
+        [(t, coherence_text(p.text)) for p in prepared for t in p.hashtags if coherence_text(p.text)], size
+    )
+
+
+def assert_reservoir_equal(stack: Stack, lines: list[str]) -> None:
+    """The embed workers' reservoir holds exactly the batch's bottom-k samples: redelivered
+    tweets changed nothing."""
+    expected = batch_reservoir(lines)
+    reservoir = RedisReservoir(redis.Redis.from_url(stack.redis_url), stack.prefix, 20)
+    assert reservoir.hashtags() == set(expected)
+    assert reservoir.samples(expected) == expected
 
 
 def means_of(stack: Stack) -> dict[str, Any]:

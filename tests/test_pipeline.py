@@ -12,7 +12,7 @@ import pytest
 
 from stream.records import parse_recommendation, parse_tweet
 from stream.scoring import NeighbourCache, score_event
-from tests.live import assert_means_equal, batch_means, counts_reach, plain_tweets
+from tests.live import assert_means_equal, assert_reservoir_equal, batch_means, counts_reach, plain_tweets
 from workers.adapters.feeds import sample_feed
 from workers.adapters.redis_means import RedisMeans
 from workers.adapters.store import ThesaurusStore
@@ -138,6 +138,7 @@ def test_kill_9_mid_stream_loses_nothing_and_counts_nothing_twice(stack: Stack) 
     stack.wait_ready(restarted, timeout=150)
     wait_for("all tweets applied", lambda: counts_reach(stack, expected), 180, 1.0)
     assert_means_equal(stack, expected)
+    assert_reservoir_equal(stack, lines)  # the coherence sample: redeliveries changed nothing
     # the restart did see redelivered records and skipped them
     assert restarted.metric("reval_hashtag_updates_total", outcome="duplicate") >= 0
 

@@ -154,6 +154,14 @@ class Settings(BaseSettings):
     drift_bucket_s: int = Field(3600, ge=1, description="Event-time bucket of the samples (seconds)")
     drift_window_s: int = Field(86400, ge=1, description="Recent window (and reference before it)")
 
+    # Thesaurus audit (stream.coherence, stream.audit): the embed workers keep a bounded
+    # sample of tweets per hashtag; the index job scores each new version's synonym sets.
+    coherence_reservoir: int = Field(20, ge=2, description="Tweets kept per hashtag for coherence")
+    coherence_k: int = Field(10, ge=1, description="Synonyms per coherence cluster")
+    coherence_sample: int = Field(200, ge=0, description="Hashtags scored per version (0: off)")
+    coherence_min_tweets: int = Field(5, ge=2, description="Min sampled tweets of a scored hashtag")
+    topic_votes: str = Field("votes", description="The audit's vote log (one partition)")
+
     # Scoring
     ks: str = Field(",".join(map(str, DEFAULT_KS)), description="Synonym counts k")
     rs: str = Field(",".join(map(str, DEFAULT_RS)), description="Top-r cut-offs")

@@ -118,6 +118,13 @@ class Params:
     topic_reset_for: str = "1m"
     # Redis unavailable: the workers wait (back-pressure) instead of losing records.
     redis_unavailable_for: str = "2m"
+    # Thesaurus coherence: the upper 95% bound of the current version's coherence lift (synonym
+    # clusters against random ones, TF-IDF) falls below (1 - `coherence_drop_fraction`) x the
+    # mean lift of the versions over `coherence_baseline_window`, `coherence_baseline_offset` ago.
+    coherence_drop_fraction: float = 0.25
+    coherence_baseline_window: str = "1d"
+    coherence_baseline_offset: str = "1h"
+    coherence_for: str = "15m"
     runbook: str = RUNBOOK
 
     def check(self) -> Params:
@@ -128,7 +135,7 @@ class Params:
                     raise ValueError(f"{f.name} must not be empty")
                 for item in value:
                     seconds(item)
-            elif f.name.endswith(("_window", "_for", "_offsets", "_age")):
+            elif f.name.endswith(("_window", "_for", "_offsets", "_offset", "_age")):
                 seconds(value)
             elif (
                 isinstance(value, float)
@@ -175,6 +182,9 @@ TEST = replace(
     worker_down_for="10s",
     topic_reset_for="5s",
     redis_unavailable_for="5s",
+    coherence_baseline_window="1m",
+    coherence_baseline_offset="20s",
+    coherence_for="5s",
 )
 
 PROFILES = {"default": DEFAULTS, "test": TEST}
@@ -539,8 +549,34 @@ def alert_rules(p: Params) -> list[dict[str, Any]]:
                 "Replay the input from before the fault."
             ),
         ),
+        _coherence_alert(p, alert),
     ]
     return [{"name": "reval-alerts", "rules": rules}]
+
+
+def _coherence_alert(p: Params, alert: Any) -> dict[str, Any]:
+    lift = f'reval_thesaurus_coherence_lift{{job="{JOBS["index"]}", metric="tfidf"'
+    baseline = (
+        f'avg_over_time({lift}, bound="estimate"}}[{p.coherence_baseline_window}] '
+        f"offset {p.coherence_baseline_offset})"
+    )
+    return alert(
+        "RevalThesaurusCoherenceFell",
+        f'{lift}, bound="ci_high"}}\n< ignoring (bound) {_fmt(1 - p.coherence_drop_fraction)} * {baseline}',
+        p.coherence_for,
+        "warning",
+        "The thesaurus's synonym sets became less coherent",
+        (
+            "The coherence lift of the current thesaurus version (its synonym sets' tweets against "
+            "random hashtags of matched popularity, TF-IDF) is, with 95% confidence, more than "
+            + pct(p.coherence_drop_fraction)
+            + " below its mean over the "
+            + p.coherence_baseline_window
+            + " before the last "
+            + p.coherence_baseline_offset
+            + ": new versions group hashtags that are less about one thing."
+        ),
+    )
 
 
 ALERTS = (
@@ -558,6 +594,7 @@ ALERTS = (
     "RevalTopicReset",
     "RevalRedisUnavailable",
     "RevalRedisLostWrites",
+    "RevalThesaurusCoherenceFell",
 )
 
 

@@ -433,6 +433,37 @@ class Encoder:
         return self._encode_fixed(texts, batch_size, progress)
 
     @torch.inference_mode()
+    def encode_tokens(
+        self,
+        texts: Sequence[str],
+        *,
+        batch_size: int | None = None,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> list[np.ndarray]:
+        """Per text, the last hidden state of each of its tokens, special tokens left out,
+        rows scaled to unit length (float32, tokens x dim): what BERTScore matches
+        (``reval thesaurus coherence``).  A text without a token gives a 0 x dim array."""
+        if isinstance(texts, str):
+            raise TypeError("texts must be a sequence of strings, not a single string")
+        ids = self.tokenize(texts)
+        specials = set(self.tokenizer.all_special_ids)
+        out: list[np.ndarray] = [np.zeros((0, self._dim), dtype=np.float32)] * len(ids)
+        order = sorted(range(len(ids)), key=lambda i: len(ids[i]), reverse=True)
+        bs = batch_size or self.batch_size
+        for start in range(0, len(order), bs):
+            idx = order[start : start + bs]
+            input_ids, mask = self._pad([ids[i] for i in idx])
+            hidden = self.model(input_ids=input_ids, attention_mask=mask).last_hidden_state.float().cpu()
+            for row, i in enumerate(idx):
+                keep = [pos for pos, token in enumerate(ids[i]) if token not in specials]
+                states = hidden[row, keep]
+                states = states / states.norm(dim=1, keepdim=True).clamp(min=1e-12)
+                out[i] = np.asarray(states.numpy(), dtype=np.float32)
+            if progress is not None:
+                progress(min(start + bs, len(order)), len(order))
+        return out
+
+    @torch.inference_mode()
     def _encode_fixed(
         self,
         texts: Sequence[str],

@@ -260,6 +260,28 @@ class Exporter:
             registry=r,
         )
         self.set_recent_shift(None)
+        # The audit of each new version (stream.coherence, stream.audit): NaN until measured.
+        self.coherence = Gauge(
+            "reval_thesaurus_coherence",
+            "Mean TF-IDF coherence of the current version's synonym clusters and of random ones",
+            ["metric", "cluster"],
+            registry=r,
+        )
+        self.coherence_lift = Gauge(
+            "reval_thesaurus_coherence_lift",
+            "Coherence of synonym clusters minus random clusters of matched popularity (estimate, 95% CI)",
+            ["metric", "bound"],
+            registry=r,
+        )
+        self.human_agreement = Gauge(
+            "reval_thesaurus_human_agreement",
+            "Top-weighted rank correlation of the current version with the audit's votes (estimate, 95% CI)",
+            ["metric", "bound"],
+            registry=r,
+        )
+        self.audit_votes = Gauge(
+            "reval_audit_votes", "Votes of the audit the agreement comes from", registry=r
+        )
         self.thesaurus_rejected = Counter(
             "reval_thesaurus_versions_rejected",
             "Thesaurus versions refused (damaged files, unreadable): the last good one stays in use",
@@ -319,6 +341,28 @@ class Exporter:
             value = getattr(quantiles, key) if quantiles is not None else math.nan
             self.recent_shift.labels(quantile=str(q)).set(value)
         self.recent_compared.set(math.nan if shift is None else shift.compared)
+
+    def set_coherence(self, metric: str, found: dict[str, float] | None) -> None:
+        """The coherence gauges of one metric from a :meth:`stream.coherence.Lift.to_dict`;
+        NaN when the version could not be measured (too few tweets sampled)."""
+        get = (lambda key: math.nan) if found is None else (lambda key: float(found[key]))
+        self.coherence.labels(metric, "synonyms").set(get("synonyms"))
+        self.coherence.labels(metric, "random").set(get("random"))
+        for bound, key in (("estimate", "lift"), ("ci_low", "lift_ci_low"), ("ci_high", "lift_ci_high")):
+            self.coherence_lift.labels(metric, bound).set(get(key))
+
+    def set_agreement(self, found: dict[str, Any] | None) -> None:
+        """ρ_w and τ_w of the current version against the votes
+        (:meth:`stream.audit.Agreement.to_dict`); NaN without an audit."""
+        for metric in ("rho_w", "tau_w"):
+            for bound, key in (
+                ("estimate", metric),
+                ("ci_low", f"{metric}_ci_low"),
+                ("ci_high", f"{metric}_ci_high"),
+            ):
+                value = None if found is None else found.get(key)
+                self.human_agreement.labels(metric, bound).set(math.nan if value is None else float(value))
+        self.audit_votes.set(math.nan if found is None else float(found.get("votes", 0)))
 
     def set_embedding_drift(self, result: MmdResult | None) -> None:
         """The last embedding drift test; NaN when there were too few samples to test."""

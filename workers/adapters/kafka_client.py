@@ -2,6 +2,8 @@
 
 * :class:`KafkaSink` -- a ``send`` for :func:`stream.replay.replay` (replays,
   ``reval recommend``): ``acks="all"``, idempotent, bounded in flight.
+* :func:`read_topic` -- every record of a topic up to its end now (the audit's vote
+  log, small: read whole to derive its state).
 * :func:`create_topics` / :func:`topic_partitions` / :func:`ensure_topic` -- topics
   with explicit partition counts (never let a broker auto-create one with its own
   default count: Faust refuses tables whose changelog and source counts differ).
@@ -18,10 +20,10 @@ import time
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-from kafka import KafkaProducer
+from kafka import KafkaConsumer, KafkaProducer
 from kafka.admin import KafkaAdminClient
 from kafka.errors import KafkaError, NoError, SaslAuthenticationFailedError
-from kafka.structs import OffsetAndMetadata
+from kafka.structs import OffsetAndMetadata, TopicPartition
 
 from stream.replay import Outgoing, ProduceError
 
@@ -392,3 +394,46 @@ class TopicIdentity:
 
     def close(self) -> None:
         self._admin.close()
+
+
+def read_topic(
+    bootstrap: str, topic: str, *, timeout: float = 30.0, **options: Any
+) -> list[tuple[int, int, bytes | None, bytes]]:
+    """Every record of ``topic`` from its start up to its end offsets as of now, as
+    ``(partition, offset, key, value)`` in offset order per partition (partitions one after
+    the other).  No consumer group: nothing is committed.  Raises :class:`BrokerError`
+    when the topic does not exist or the end is not reached within ``timeout``."""
+    ms = max(int(timeout * 1000), 1000)
+    try:
+        consumer = KafkaConsumer(
+            bootstrap_servers=bootstrap,
+            client_id="reval-read-topic",
+            group_id=None,
+            enable_auto_commit=False,
+            allow_auto_create_topics=False,
+            request_timeout_ms=ms,
+            bootstrap_timeout_ms=ms,
+            **options,
+        )
+    except KafkaError as exc:
+        raise BrokerUnreachableError(f"no Kafka broker answered at {bootstrap}: {exc}") from exc
+    try:
+        partitions = consumer.partitions_for_topic(topic)
+        if not partitions:
+            raise BrokerError(f"topic {topic!r} does not exist on {bootstrap}")
+        assigned = [TopicPartition(topic, p) for p in sorted(partitions)]
+        consumer.assign(assigned)
+        consumer.seek_to_beginning(*assigned)
+        ends = consumer.end_offsets(assigned)
+        out: dict[int, list[tuple[int, int, bytes | None, bytes]]] = {tp.partition: [] for tp in assigned}
+        deadline = time.monotonic() + timeout
+        while any(consumer.position(tp) < ends[tp] for tp in assigned):
+            if time.monotonic() > deadline:
+                raise BrokerError(f"reading {topic!r} did not reach its end within {timeout:g} s")
+            for tp, records in consumer.poll(timeout_ms=500).items():
+                for r in records:
+                    if r.offset < ends[tp]:
+                        out[tp.partition].append((tp.partition, r.offset, r.key, r.value))
+        return [row for p in sorted(out) for row in out[p]]
+    finally:
+        consumer.close()

@@ -654,6 +654,32 @@ class AnnoyThesaurus(BaseThesaurus):
     def neighbours(self, hashtag: str, k: int) -> list[str]:
         return [name for name, _ in self.neighbours_with_distances(hashtag, k)]
 
+    def similarities(
+        self, pairs: Sequence[tuple[str, str]], *, ranking: bool = True
+    ) -> npt.NDArray[np.float64]:
+        """How near each pair is by this thesaurus's own ranking score (its hubness
+        method's, in its space; higher = nearer), the mean of both directions (CSLS is
+        symmetric, mutual proximity nearly so); NaN where a hashtag is unknown.  What the
+        human audit (:mod:`stream.audit`) ranks the pairs by.  ``ranking=False``: the plain
+        cosine in the index's space instead (in [-1, 1])."""
+        if self._index is None:
+            raise ValueError("this thesaurus was loaded without its index: no similarities")
+        method, stats = self.table.metadata.hubness_method, self.table.stats
+        out = np.full(len(pairs), np.nan)
+        for row, (a, b) in enumerate(pairs):
+            i, j = self.table.index_of(a), self.table.index_of(b)
+            if i is None or j is None:
+                continue
+            u, v = (np.asarray(self._index.get_item_vector(x), dtype=np.float64) for x in (i, j))
+            cos = np.array([[u @ v / ((np.linalg.norm(u) * np.linalg.norm(v)) or 1.0)]], dtype=np.float32)
+            if not ranking:
+                out[row] = float(cos[0, 0])
+                continue
+            there = scores(method, np.array([i]), np.array([[j]]), cos, stats)[0, 0]
+            back = scores(method, np.array([j]), np.array([[i]]), cos, stats)[0, 0]
+            out[row] = (there + back) / 2.0
+        return out
+
     def vectors(self) -> npt.NDArray[np.float32]:
         """The vectors the Annoy index holds, row i = hashtag i: the unit embeddings, for
         ``center`` hubness methods centred on this version's mean and scaled to unit length."""

@@ -51,6 +51,7 @@ from workers.adapters.backfill import Family, Series, counter_at, create_blocks,
 from workers.adapters.feeds import read_tweets
 from workers.adapters.rules import load_render, rule_params
 from workers.adapters.store import AnnoyThesaurus, build_from_means, neighbour_cache, thesaurus_drift
+from workers.commands.coherence import RefitAudit
 from workers.commands.evaluate import bertag_vectors, check_results_dir
 
 __all__ = [
@@ -99,6 +100,8 @@ class BacktestConfig:
     language_filter: bool = True
     n_trees: int = 50
     vector_size: int = 100
+    #: An audit's events (the ``votes`` topic as JSON lines): each refit's agreement with them.
+    audit_votes: Path | None = None
 
     def parsed(self) -> list[bt.Injection]:
         if not self.injections:
@@ -310,6 +313,7 @@ class _Walk:
         refit = config.refit_days * DAY
         lookback = max((float(i.amount) * DAY for i in self.injections if i.kind == "stale"), default=0.0)
         previous: AnnoyThesaurus | None = None
+        audit = RefitAudit(config.audit_votes)  # coherence (and agreement) of each refit's thesaurus
         before = lo = 0
         advance = progress(
             f"walking forward ({len(feed.points)} refits, {len(self.injections) + 1} runs)", len(feed.points)
@@ -317,6 +321,7 @@ class _Walk:
         for index, point in enumerate(feed.points):
             upto = int(np.searchsorted(feed.times, point, side="left"))  # the tweets before this refit
             means.update_batch([p.hashtags for p in feed.prepared[before:upto]], feed.vectors[before:upto])
+            audit.update(feed.prepared[before:upto])
             before = upto
             hi = int(np.searchsorted(segment, index, side="right"))
             if hi > lo:
@@ -338,6 +343,9 @@ class _Walk:
                 if thesaurus is None:
                     raise ValueError(f"no hashtag embedded before {_iso(point)}: lower --warmup")
                 row, self.movers = _health(point, thesaurus, previous)
+                row["audit"] = audit.row(
+                    thesaurus, {h: m.count for h, m in means.states.items()}, config.seed
+                )
                 self.health.append(row)
                 previous = thesaurus
                 self._interval(index, point, upto, lo, hi, model, thesaurus)

@@ -1052,6 +1052,10 @@ def backtest_cmd(
         str, typer.Option(help="Event time between two backfilled samples (Prometheus duration)")
     ] = "15m",
     html: Annotated[bool, typer.Option("--html", help="Also write OUT/report.html (reval report)")] = False,
+    audit_votes: Annotated[
+        Path | None,
+        typer.Option(help="An audit's events (the votes topic as JSON lines): each refit's agreement"),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print detection.json's signals as JSON")] = False,
 ) -> None:
     """Inject drifts into a replayed feed and measure, per alert signal of deploy/prometheus,
@@ -1076,7 +1080,10 @@ def backtest_cmd(
             rules_set=tuple(set_ or ()),
             limit=limit,
             language_filter=language_filter,
+            audit_votes=audit_votes,
         )
+        if audit_votes is not None and not audit_votes.is_file():
+            raise ValueError(f"--audit-votes {audit_votes}: no such file")
         bk.rules_for(bk.rule_params(config.rules_profile, list(config.rules_set)), 1.0)
         interval_s = bk.load_render().seconds(backfill_interval)
         check_paths(feeds)
@@ -1166,6 +1173,13 @@ def demo(
         pass
     except (RuntimeError, TimeoutError, OSError) as exc:
         raise fail(f"demo: {exc}", code=1) from None
+
+
+# The thesaurus audit (workers/commands/audit_cli.py): coherence of the synonym sets, votes.
+from workers.commands.audit_cli import audit_app, thesaurus_coherence  # noqa: E402
+
+thesaurus_app.command("coherence")(thesaurus_coherence)
+app.add_typer(audit_app, name="audit")
 
 
 def _os_error(exc: OSError) -> str:

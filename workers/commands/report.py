@@ -241,6 +241,8 @@ def _drifts(d: dict[str, Any], series: dict[str, Any] | None) -> list[str]:
 
 def render(d: dict[str, Any], series: dict[str, Any] | None, run_name: str = "") -> str:
     """The whole HTML page for a loaded ``detection.json`` and ``series.json``."""
+    from workers.commands.report_audit import audit_section  # it builds on this module's helpers
+
     heading = (
         f"Drift-detection backtest: {_str(d.get('recommender'))}, "
         f"alert k={_str(d.get('alert_k'))}, r={_str(d.get('alert_r'))}"
@@ -252,6 +254,7 @@ def render(d: dict[str, Any], series: dict[str, Any] | None, run_name: str = "")
         _detection_section(d),
         _thesaurus_section(d),
         _slices_section(d),
+        audit_section(d),
     ]
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'

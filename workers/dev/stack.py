@@ -124,6 +124,7 @@ class Stack:
             "REVAL_TOPIC_RECOMMENDATIONS": self.topics["recommendations"],
             "REVAL_TOPIC_SCORES": self.topics["scores"],
             "REVAL_TOPIC_DEAD_LETTER": self.topics["dead_letter"],
+            "REVAL_TOPIC_VOTES": f"votes-{tag}",  # no audit: the index job finds no votes
             "REVAL_PARTITIONS": str(self.partitions),
             "REVAL_REPLICATION": str(self.replication),
             "REVAL_MODEL": str(self.model),

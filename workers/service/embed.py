@@ -15,11 +15,13 @@ from typing import Any
 import faust
 
 from stream.cleaning import Dropped, Prepared, dedup, prepare
+from stream.coherence import coherence_text
 from stream.records import parse_tweet
 from workers.adapters.exporter import Exporter
 from workers.adapters.kafka_client import TopicIdentity
 from workers.adapters.redis_client import Client, Replication, with_retry
 from workers.adapters.redis_means import Contribution, RedisMeans
+from workers.adapters.redis_reservoir import RedisReservoir
 from workers.adapters.redis_state import RedisSamples, RedisSeen
 from workers.service.incarnation import Incarnations
 from workers.service.records import Record, admit
@@ -45,6 +47,7 @@ class Embedder:
             client, settings.redis_prefix, ttl=settings.dedup_ttl_s, replication=replication
         )
         self.samples = samples_of(client, settings, replication)
+        self.reservoir = RedisReservoir(client, settings.redis_prefix, settings.coherence_reservoir)
 
     def admit(self, records: Sequence[Record]) -> tuple[list[Item], list[Output]]:
         """Parse and pre-process once: the tweets to embed, and the dead letters."""
@@ -105,6 +108,10 @@ class Embedder:
         # The embedding drift test's sample: idempotent too (one field per claimant).
         sample = [(claimant(r), _event_time(r, p), v) for (r, p), v in zip(kept, vectors, strict=True)]
         with_retry("drift sample", lambda: self.samples.add(sample), report=self.x.redis_report)
+        # The coherence sample (stream.coherence): a bottom-k sketch, so a redelivered tweet
+        # writes the same member with the same score -- a no-op, like the means' watermark.
+        texts = [(p.hashtags, coherence_text(p.text)) for _, p in kept]
+        with_retry("reservoir", lambda: self.reservoir.add(texts), report=self.x.redis_report)
 
         def count() -> None:  # once, when the batch is through
             self.x.embed_seconds.observe(seconds)

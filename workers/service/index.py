@@ -29,6 +29,7 @@ from workers.adapters.store import (
 )
 from workers.service.embed import means_of, recent_windows, replication_of, samples_of
 from workers.service.runtime import Runtime
+from workers.service.thesaurus_audit import VersionAudit
 from workers.settings import Settings
 
 log = logging.getLogger("reval.workers")
@@ -48,6 +49,7 @@ class Indexer:
         self.store = ThesaurusStore(Path(settings.index_dir), keep=settings.index_keep)
         self.thesauri = thesauri_of(client, settings)
         self.samples = samples_of(client, settings)
+        self.audit = VersionAudit(settings, exporter, client)
         current = self.store.current_version()
         if current is not None and with_retry("thesaurus", self.thesauri.current_version) is None:
             # A store from before scorers read Redis: publish its current version there now.
@@ -89,6 +91,10 @@ class Indexer:
                 annotation["recent"] = recent.to_dict()
             if annotation:
                 thesaurus.annotate(drift=annotation)
+            # Coherence lift and agreement with the votes: gauges, and the version's metadata.
+            audit = self.audit.run(thesaurus, {h: m.count for h, m in states.items()}, seed=changed)
+            if audit:
+                thesaurus.annotate(audit=audit)
             version = self.store.publish(thesaurus)
             # Scorers on other hosts load it from Redis (the neighbour table, no shared disk).
             with_retry("thesaurus", lambda: self.thesauri.publish(self.store.root / version, version))
