@@ -702,7 +702,12 @@ def _cluster_id() -> str:
     """A cluster id as ``kafka-storage random-uuid`` makes one (base64url of a UUID, 22 chars)."""
     import base64
 
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    # As Kafka's Uuid.randomUuid: never one starting with "-", which kafka-storage's command
+    # line would read as an option ("--cluster-id/-t: expected one argument"), 1 time in 64.
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cluster_id.startswith("-"):
+            return cluster_id
 
 
 def _stop_at_exit(ref: weakref.ReferenceType[KafkaCluster]) -> None:
