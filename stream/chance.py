@@ -7,11 +7,15 @@ would expect for the same event::
 
     corrected = (observed - expected) / (1 - expected)       (Cohen's kappa form)
 
+and the corrected score of a *set* of events (a window, a cell, a slice) is the kappa of
+its sums, ``(sum observed - sum expected) / (sum best - sum expected)``
+(:func:`corrected_of_sums`, :class:`CorrectedSum`), never the mean of per-event values.
+
 The null draws the same number m = |R| of distinct hashtags from the thesaurus
 vocabulary, successively and each with probability proportional to its training
 popularity (the tweets its mean averages), given the same ground truth G and k.
-1 means a perfect score, 0 chance level, < 0 worse than chance.  When the expected
-value is 1 no recommender can beat chance: corrected = observed - 1 (0 for a hit).
+1 means a perfect score, 0 chance level, < 0 worse than chance.  Where the expected
+value leaves no room (1 for every event) no recommender can beat chance: no score (None).
 
 The expectation is analytic, from per-version statistics, so scoring needs no
 sampling.  With B_k = {h : Syn_k(h) ∩ G ≠ ∅} and A_g(k) = {h : g ∈ Syn_k(h)}:
@@ -28,6 +32,7 @@ P(R ∩ A = ∅) ≈ prod_{t<m} (1 - w(A) / (W - s_t)).  Checked against simulat
 
 from __future__ import annotations
 
+import math
 import operator
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -36,17 +41,6 @@ import numpy as np
 import numpy.typing as npt
 
 from stream.thesaurus import NeighbourTable
-
-
-def corrected(observed: float, expected: float) -> float:
-    """``(observed - expected) / (1 - expected)``; ``observed - 1`` when expected is 1.
-
-    >>> round(corrected(0.5, 0.2), 6), corrected(0.2, 0.2), corrected(1.0, 1.0)
-    (0.375, 0.0, 0.0)
-    """
-    if expected >= 1.0:
-        return observed - 1.0
-    return (observed - expected) / (1.0 - expected)
 
 
 #: Below this much room (sum of best - sum of expected, in events) a corrected score of the
@@ -79,7 +73,9 @@ class CorrectedSum:
 
     River-style (``update``/``get``); sums add, so windows, cells, slices and processes
     combine by adding their ``CorrectedSum`` (``+``), and Prometheus recording rules can do
-    the same over any range with counters of the three sums.
+    the same over any range with counters of the three sums.  The sums of squares of the
+    excess ``observed - expected`` and of the room ``best - expected`` (and of their product)
+    ride along, for :meth:`interval`.
 
     >>> acc = CorrectedSum()
     >>> for observed, expected in [(1.0, 0.2), (0.0, 0.2), (0.5, 0.6)]:
@@ -90,25 +86,62 @@ class CorrectedSum:
     4
     """
 
-    __slots__ = ("best", "count", "expected", "observed")
+    __slots__ = ("best", "count", "expected", "observed", "squares")
 
     def __init__(
-        self, observed: float = 0.0, expected: float = 0.0, best: float = 0.0, count: int = 0
+        self,
+        observed: float = 0.0,
+        expected: float = 0.0,
+        best: float = 0.0,
+        count: int = 0,
+        squares: tuple[float, float, float] = (0.0, 0.0, 0.0),
     ) -> None:
         self.observed = observed
         self.expected = expected
         self.best = best
         self.count = count
+        #: Sums of excess², room² and excess x room over the events (excess = observed -
+        #: expected, room = best - expected): the delta method's variance (:meth:`interval`).
+        self.squares = squares
 
     def update(self, observed: float, expected: float, best: float = 1.0) -> CorrectedSum:
         self.observed += observed
         self.expected += expected
         self.best += best
         self.count += 1
+        excess, room = observed - expected, best - expected
+        a, b, c = self.squares
+        self.squares = (a + excess * excess, b + room * room, c + excess * room)
         return self
 
     def get(self) -> float | None:
         return corrected_of_sums(self.observed, self.expected, self.best)
+
+    def interval(self, z: float = 1.959964) -> tuple[float, float] | None:
+        """A normal (delta-method) interval for the kappa as an estimate of the kappa of the
+        population the events were drawn from (events independent; ``z`` = 1.96: 95%).
+
+        The kappa is a ratio of means, excess / room; its linearised variance is
+        ``sum((excess_i - kappa room_i)^2) / (n (n - 1)) / mean(room)^2``.  None when the
+        kappa is, or with fewer than 2 events.
+
+        >>> acc = CorrectedSum()
+        >>> for i in range(400):
+        ...     _ = acc.update(float(i % 4 == 0), 0.1)
+        >>> low, high = acc.interval()
+        >>> round(acc.get(), 4), round(low, 4), round(high, 4)  # 1/6 +- 1.96 sqrt(.25 .75 / 400) / .9
+        (0.1667, 0.1195, 0.2139)
+        """
+        kappa = self.get()
+        n = self.count
+        if kappa is None or n < 2:
+            return None
+        a, b, c = self.squares
+        # sum over events of (excess - kappa room)^2, from the sums of squares and products
+        spread = max(a - 2.0 * kappa * c + kappa * kappa * b, 0.0)
+        room = (self.best - self.expected) / n
+        half = z * math.sqrt(spread / (n * (n - 1))) / room
+        return kappa - half, kappa + half
 
     def __add__(self, other: CorrectedSum) -> CorrectedSum:
         return CorrectedSum(
@@ -116,6 +149,7 @@ class CorrectedSum:
             self.expected + other.expected,
             self.best + other.best,
             self.count + other.count,
+            tuple(x + y for x, y in zip(self.squares, other.squares, strict=True)),  # type: ignore[arg-type]
         )
 
     def __repr__(self) -> str:

@@ -17,6 +17,11 @@ from workers.commands.cli import app
 
 runner = CliRunner()
 
+#: The chance-corrected fields of a summary without a null model (a JSON thesaurus).
+NO_CHANCE = dict.fromkeys(
+    ("reval_hit_ratio_corrected", "corrected_ci_low", "corrected_ci_high", "reval_hit_ratio_expected")
+)
+
 
 @pytest.fixture(scope="module")
 def small_feed(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -106,10 +111,10 @@ def test_score_json_contract(tmp_path: Path) -> None:
     # A JSON thesaurus has no popularity to weigh a null recommender by: no chance correction.
     # Rank-aware (DCG): event 1's one hit is sport at synonym rank 3, w_syn(3) = 1/log2(5).
     assert payload["by_k"] == {
-        "0": {"reval_hit_ratio": 0.5, "reval_hit_ratio_corrected": None, "reval_hit_ratio_ranked": 0.5},
+        "0": {"reval_hit_ratio": 0.5, **NO_CHANCE, "reval_hit_ratio_ranked": 0.5},
         "3": {
             "reval_hit_ratio": 1.0,
-            "reval_hit_ratio_corrected": None,
+            **NO_CHANCE,
             "reval_hit_ratio_ranked": pytest.approx((1 / math.log2(5) + 1.0) / 2),
         },
     }
