@@ -42,7 +42,6 @@ import numpy.typing as npt
 
 from stream.thesaurus import NeighbourTable
 
-
 #: Below this much room (sum of best - sum of expected, in events) a corrected score of the
 #: aggregate is not reported: the chance level leaves no room for a recommender to beat it.
 MIN_ROOM = 1e-9

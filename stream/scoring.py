@@ -10,7 +10,7 @@ thesaurus version; on a neighbour table, read from its rows with nothing to cach
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
 from typing import Any
@@ -255,7 +255,7 @@ class EventScore:
 _LABELS: dict[tuple[int, ...], tuple[str, ...]] = {}
 
 
-def _str_keys(by_k: dict[int, float]) -> dict[str, float]:
+def _str_keys(by_k: Mapping[int, float | None]) -> dict[str, float | None]:
     """``{k: value}`` with the k as JSON keys (strings; made once per grid of k)."""
     ks = tuple(by_k)
     labels = _LABELS.get(ks)

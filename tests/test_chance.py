@@ -92,9 +92,7 @@ def test_one_event_is_kappa_shaped(observed: float, expected: float) -> None:
     assert (value > 0) == (observed > expected)
 
 
-events_strategy = st.lists(
-    st.tuples(st.floats(0, 1), st.floats(0, 1)), min_size=1, max_size=30
-)
+events_strategy = st.lists(st.tuples(st.floats(0, 1), st.floats(0, 1)), min_size=1, max_size=30)
 
 
 @settings(max_examples=200, deadline=None)
@@ -164,7 +162,9 @@ def test_scores_carry_the_expectation_beside_the_raw_value(table: NeighbourTable
             assert score.expected[label][k] == e
             assert score.corrected[label][k] == corrected_of_sums(score.reval[label][k], e, 1.0)
     as_json = score.to_json()
-    assert set(as_json["reval_hit_ratio_corrected"]) == set(as_json["reval_hit_ratio_expected"]) == {"1", "all"}
+    assert (
+        set(as_json["reval_hit_ratio_corrected"]) == set(as_json["reval_hit_ratio_expected"]) == {"1", "all"}
+    )
     # Without a null model (a JSON thesaurus) the raw score is unchanged and nothing is corrected.
     plain = score_event(event, ["h005"], NeighbourCache(table, 20), KS, [1, None])
     assert plain.reval == score.reval and plain.expected == {} and plain.corrected == {}
