@@ -31,6 +31,8 @@ from datetime import UTC, datetime
 import numpy as np
 import numpy.typing as npt
 
+from stream.chance import MIN_ROOM
+
 __all__ = [
     "KINDS",
     "SIGNALS",
@@ -49,6 +51,7 @@ __all__ = [
     "mutual_synonym",
     "parse_injection",
     "signals",
+    "window_kappa",
     "window_mean",
 ]
 
@@ -253,7 +256,7 @@ class Series:
 
     t: Floats
     reval: Floats
-    corrected: Floats
+    expected: Floats
     exact: Floats
     recommended: Floats
     unknown: Floats
@@ -279,6 +282,23 @@ def window_mean(t: Floats, values: Floats, at: Floats, window: float) -> Floats:
     total, count = _window_sums(t, values, at, window)
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(count > 0, total / np.maximum(count, 1), np.nan)
+
+
+def window_kappa(t: Floats, observed: Floats, expected: Floats, at: Floats, window: float) -> Floats:
+    """The chance-corrected score over ``(at - window, at]`` at each instant: the kappa of the
+    window's sums (:func:`stream.chance.corrected_of_sums`, best = 1 per event) over the events
+    with an expectation; NaN where the window is empty or leaves no room above chance.
+
+    >>> t = np.array([1.0, 2.0, 3.0]); o = np.array([1.0, 0.0, 0.5]); e = np.array([0.2, 0.2, np.nan])
+    >>> window_kappa(t, o, e, np.array([0.0, 2.0, 3.0]), 5.0).round(4).tolist()
+    [nan, 0.375, 0.375]
+    """
+    both = np.where(np.isnan(expected), np.nan, observed)
+    sum_o, n = _window_sums(t, both, at, window)
+    sum_e, _ = _window_sums(t, np.where(np.isnan(observed), np.nan, expected), at, window)
+    room = n - sum_e
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(room > MIN_ROOM, (sum_o - sum_e) / np.where(room > MIN_ROOM, room, 1.0), np.nan)
 
 
 def baseline(t: Floats, values: Floats, at: Floats, window: float, offsets: Sequence[float]) -> Floats:
@@ -342,7 +362,7 @@ def signals(series: Series, at: Floats, rules: Rules) -> dict[str, Bools]:
     reval_base = baseline(t, series.reval, at, qw, offsets)
     exact_now = window_mean(t, series.exact, at, qw)
     exact_base = baseline(t, series.exact, at, qw, offsets)
-    corrected_now = window_mean(t, series.corrected, at, qw)
+    corrected_now = window_kappa(t, series.reval, series.expected, at, qw)
 
     def share(window: float) -> Floats:
         unknown, _ = _window_sums(t, series.unknown, at, window)

@@ -35,6 +35,10 @@ JOBS = {role: f"reval-{role}" for role in ROLES}
 DEFAULT_PORTS = {"embed": 9101, "index": 9102, "score": 9103}
 RUNBOOK = "deploy/README.md"
 
+#: Below this much room (events' worth of best - expected in a window) the chance-corrected
+#: score is null: stream.chance.MIN_ROOM (tests/test_deploy.py checks they agree).
+MIN_ROOM = 1e-9
+
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
 _DURATION = re.compile(r"^(\d+)(ms|s|m|h|d|w|y)$")
 
@@ -212,13 +216,28 @@ def recording_rules(p: Params) -> list[dict[str, Any]]:
                     f"/\n(sum by (recommender, k, r) (rate(reval_hit_ratio_count[{w}])) > 0)"
                 ),
             },
+            # The chance-corrected score is the kappa of the sums (stream.chance): the excess
+            # of the observed over the expected and the room above the expected, as rates,
+            # then their ratio (null where the expectation leaves no room).
             {
-                # The workers export 1 - corrected (its _sum must only grow; corrected can be < 0).
-                "record": f"reval:hit_ratio_corrected:mean{w}",
+                "record": f"reval:corrected_excess:rate{w}",
                 "expr": (
-                    f"1 - sum by (recommender, k, r) (rate(reval_hit_ratio_corrected_shortfall_sum[{w}]))\n"
-                    "/\n(sum by (recommender, k, r) "
-                    f"(rate(reval_hit_ratio_corrected_shortfall_count[{w}])) > 0)"
+                    f"sum by (recommender, k, r) (rate(reval_corrected_observed_total[{w}]))\n"
+                    f"- sum by (recommender, k, r) (rate(reval_corrected_expected_total[{w}]))"
+                ),
+            },
+            {
+                "record": f"reval:corrected_room:rate{w}",
+                "expr": (
+                    f"sum by (recommender, k, r) (rate(reval_corrected_events_total[{w}]))\n"
+                    f"- sum by (recommender, k, r) (rate(reval_corrected_expected_total[{w}]))"
+                ),
+            },
+            {
+                "record": f"reval:hit_ratio_corrected:kappa{w}",
+                "expr": (
+                    f"reval:corrected_excess:rate{w}\n/\n"
+                    f"(reval:corrected_room:rate{w} > {_fmt(MIN_ROOM / seconds(w))})"
                 ),
             },
             {

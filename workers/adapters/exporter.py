@@ -55,6 +55,13 @@ from stream.scoring import EventScore, r_label
 from stream.windows import RollingMean
 
 OTHER = "other"
+#: The counters of the chance-corrected score (``reval_corrected_<key>_total``): the sums whose
+#: kappa is the corrected score over any window (:func:`stream.chance.corrected_of_sums`).
+CORRECTED_COUNTERS = {
+    "observed": "Sum of the #REval-hit-ratio of the events scored with a null model (chance correction)",
+    "expected": "Sum of the null recommender's expected #REval-hit-ratio over the same events",
+    "events": "Events scored with a null model (the best possible sum: 1 per event)",
+}
 
 
 _LABEL_RE = re.compile(r"[A-Za-z0-9_.:@/+-]+")
@@ -535,20 +542,9 @@ class QualityMetrics:
         )
         # The corrected score is a kappa of sums: the three sums are exported as counters, and
         # the recording rules take the kappa of their rates over any window.
-        corrected_observed = CounterMetricFamily(
-            "reval_corrected_observed",
-            "Sum of the #REval-hit-ratio of the events scored with a null model (chance correction)",
-            labels=["recommender", "k", "r"],
-        )
-        corrected_expected = CounterMetricFamily(
-            "reval_corrected_expected",
-            "Sum of the null recommender's expected #REval-hit-ratio over the same events",
-            labels=["recommender", "k", "r"],
-        )
-        corrected_events = CounterMetricFamily(
-            "reval_corrected_events",
-            "Events scored with a null model (the best possible sum: 1 per event)",
-            labels=["recommender", "k", "r"],
+        corrected_observed, corrected_expected, corrected_events = (
+            CounterMetricFamily(f"reval_corrected_{what}", text, labels=["recommender", "k", "r"])
+            for what, text in CORRECTED_COUNTERS.items()
         )
         exact_match = SummaryMetricFamily(
             "reval_exact_match", "Exact-match metric of scored events", labels=["recommender", "metric", "r"]

@@ -37,6 +37,7 @@ import numpy as np
 import numpy.typing as npt
 
 from stream import backtest as bt
+from stream.chance import CorrectedSum
 from stream.cleaning import Prepared
 from stream.drift import Mover
 from stream.experiment import ProgressFactory, labelled, load_corpus, no_progress
@@ -48,6 +49,7 @@ from stream.records import Recommendation
 from stream.scoring import DEFAULT_KS, NeighbourCache, r_label, score_event
 from stream.slices import SLICES
 from workers.adapters.backfill import Family, Series, counter_at, create_blocks, write_openmetrics
+from workers.adapters.exporter import CORRECTED_COUNTERS
 from workers.adapters.feeds import read_tweets
 from workers.adapters.rules import load_render, rule_params
 from workers.adapters.store import AnnoyThesaurus, build_from_means, neighbour_cache, thesaurus_drift
@@ -185,13 +187,15 @@ class _Scores:
         self.reval = np.full(n, np.nan)
         #: #REval at the alert (k, r) on each popularity slice's ground truths (stream.slices)
         self.slices = {label: np.full(n, np.nan) for label in SLICES}
-        self.corrected = np.full(n, np.nan)
+        #: the null recommender's expectation at the alert (k, r) (stream.chance): with ``reval``,
+        #: the sums the chance-corrected score of any window is the kappa of
+        self.expected = np.full(n, np.nan)
         self.exact = np.full(n, np.nan)
         self.recommended = np.zeros(n)
         self.unknown = np.zeros(n)
 
     def series(self, t: npt.NDArray[np.float64]) -> bt.Series:
-        return bt.Series(t, self.reval, self.corrected, self.exact, self.recommended, self.unknown)
+        return bt.Series(t, self.reval, self.expected, self.exact, self.recommended, self.unknown)
 
 
 @dataclass
@@ -407,7 +411,7 @@ class _Walk:
                 col.reval[j] = s.reval[label][k]
                 for name, by_k in s.slices.get(label, {}).items():
                     col.slices[name][j] = by_k[k]
-                col.corrected[j] = s.corrected.get(label, {}).get(k, math.nan)
+                col.expected[j] = s.expected.get(label, {}).get(k, math.nan)
                 col.exact[j] = s.exact[label].hit_ratio
 
 
@@ -495,8 +499,9 @@ def run_backtest(
                     "control": _mean(getattr(control, metric)[after]),
                     "drifted": _mean(getattr(drifted, metric)[after]),
                 }
-                for metric in ("reval", "corrected", "exact")
+                for metric in ("reval", "exact")
             },
+            "corrected_after": {"control": _kappa(control, after), "drifted": _kappa(drifted, after)},
             "unknown_share_after": {
                 "control": _ratio(control.unknown[after], control.recommended[after]),
                 "drifted": _ratio(drifted.unknown[after], drifted.recommended[after]),
@@ -652,6 +657,16 @@ def _mean(values: npt.NDArray[np.float64]) -> float | None:
     return round(float(ok.mean()), 4) if len(ok) else None
 
 
+def _kappa(col: _Scores, mask: npt.NDArray[np.bool_]) -> float | None:
+    """The chance-corrected #REval of the events of ``mask``: the kappa of their sums."""
+    sums = CorrectedSum()
+    for o, e in zip(col.reval[mask].tolist(), col.expected[mask].tolist(), strict=True):
+        if not (math.isnan(o) or math.isnan(e)):
+            sums.update(o, e)
+    value = sums.get()
+    return None if value is None else round(value, 4)
+
+
 def _ratio(part: npt.NDArray[np.float64], whole: npt.NDArray[np.float64]) -> float | None:
     total = float(whole.sum())
     return round(float(part.sum()) / total, 4) if total > 0 else None
@@ -693,7 +708,10 @@ def _series(
     def means(col: _Scores) -> dict[str, list[float | None]]:
         out = {}
         for metric in ("reval", "corrected", "exact"):
-            values = bt.window_mean(t, getattr(col, metric), when, rules.quality_window)
+            if metric == "corrected":  # the kappa of each window's sums
+                values = bt.window_kappa(t, col.reval, col.expected, when, rules.quality_window)
+            else:
+                values = bt.window_mean(t, getattr(col, metric), when, rules.quality_window)
             out[metric] = [None if math.isnan(v) else round(float(v), 4) for v in values]
         return out
 
@@ -812,12 +830,10 @@ def backfill(result: Backtest, out_dir: Path, *, interval_s: float = 900.0) -> d
     base = {"job": "reval-score", "instance": "backtest"}
     families: dict[str, Family] = {
         "reval_hit_ratio": Family("reval_hit_ratio", "summary", "#REval-hit-ratio of scored events", []),
-        "reval_hit_ratio_corrected_shortfall": Family(
-            "reval_hit_ratio_corrected_shortfall",
-            "summary",
-            "1 - chance-corrected #REval-hit-ratio of scored events (0 = popularity-weighted random)",
-            [],
-        ),
+        **{
+            f"reval_corrected_{what}": Family(f"reval_corrected_{what}", "counter", help_text, [])
+            for what, help_text in CORRECTED_COUNTERS.items()
+        },
         "reval_exact_match": Family(
             "reval_exact_match", "summary", "Exact-match metric of scored events", []
         ),
@@ -845,7 +861,18 @@ def backfill(result: Backtest, out_dir: Path, *, interval_s: float = 900.0) -> d
             if drift and kk != k:
                 continue
             add("reval_hit_ratio", {**who, "k": str(kk), "r": r}, col.by_k[:, i], True)
-        add("reval_hit_ratio_corrected_shortfall", {**who, "k": str(k), "r": r}, 1.0 - col.corrected, True)
+        with_chance = ~np.isnan(col.reval) & ~np.isnan(col.expected)
+        for what, values in (
+            ("observed", col.reval),
+            ("expected", col.expected),
+            ("events", np.ones_like(col.reval)),
+        ):
+            add(
+                f"reval_corrected_{what}",
+                {**who, "k": str(k), "r": r},
+                np.where(with_chance, values, 0.0),
+                False,
+            )
         add("reval_exact_match", {**who, "metric": "hit_ratio", "r": r}, col.exact, True)
         scored = np.where(np.isnan(col.reval), 0.0, 1.0)
         add("reval_events", {**who, "outcome": "scored"}, scored, False)
