@@ -414,8 +414,16 @@ class Summary:
     def _corrected(self, label: str, k: int) -> dict[str, Any]:
         found = self.corrected.get(label, {}).get(k)
         interval = None if found is None else found.interval()
+        value = None if found is None else found.get()
         return {
-            "reval_hit_ratio_corrected": None if found is None else found.get(),
+            "reval_hit_ratio_corrected": value,
+            # why the corrected score is null: no null model (a thesaurus without popularity),
+            # or an expectation that leaves no room above chance
+            "corrected_null_reason": None
+            if value is not None
+            else "no_null_model"
+            if found is None
+            else "no_room",
             "corrected_ci_low": None if interval is None else interval[0],
             "corrected_ci_high": None if interval is None else interval[1],
             "reval_hit_ratio_expected": None if found is None else found.expected / found.count,

@@ -18,9 +18,12 @@ from workers.commands.cli import app
 runner = CliRunner()
 
 #: The chance-corrected fields of a summary without a null model (a JSON thesaurus).
-NO_CHANCE = dict.fromkeys(
-    ("reval_hit_ratio_corrected", "corrected_ci_low", "corrected_ci_high", "reval_hit_ratio_expected")
-)
+NO_CHANCE = {
+    **dict.fromkeys(
+        ("reval_hit_ratio_corrected", "corrected_ci_low", "corrected_ci_high", "reval_hit_ratio_expected")
+    ),
+    "corrected_null_reason": "no_null_model",
+}
 
 
 @pytest.fixture(scope="module")

@@ -15,9 +15,12 @@ from stream.thesaurus import JsonThesaurus, NeighbourTable, ThesaurusMetadata
 from .test_metrics import TABLE2_SYN
 
 #: The chance-corrected fields of a summary without a null model (a JSON thesaurus).
-NO_CHANCE = dict.fromkeys(
-    ("reval_hit_ratio_corrected", "corrected_ci_low", "corrected_ci_high", "reval_hit_ratio_expected")
-)
+NO_CHANCE = {
+    **dict.fromkeys(
+        ("reval_hit_ratio_corrected", "corrected_ci_low", "corrected_ci_high", "reval_hit_ratio_expected")
+    ),
+    "corrected_null_reason": "no_null_model",
+}
 
 
 class CountingThesaurus(JsonThesaurus):

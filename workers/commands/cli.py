@@ -355,7 +355,9 @@ def score(
 
 
 #: What to do about events without ground truth (``reval score`` needs it).
-WITH_TRUTH = "write the events with `reval recommend --with-truth` to carry each tweet's hashtags as ground_truth"
+WITH_TRUTH = (
+    "write the events with `reval recommend --with-truth` to carry each tweet's hashtags as ground_truth"
+)
 
 
 def _report_bad_lines(errors: ErrorLog) -> None:
@@ -386,7 +388,10 @@ def _print_scores(payload: dict[str, Any], ks: list[int], rs: list[int | None], 
     )
     for field, title in (
         ("reval_hit_ratio", "average #REval-hit-ratio"),
-        ("reval_hit_ratio_corrected", "chance-corrected #REval-hit-ratio (0 = random, 1 = best; 95% interval)"),
+        (
+            "reval_hit_ratio_corrected",
+            "chance-corrected #REval-hit-ratio (0 = random, 1 = best; 95% interval)",
+        ),
         ("reval_hit_ratio_ranked", "rank-aware #REval-hit-ratio"),
     ):
         table = Table(title=title)
