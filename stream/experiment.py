@@ -394,7 +394,8 @@ def bootstrap_kappa_difference(
     the same resamples.
 
     >>> o = np.array([[1.0], [1.0], [0.0], [1.0]]); e = np.full((4, 1), 0.2)
-    >>> d, low, high = bootstrap_kappa_difference((o, e), (1 - o, e), resample_counts(4, None, 500, seed=2))[0]
+    >>> counts = resample_counts(4, None, 500, seed=2)
+    >>> d, low, high = bootstrap_kappa_difference((o, e), (1 - o, e), counts)[0]
     >>> round(d, 4), low <= d <= high
     (0.625, True)
     """
