@@ -254,7 +254,9 @@ def test_hashtags_that_got_no_tweets_and_kept_their_neighbours_are_no_movers() -
     drift = thesaurus_drift(old, new, min_support=5, top=50)
     assert drift.shift_quantiles is not None and drift.shift_quantiles.p50 > 0  # every vector moved a bit
     for mover in drift.movers:
-        assert mover.support_old != mover.support_new or set(mover.old_neighbours) != set(mover.new_neighbours)
+        assert mover.support_old != mover.support_new or set(mover.old_neighbours) != set(
+            mover.new_neighbours
+        )
     assert "flood1" in {m.hashtag for m in drift.movers}
 
 

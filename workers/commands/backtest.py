@@ -163,6 +163,8 @@ def rules_for(params: Any, scale: float) -> tuple[bt.Rules, int, str]:
         quality_drop_fraction=params.quality_drop_fraction,
         quality_for=d(params.quality_for),
         min_events=params.min_events,
+        skill_loss_fraction=params.skill_loss_fraction,
+        skill_loss_bound=math.log(1.0 / params.false_alarm_probability),
         chance_margin=params.chance_margin,
         chance_for=d(params.chance_for),
         gap_exact_drop_fraction=params.gap_exact_drop_fraction,
@@ -453,7 +455,9 @@ def run_backtest(
     for inj in injections:
         start = starts[inj.label]
         drifted = runs[inj.label]
-        delays = bt.detect(bt.signals(drifted.series(t_events), at, rules), control_firing, at, start)
+        delays = bt.detect(
+            bt.signals(drifted.series(t_events), at, rules), control_firing, at, start, bt.holds(rules)
+        )
         for name, delay in delays.items():
             rows.append(
                 {
@@ -507,6 +511,14 @@ def run_backtest(
                 "drifted": _ratio(drifted.unknown[after], drifted.recommended[after]),
             },
         }
+    curves = bt.operating_curves(
+        control.series(t_events),
+        {inj.label: runs[inj.label].series(t_events) for inj in injections},
+        starts,
+        at,
+        rules,
+        days,
+    )
     timings["total"] = round(time.perf_counter() - started, 2)
     summary = {
         "feeds": [str(f) for f in feeds],
@@ -532,6 +544,8 @@ def run_backtest(
         "false_alarm_episodes": false_alarms,
         "effects": effects,
         "goal": goal(rows),
+        # per signal, detection delay against false alarms per day as its threshold sweeps
+        "curves": curves,
         "slices": _slices(t_events, control, runs, starts),
         "embedding_drift": {
             "alpha": EMBEDDING_ALPHA,
@@ -675,7 +689,7 @@ def _ratio(part: npt.NDArray[np.float64], whole: npt.NDArray[np.float64]) -> flo
 def goal(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """The issue's goal, checked on the numbers: #REval's alert detects ``random`` and
     ``stale`` drifts no later than exact match with no more false alarms, and stays quiet
-    on ``synonyms`` while exact match fires.  Only the drift kinds that were injected."""
+    on ``synonyms`` (a drift that keeps meaning).  Only the drift kinds that were injected."""
     by = {(row["drift"].split(":")[0], row["signal"]): row for row in rows}
     out: dict[str, Any] = {}
     for kind in ("random", "stale"):
@@ -686,9 +700,9 @@ def goal(rows: list[dict[str, Any]]) -> dict[str, Any]:
             exact["delay_s"] is None or reval["delay_s"] <= exact["delay_s"]
         )
         out[kind] = bool(sooner and reval["false_alarms_per_day"] <= exact["false_alarms_per_day"])
-    reval, exact = by.get(("synonyms", "reval_drop")), by.get(("synonyms", "exact_drop"))
-    if reval is not None and exact is not None:
-        out["synonyms"] = bool(reval["delay_s"] is None and exact["delay_s"] is not None)
+    reval = by.get(("synonyms", "reval_drop"))
+    if reval is not None:
+        out["synonyms"] = reval["delay_s"] is None
     return out
 
 
@@ -789,10 +803,36 @@ def markdown(result: Backtest) -> str:
             "recommendations, not tweets: this test cannot see them, and its alarms are the feed's own "
             "changes of topic.",
         ]
+    lines += _curves_markdown(s["curves"])
     lines += ["", "Goal (#REval no later than exact with no more false alarms; quiet on synonyms):", ""]
     for kind, met in s["goal"].items():
         lines.append(f"- {kind}: {'met' if met else 'not met'}")
     return "\n".join(lines) + "\n"
+
+
+def _curves_markdown(curves: dict[str, Any]) -> list[str]:
+    """One table per signal: each threshold's false alarms per day and delay per drift."""
+    lines = [
+        "",
+        "Operating curves: each signal at other thresholds (the deployed one in bold), false alarms "
+        "per day of the control run against the delay per drift (— = never fired):",
+    ]
+    for signal, curve in curves.items():
+        drifts = list(curve["points"][0]["delays"]) if curve["points"] else []
+        lines += [
+            "",
+            f"`{signal}` by `{curve['parameter']}`:",
+            "",
+            "| " + " | ".join([curve["parameter"], "false alarms / day", *drifts]) + " |",
+            "|" + "---|" * (2 + len(drifts)),
+        ]
+        for point in curve["points"]:
+            value = f"{point['value']:g}"
+            if point.get("deployed"):
+                value = f"**{value}**"
+            cells = [bt.duration_text(point["delays"][d]) for d in drifts]
+            lines.append(f"| {value} | {point['false_alarms_per_day']:.3f} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def write_outputs(result: Backtest, out_dir: Path) -> Path:

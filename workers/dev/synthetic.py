@@ -67,7 +67,7 @@ def synthetic_tweets(
     """The feed's records in time order (see the module docstring)."""
     rng = np.random.default_rng(shape.seed)
     words = english_words()
-    rng.shuffle(words)  # type: ignore[arg-type]
+    rng.shuffle(words)
     per = shape.words_per_topic
     if len(words) < (shape.topics + 1) * per + shape.topics * shape.hashtags_per_topic:
         raise ValueError("not enough words for this many topics")
@@ -131,7 +131,7 @@ def synthetic_tweets(
 def write_synthetic_feed(path: Path, shape: FeedShape) -> Path:
     """Write the feed as JSON lines (gzip when the name ends in .gz)."""
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "wt", encoding="utf-8") as fh:  # type: ignore[operator]
+    with opener(path, "wt", encoding="utf-8") as fh:
         for record in synthetic_tweets(shape):
             fh.write(json.dumps(record) + "\n")
     return path
