@@ -398,7 +398,7 @@ def alert_rules(p: Params) -> list[dict[str, Any]]:
         ),
         alert(
             "RevalRecommenderAtChance",
-            (f"reval:hit_ratio_corrected:mean{qw}{sel}\n<= {_fmt(p.chance_margin)}\n{enough}"),
+            (f"reval:hit_ratio_corrected:kappa{qw}{sel}\n<= {_fmt(p.chance_margin)}\n{enough}"),
             p.chance_for,
             "warning",
             "Recommender {{ $labels.recommender }} is no better than chance",
