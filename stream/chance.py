@@ -27,7 +27,13 @@ Successive sampling without replacement has no closed form for these
 probabilities; we use the standard approximation that replaces the mass already
 drawn before draw t by its expectation s_t (computed once per version):
 P(R ∩ A = ∅) ≈ prod_{t<m} (1 - w(A) / (W - s_t)).  Checked against simulation in
-``tests/test_chance.py`` (within 0.01; the bias grows with the set A and m).
+``tests/test_chance.py``, also at real thesaurus sizes (thousands of hashtags with a crisis
+feed's long-tailed popularity, 70 neighbours, hub-sized sets A, m up to 10): per event
+within 0.01 (the error grows with m and with the weight of A: it overestimates the hit
+probability of a set holding several of the most popular hashtags by up to ~0.004 at
+m = 10), and for a set of events the null's kappa is off by at most ~0.0015 -- the
+approximation does not bias the corrected score at any scale that matters (the goal:
+|random's corrected| <= 0.02), so no calibration is applied.
 """
 
 from __future__ import annotations

@@ -38,7 +38,9 @@ class FeedShape:
     days: float = 120.0
     topics: int = 40
     hashtags_per_topic: int = 25
-    words_per_topic: int = 60
+    words_per_topic: int = 40
+    #: Share of a tweet's words from its topic's own vocabulary (the rest are common words).
+    topic_words_share: float = 0.85
     #: Bursty: each topic lives a few days at a high rate (crises); steady: every topic all along.
     steady: bool = False
     #: Share of tweets without any hashtag (kept in the feed, never an event).
@@ -101,7 +103,7 @@ def synthetic_tweets(
     records = []
     for i, (t, topic) in enumerate(zip(times.tolist(), topics.tolist(), strict=True)):
         n_words = int(rng.integers(7, 15))
-        own = rng.random(n_words) < 0.7
+        own = rng.random(n_words) < shape.topic_words_share
         text = [
             topic_words[topic][int(rng.integers(per))] if mine else common[int(rng.integers(per))]
             for mine in own
