@@ -85,6 +85,25 @@ def small_run(tmp_path: Path, *, slices: bool = True) -> Path:
             }
         },
         "goal": {"random": True, "stale": False},
+        "curves": {
+            "reval_drop": {
+                "parameter": "false_alarm_probability",
+                "points": [
+                    {
+                        "value": 0.1,
+                        "false_alarms_per_day": 0.5,
+                        "delays": {HOSTILE: 3600.0, "stale:60": None},
+                    },
+                    {
+                        "value": 0.01,
+                        "deployed": True,
+                        "false_alarms_per_day": None,
+                        "delays": {HOSTILE: None},
+                    },
+                ],
+            },
+            "exact_drop": {"parameter": "quality_drop_fraction", "points": None},
+        },
         "k_curve": {
             "ks": [0, 5, 10],
             "last_window": {"from": t[2], "events": 8},
@@ -190,6 +209,7 @@ def test_the_small_run_escapes_text_and_survives_nulls(tmp_path: Path) -> None:
         "metric-stale:60",
         "k-curve-last-window",
         "k-curve-after-injection",
+        "curves",
         "thesaurus",
     ]
     assert list(plots) == names
