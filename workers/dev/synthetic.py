@@ -40,13 +40,13 @@ class FeedShape:
     hashtags_per_topic: int = 25
     words_per_topic: int = 40
     #: Share of a tweet's words from its topic's own vocabulary (the rest are common words).
-    topic_words_share: float = 0.85
+    topic_words_share: float = 0.9
     #: Bursty: each topic lives a few days at a high rate (crises); steady: every topic all along.
     steady: bool = False
     #: Share of tweets without any hashtag (kept in the feed, never an event).
     unlabelled: float = 0.3
     #: Chance that a labelled tweet also carries one of the generic hashtags.
-    generic: float = 0.15
+    generic: float = 0.03
     seed: int = 1
 
 
