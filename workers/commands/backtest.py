@@ -754,7 +754,9 @@ def markdown(result: Backtest) -> str:
         f"{s['rules']['min_events']} events at {s['instants_with_enough_events']:.0%} of the instants).",
         "",
         "Detection delay: event time from the injection to the first alarm the control run does not "
-        "raise, and (in brackets) the events scored meanwhile; — = never fired.",
+        "raise within the signal's hold time either side (the runs share every event before the drift: "
+        "a threshold the control crosses a moment later is its own alarm), and (in brackets) the events "
+        "scored meanwhile; — = never fired.",
         "",
         header,
         "|" + "---|" * (len(names) + 1),

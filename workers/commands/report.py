@@ -475,9 +475,9 @@ def _detection_section(d: dict[str, Any]) -> str:
     )
     return (
         '<section id="detection"><h2>(c) Detection delays</h2>'
-        "<p>Event time from the injection to the first alarm the control run does not raise, "
-        "and the events scored meanwhile; — = never fired. False alarms are the control run's "
-        "alarms per day of event time.</p>"
+        "<p>Event time from the injection to the first alarm the control run does not raise within "
+        "the signal's hold time either side, and the events scored meanwhile; — = never fired. False "
+        "alarms are the control run's alarms per day of event time.</p>"
         + _table(["drift", *signals], table, [False, *([True] * len(signals))])
         + f"<ul>{legend}</ul>"
         + _effects(d)
