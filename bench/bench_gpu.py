@@ -60,8 +60,8 @@ from workers.adapters.encoder import Encoder, resolve_device
 from workers.adapters.gpu_batching import DEFAULT_TOKEN_BUDGET
 from workers.adapters.kafka_client import create_topics
 from workers.adapters.redis_means import RedisMeans
-from workers.dev.tansu import TansuBroker
 from workers.dev.stack import wait_for
+from workers.dev.tansu import TansuBroker
 from workers.dev.tiny_models import build_tiny_bertweet
 
 REDIS_URL = "redis://127.0.0.1:6379/0"

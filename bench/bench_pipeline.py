@@ -56,8 +56,8 @@ from workers.adapters.encoder import Encoder
 from workers.adapters.kafka_client import create_topics
 from workers.adapters.redis_means import RedisMeans
 from workers.dev.ports import find_free_port
-from workers.dev.tansu import TansuBroker
 from workers.dev.stack import REVAL, Worker, wait_for
+from workers.dev.tansu import TansuBroker
 
 REPO = Path(__file__).resolve().parents[1]
 

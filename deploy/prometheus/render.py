@@ -391,7 +391,7 @@ def alert_rules(p: Params) -> list[dict[str, Any]]:
                 + pct(p.skill_loss_fraction)
                 + " of its skill above chance than to hold its baseline (the same window "
                 + ", ".join(p.baseline_offsets)
-                + " ago): log-likelihood ratio {{ $value | printf \"%.1f\" }}, above log(1/"
+                + ' ago): log-likelihood ratio {{ $value | printf "%.1f" }}, above log(1/'
                 + _fmt(p.false_alarm_probability)
                 + ")."
             ),
