@@ -183,7 +183,7 @@ def test_render_cli_and_parameter_checks(tmp_path: Path) -> None:
     ok(done)
     text = out.read_text()
     # the #REval alert's bound is log(1 / alpha)
-    assert 'reval:skill_loss:llr1h{k="20", r="10"}\n      > 6.90776' in text
+    assert 'reval:skill_loss:llr{k="20", r="10"}\n      > 6.90776' in text
     assert "false_alarm_probability=0.001" in text.splitlines()[1]
     assert run(sys.executable, PROM / "render.py", "--set", "nope=1").returncode != 0
     with pytest.raises(ValueError, match="quality_window"):

@@ -307,7 +307,7 @@ def recording_rules(p: Params) -> list[dict[str, Any]]:
             # room and events of the window and kappa0 > 0 the baseline skill, delta =
             # skill_loss_fraction * kappa0 and v = m (1 - m), m = 1 - (1 - kappa0) R / n:
             # delta R / (n v) * ((kappa0 - delta / 2) R - D), the rates times the window.
-            "record": f"reval:skill_loss:llr{qw}",
+            "record": "reval:skill_loss:llr",
             "expr": _skill_loss(p),
         },
         {
@@ -379,7 +379,7 @@ def alert_rules(p: Params) -> list[dict[str, Any]]:
     rules = [
         alert(
             "RevalRecommenderQualityDrop",
-            (f"reval:skill_loss:llr{qw}{sel}\n> {_fmt(math.log(1 / p.false_alarm_probability))}\n{enough}"),
+            (f"reval:skill_loss:llr{sel}\n> {_fmt(math.log(1 / p.false_alarm_probability))}\n{enough}"),
             p.quality_for,
             "warning",
             "Recommender {{ $labels.recommender }}: #REval-hit-ratio@k={{ $labels.k }} dropped",
