@@ -317,7 +317,10 @@ def test_rules_alerts_and_dashboard_against_real_prometheus(stack: Stack, tmp_pa
         # above chance (far past the bound), steady did not.
         kappa = prometheus.value(f'reval:hit_ratio_corrected:kappa{QW}{{k="{K}", r="{R}"}}')
         skill = prometheus.value(f'reval:hit_ratio_corrected:baseline{{k="{K}", r="{R}"}}')
-        assert kappa["flaky"] < 0.5 * skill["flaky"] and kappa["steady"] > 0.5 * skill["steady"], (kappa, skill)
+        assert kappa["flaky"] < 0.5 * skill["flaky"] and kappa["steady"] > 0.5 * skill["steady"], (
+            kappa,
+            skill,
+        )
         llr = prometheus.value(f'reval:skill_loss:llr{{k="{K}", r="{R}"}}')
         bound = math.log(1 / render.TEST.false_alarm_probability)
         assert llr["flaky"] > bound > llr["steady"], llr
