@@ -8,7 +8,8 @@ BIN := $(VENV)/bin
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	# torch first and pinned: 2.13.0 is served as a local CPU build (see SPEC / README)
+	# torch first and pinned: 2.13.0 is what pip serves here (its CUDA build, ~3 GB, runs on the
+	# CPU and stays in pip's cache); unpinned, anything depending on torch pulls a newer one
 	$(BIN)/python -m pip install -q torch==2.13.0
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	touch $@

@@ -10,14 +10,14 @@ thesaurus version; on a neighbour table, read from its rows with nothing to cach
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
 from typing import Any
 
 import numpy as np
 
-from stream.chance import ChanceModel, corrected
+from stream.chance import ChanceModel, CorrectedSum, corrected_of_sums
 from stream.metrics import FAR, ExactScores, Mean, exact_from_ranks, rank_matrix, reval_by_k
 from stream.rank import DCG, RankWeights, ranked_by_k
 from stream.records import Recommendation
@@ -73,7 +73,8 @@ class NeighbourCache:
     fast as the next ones.
 
     ``chance`` is the version's null model (:class:`stream.chance.ChanceModel`); with it,
-    scores carry the chance-corrected #REval-hit-ratio too.
+    scores carry the null's expected #REval-hit-ratio too (what the chance correction of
+    any set of events is computed from).
     """
 
     def __init__(
@@ -206,8 +207,10 @@ class EventScore:
     thesaurus_version: str
     unscorable: str | None = None  # empty_recommended | empty_ground_truth
     reval: dict[str, dict[int, float]] = field(default_factory=dict)
-    #: Chance-corrected #REval-hit-ratio (:mod:`stream.chance`), when the thesaurus has a null model.
-    corrected: dict[str, dict[int, float]] = field(default_factory=dict)
+    #: The null recommender's expected #REval-hit-ratio (:mod:`stream.chance`) for this event,
+    #: when the thesaurus has a null model: the chance correction of a set of events is the
+    #: kappa of its sums (:func:`stream.chance.corrected_of_sums`), never a mean of per-event values.
+    expected: dict[str, dict[int, float]] = field(default_factory=dict)
     exact: dict[str, ExactScores] = field(default_factory=dict)
     unknown_recommended: int = 0  # recommended hashtags the thesaurus lacks
     n_recommended: int = 0
@@ -216,6 +219,16 @@ class EventScore:
     #: #REval-hit-ratio on the ground truths of each popularity slice (:mod:`stream.slices`):
     #: ``slices[r][slice][k]``, only the slices the event's ground truth falls in.
     slices: dict[str, dict[str, dict[int, float]]] = field(default_factory=dict)
+
+    @property
+    def corrected(self) -> dict[str, dict[int, float | None]]:
+        """This one event's chance-corrected score, ``(observed - expected) / (1 - expected)``
+        (None where the expectation is 1: no room).  For a single event only: a set of events
+        is corrected from its sums (:class:`stream.chance.CorrectedSum`)."""
+        return {
+            r: {k: corrected_of_sums(self.reval[r][k], e, 1.0) for k, e in by_k.items()}
+            for r, by_k in self.expected.items()
+        }
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -235,13 +248,14 @@ class EventScore:
                 r: {name: _str_keys(by_k) for name, by_k in by_slice.items()}
                 for r, by_slice in self.slices.items()
             },
+            "reval_hit_ratio_expected": {r: _str_keys(by_k) for r, by_k in self.expected.items()},
         }
 
 
 _LABELS: dict[tuple[int, ...], tuple[str, ...]] = {}
 
 
-def _str_keys(by_k: dict[int, float]) -> dict[str, float]:
+def _str_keys(by_k: Mapping[int, float | None]) -> dict[str, float | None]:
     """``{k: value}`` with the k as JSON keys (strings; made once per grid of k)."""
     ks = tuple(by_k)
     labels = _LABELS.get(ks)
@@ -284,7 +298,7 @@ def score_event(
     chance, bands = cache.chance, cache.bands
     columns = columns_by_slice(truth, bands) if bands is not None else {}
     reval: dict[str, dict[int, float]] = {}
-    corrected_: dict[str, dict[int, float]] = {}
+    expected_: dict[str, dict[int, float]] = {}
     exact: dict[str, ExactScores] = {}
     ranked: dict[str, dict[int, float]] = {}
     slices: dict[str, dict[str, dict[int, float]]] = {}
@@ -302,13 +316,9 @@ def score_event(
         found = done.get(len(rows))
         if found is None:
             observed = zeros if unreached else reval_by_k(rows, n_truth, ks)
-            against_chance = None
-            if chance is not None:
-                expected = chance.expected(len(rows), truth, ks)
-                against_chance = list(map(corrected, observed, expected))
             found = done[len(rows)] = (
                 observed,
-                against_chance,
+                chance.expected(len(rows), truth, ks) if chance is not None else None,
                 exact_from_ranks(rows, n_truth),
                 zeros if unreached else ranked_by_k(rows, n_truth, ks, weights),
                 {name: zeros for name in columns}
@@ -317,10 +327,10 @@ def score_event(
                 if columns
                 else {},
             )
-        observed, against_chance, exact[label], by_rank, by_slice = found
+        observed, at_chance, exact[label], by_rank, by_slice = found
         reval[label] = dict(zip(ks, observed, strict=True))
-        if against_chance is not None:
-            corrected_[label] = dict(zip(ks, against_chance, strict=True))
+        if at_chance is not None:
+            expected_[label] = dict(zip(ks, at_chance, strict=True))
         ranked[label] = dict(zip(ks, by_rank, strict=True))
         if columns:
             slices[label] = {name: dict(zip(ks, values, strict=True)) for name, values in by_slice.items()}
@@ -328,7 +338,7 @@ def score_event(
     return EventScore(
         **base,  # type: ignore[arg-type]
         reval=reval,
-        corrected=corrected_,
+        expected=expected_,
         exact=exact,
         unknown_recommended=unknown,
         ranked=ranked,
@@ -361,7 +371,9 @@ def score_events(
 
 
 class Summary:
-    """Averages over events, per (r, k) and per exact metric, river style.
+    """Averages over events, per (r, k) and per exact metric, river style; the
+    chance-corrected score is the kappa of the events' sums (:class:`stream.chance.CorrectedSum`),
+    with a 95% delta-method interval.
 
     ``get()`` gives the shape ``reval score --json`` prints for one r.
     """
@@ -370,7 +382,7 @@ class Summary:
         self.events = 0
         self.unscorable = 0
         self.reval: dict[str, dict[int, Mean]] = {}
-        self.corrected: dict[str, dict[int, Mean]] = {}
+        self.corrected: dict[str, dict[int, CorrectedSum]] = {}
         self.ranked: dict[str, dict[int, Mean]] = {}
         self.exact: dict[str, dict[str, Mean]] = {}
 
@@ -379,15 +391,16 @@ class Summary:
         if score.unscorable is not None:
             self.unscorable += 1
             return
-        for table, values in (
-            (self.reval, score.reval),
-            (self.corrected, score.corrected),
-            (self.ranked, score.ranked),
-        ):
+        for table, values in ((self.reval, score.reval), (self.ranked, score.ranked)):
             for r, by_k in values.items():
                 means = table.setdefault(r, {})
                 for k, value in by_k.items():
                     means.setdefault(k, Mean()).update(value)
+        for r, by_k in score.expected.items():
+            sums = self.corrected.setdefault(r, {})
+            observed = score.reval[r]
+            for k, expected in by_k.items():
+                sums.setdefault(k, CorrectedSum()).update(observed[k], expected)
         for r, scores in score.exact.items():
             exact = self.exact.setdefault(r, {})
             for name, value in scores.as_dict().items():
@@ -398,6 +411,24 @@ class Summary:
             self.update(score)
         return self
 
+    def _corrected(self, label: str, k: int) -> dict[str, Any]:
+        found = self.corrected.get(label, {}).get(k)
+        interval = None if found is None else found.interval()
+        value = None if found is None else found.get()
+        return {
+            "reval_hit_ratio_corrected": value,
+            # why the corrected score is null: no null model (a thesaurus without popularity),
+            # or an expectation that leaves no room above chance
+            "corrected_null_reason": None
+            if value is not None
+            else "no_null_model"
+            if found is None
+            else "no_room",
+            "corrected_ci_low": None if interval is None else interval[0],
+            "corrected_ci_high": None if interval is None else interval[1],
+            "reval_hit_ratio_expected": None if found is None else found.expected / found.count,
+        }
+
     def get(self, r: int | None = ALL) -> dict[str, Any]:
         label = r_label(r)
         return {
@@ -406,9 +437,7 @@ class Summary:
             "by_k": {
                 str(k): {
                     "reval_hit_ratio": mean.get(),
-                    "reval_hit_ratio_corrected": (
-                        self.corrected[label][k].get() if k in self.corrected.get(label, {}) else None
-                    ),
+                    **self._corrected(label, k),
                     "reval_hit_ratio_ranked": (
                         self.ranked[label][k].get() if k in self.ranked.get(label, {}) else None
                     ),

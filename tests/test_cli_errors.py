@@ -147,7 +147,9 @@ CASES = [
     Case("demo-bad-duration", ("demo", "--duration", "0"), 2, "--duration"),
     # runtime failures: exit 1
     Case("score-random-bytes", ("score", "random.jsonl", "-t", "th"), 1, "all "),
-    Case("score-nothing-scorable", ("score", "no-truth.jsonl", "-t", "th"), 1, "no_ground_truth"),
+    Case(
+        "score-nothing-scorable", ("score", "no-truth.jsonl", "-t", "th"), 1, "reval recommend --with-truth"
+    ),
     Case(
         "recommend-feed-random-bytes",
         ("recommend", "-m", "popular", "--train", "feed.jsonl", "--feed", "random.jsonl", "--out", "o.jsonl"),

@@ -125,7 +125,7 @@ def test_every_alert_has_a_runbook_and_unit_tests() -> None:
 
     # every recording rule (per window: one window of each family) has a value test
     def family(name: str) -> str:
-        return re.sub(r"(mean|rate|ratio)\d+[smhd]$", r"\1", name)
+        return re.sub(r"(mean|rate|ratio|kappa|llr)\d+[smhd]$", r"\1", name)
 
     recorded = {family(r["record"]) for g in rules["groups"] for r in g["rules"] if "record" in r}
     tested = {
@@ -174,7 +174,7 @@ def test_render_cli_and_parameter_checks(tmp_path: Path) -> None:
         sys.executable,
         PROM / "render.py",
         "--set",
-        "quality_drop_fraction=0.5",
+        "false_alarm_probability=0.001",
         "--set",
         "alert_k=20",
         "-o",
@@ -182,8 +182,9 @@ def test_render_cli_and_parameter_checks(tmp_path: Path) -> None:
     )
     ok(done)
     text = out.read_text()
-    assert 'reval:hit_ratio:mean1h{k="20", r="10"}\n      < 0.5 * reval:hit_ratio:baseline' in text
-    assert "quality_drop_fraction=0.5" in text.splitlines()[1]
+    # the #REval alert's bound is log(1 / alpha)
+    assert 'reval:skill_loss:llr{k="20", r="10"}\n      > 6.90776' in text
+    assert "false_alarm_probability=0.001" in text.splitlines()[1]
     assert run(sys.executable, PROM / "render.py", "--set", "nope=1").returncode != 0
     with pytest.raises(ValueError, match="quality_window"):
         render.render_rules(render.parse_set(render.DEFAULTS, ["quality_window=2h"]))
@@ -191,6 +192,18 @@ def test_render_cli_and_parameter_checks(tmp_path: Path) -> None:
         render.render_rules(render.parse_set(render.DEFAULTS, ["quality_for=soon"]))
     with pytest.raises(ValueError, match=r"\[0, 1\]"):
         render.render_rules(render.parse_set(render.DEFAULTS, ["quality_drop_fraction=1.5"]))
+    with pytest.raises(ValueError, match="false_alarm_probability"):
+        render.render_rules(render.parse_set(render.DEFAULTS, ["false_alarm_probability=0"]))
+    with pytest.raises(ValueError, match="skill_loss_fraction"):
+        render.render_rules(render.parse_set(render.DEFAULTS, ["skill_loss_fraction=1.5"]))
+
+
+def test_render_knows_the_cores_minimum_room() -> None:
+    """render.py is standalone (stdlib + PyYAML): its copy of the room below which the
+    corrected score is null must be the core's."""
+    from stream.chance import MIN_ROOM
+
+    assert render.MIN_ROOM == MIN_ROOM
 
 
 def test_alertmanager_config() -> None:

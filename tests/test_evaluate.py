@@ -91,6 +91,9 @@ CELL_KEYS = {
     "ci_low",
     "ci_high",
     "reval_hit_ratio_corrected",
+    "corrected_ci_low",
+    "corrected_ci_high",
+    "corrected_null_reason",
     "events",
     "unscorable",
 }
@@ -153,6 +156,9 @@ def test_evaluate_writes_outputs_deterministically(
         if c["reval_hit_ratio"] is not None:
             assert c["ci_low"] <= c["reval_hit_ratio"] <= c["ci_high"]
             assert c["events"] == data["test_tweets"] and c["reval_hit_ratio_corrected"] is not None
+            # the kappa of the cell's sums, inside its bootstrap interval
+            assert c["corrected_ci_low"] <= c["reval_hit_ratio_corrected"] <= c["corrected_ci_high"]
+            assert c["corrected_null_reason"] is None
     for r in (1, 5, 10):
         # k = 0 is exact match: the same for every thesaurus, and what `exact` reports.
         assert by["bertag", r, 0] == by["word2vec", r, 0] == by["fasttext", r, 0]

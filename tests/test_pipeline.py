@@ -82,6 +82,17 @@ def test_end_to_end_scores_equal_offline_and_metrics(stack: Stack) -> None:
         total = sum(r["reval_hit_ratio"]["5"]["5"] for r in mine)
         assert score.metric("reval_hit_ratio_sum", recommender=rec, k="5", r="5") == pytest.approx(total)
         assert score.metric("reval_exact_match_count", recommender=rec, metric="f1", r="1") == len(mine)
+        # The chance-corrected score's sums: what each event's score and expectation add up to.
+        corrected = [r for r in mine if r["reval_hit_ratio_expected"]]
+        assert corrected, "a published thesaurus has a null model: every event has an expectation"
+        sums = {
+            "observed": sum(r["reval_hit_ratio"]["5"]["5"] for r in corrected),
+            "expected": sum(r["reval_hit_ratio_expected"]["5"]["5"] for r in corrected),
+            "events": len(corrected),
+        }
+        for what, want in sums.items():
+            got = score.metric(f"reval_corrected_{what}_total", recommender=rec, k="5", r="5")
+            assert got == pytest.approx(want), what
     assert score.metric("reval_events_total", recommender="default", outcome="unscorable") == 1
     assert score.metric("reval_join_total", outcome="matched") == sum(
         1 for e in events if "ground_truth" not in e

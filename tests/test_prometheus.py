@@ -11,6 +11,7 @@ window 30/40/50 s earlier, 3 s hold), so the whole run takes a few minutes.
 from __future__ import annotations
 
 import json
+import math
 import random
 import re
 import subprocess
@@ -307,8 +308,22 @@ def test_rules_alerts_and_dashboard_against_real_prometheus(stack: Stack, tmp_pa
                 f"reval:semantic_gap:mean{window}",
                 f"reval:scored_events:rate{window}",
                 f"reval:unknown_hashtag_share:ratio{window}",
+                f"reval:corrected_excess:rate{window}",
+                f"reval:corrected_room:rate{window}",
+                f"reval:hit_ratio_corrected:kappa{window}",
             ):
                 assert {"steady", "flaky"} <= set(prometheus.value(expr)), expr
+        # The #REval alert's statistic, from the workers' corrected sums: flaky lost its skill
+        # above chance (far past the bound), steady did not.
+        kappa = prometheus.value(f'reval:hit_ratio_corrected:kappa{QW}{{k="{K}", r="{R}"}}')
+        skill = prometheus.value(f'reval:hit_ratio_corrected:baseline{{k="{K}", r="{R}"}}')
+        assert kappa["flaky"] < 0.5 * skill["flaky"] and kappa["steady"] > 0.5 * skill["steady"], (
+            kappa,
+            skill,
+        )
+        llr = prometheus.value(f'reval:skill_loss:llr{{k="{K}", r="{R}"}}')
+        bound = math.log(1 / render.TEST.false_alarm_probability)
+        assert llr["flaky"] > bound > llr["steady"], llr
         gap0 = prometheus.value(f'reval:semantic_gap:mean5m{{k="0", r="{R}"}}')
         assert all(abs(v) < 1e-9 for v in gap0.values()), gap0
         assert prometheus.value(f'reval:semantic_gap:mean5m{{k="{K}", r="{R}"}}')["flaky"] >= 0

@@ -14,6 +14,14 @@ from stream.thesaurus import JsonThesaurus, NeighbourTable, ThesaurusMetadata
 
 from .test_metrics import TABLE2_SYN
 
+#: The chance-corrected fields of a summary without a null model (a JSON thesaurus).
+NO_CHANCE = {
+    **dict.fromkeys(
+        ("reval_hit_ratio_corrected", "corrected_ci_low", "corrected_ci_high", "reval_hit_ratio_expected")
+    ),
+    "corrected_null_reason": "no_null_model",
+}
+
 
 class CountingThesaurus(JsonThesaurus):
     calls: list[tuple[str, int]]
@@ -65,10 +73,10 @@ def test_summary_means_and_unknown_hashtags() -> None:
     # w_syn(3) / (w_rec(1) + w_rec(2)); event 2 is an exact hit at rank 1 (1.0).
     ranked_1 = (1 / math.log2(5)) / (1 + 1 / math.log2(3))
     assert got["by_k"] == {  # a JSON thesaurus: no null model, no chance correction
-        "0": {"reval_hit_ratio": 0.5, "reval_hit_ratio_corrected": None, "reval_hit_ratio_ranked": 0.5},
+        "0": {"reval_hit_ratio": 0.5, **NO_CHANCE, "reval_hit_ratio_ranked": 0.5},
         "3": {
             "reval_hit_ratio": 0.75,
-            "reval_hit_ratio_corrected": None,
+            **NO_CHANCE,
             "reval_hit_ratio_ranked": pytest.approx((ranked_1 + 1.0) / 2),
         },
     }

@@ -21,6 +21,7 @@ number of scoring replicas and survives restarts).
 from __future__ import annotations
 
 import argparse
+import math
 import re
 import sys
 from dataclasses import asdict, dataclass, fields, replace
@@ -34,6 +35,10 @@ ROLES = ("embed", "index", "score")
 JOBS = {role: f"reval-{role}" for role in ROLES}
 DEFAULT_PORTS = {"embed": 9101, "index": 9102, "score": 9103}
 RUNBOOK = "deploy/README.md"
+
+#: Below this much room (events' worth of best - expected in a window) the chance-corrected
+#: score is null: stream.chance.MIN_ROOM (tests/test_deploy.py checks they agree).
+MIN_ROOM = 1e-9
 
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
 _DURATION = re.compile(r"^(\d+)(ms|s|m|h|d|w|y)$")
@@ -62,13 +67,21 @@ class Params:
     # among k >= 5 (deploy/README.md, "Which k the alerts watch").
     alert_k: int = 10
     alert_r: str = "10"
-    # Quality drop: the mean over `quality_window` falls more than `quality_drop_fraction`
-    # below the trailing baseline = the same window at each of `baseline_offsets` ago
-    # (the same hour on each of the last 7 days: daily seasonality), for `quality_for`.
+    # Quality drop (#REval): a sequential test on the chance-corrected sums over
+    # `quality_window` (stream.backtest.skill_loss) -- did the recommender lose
+    # `skill_loss_fraction` of its baseline skill above chance (the kappa of the same window
+    # at each of `baseline_offsets` ago: daily seasonality)? Its log-likelihood ratio against
+    # "kept its baseline skill" above log(1 / `false_alarm_probability`) (Wald's bound: a
+    # recommender at its baseline gets there with at most that probability), for `quality_for`.
     quality_window: str = "1h"
     baseline_offsets: tuple[str, ...] = ("1d", "2d", "3d", "4d", "5d", "6d", "7d")
-    quality_drop_fraction: float = 0.2
+    skill_loss_fraction: float = 0.5
+    false_alarm_probability: float = 0.01
     quality_for: str = "30m"
+    # The fixed-fraction drop of a mean below its baseline that a monitor without the chance
+    # correction would alert on: no deployed alert uses it; `reval backtest` compares the
+    # #REval alert with it on the exact hit ratio (its `exact_drop`).
+    quality_drop_fraction: float = 0.2
     # Ignore a recommender with fewer scored events than this in `quality_window`.
     min_events: int = 50
     # At chance: the chance-corrected #REval (0 = a popularity-weighted random recommender)
@@ -143,6 +156,10 @@ class Params:
                 and not 0 <= value <= 1
             ):
                 raise ValueError(f"{f.name}={value} must be within [0, 1]")
+        if not 0 < self.skill_loss_fraction <= 1:
+            raise ValueError(f"skill_loss_fraction={self.skill_loss_fraction} must be within (0, 1]")
+        if not 0 < self.false_alarm_probability < 1:
+            raise ValueError(f"false_alarm_probability={self.false_alarm_probability} must be within (0, 1)")
         for name in ("quality_window", "unknown_window", "unknown_baseline_window"):
             if getattr(self, name) not in self.windows:
                 raise ValueError(f"{name}={getattr(self, name)} must be one of windows={self.windows}")
@@ -222,13 +239,28 @@ def recording_rules(p: Params) -> list[dict[str, Any]]:
                     f"/\n(sum by (recommender, k, r) (rate(reval_hit_ratio_count[{w}])) > 0)"
                 ),
             },
+            # The chance-corrected score is the kappa of the sums (stream.chance): the excess
+            # of the observed over the expected and the room above the expected, as rates,
+            # then their ratio (null where the expectation leaves no room).
             {
-                # The workers export 1 - corrected (its _sum must only grow; corrected can be < 0).
-                "record": f"reval:hit_ratio_corrected:mean{w}",
+                "record": f"reval:corrected_excess:rate{w}",
                 "expr": (
-                    f"1 - sum by (recommender, k, r) (rate(reval_hit_ratio_corrected_shortfall_sum[{w}]))\n"
-                    "/\n(sum by (recommender, k, r) "
-                    f"(rate(reval_hit_ratio_corrected_shortfall_count[{w}])) > 0)"
+                    f"sum by (recommender, k, r) (rate(reval_corrected_observed_total[{w}]))\n"
+                    f"- sum by (recommender, k, r) (rate(reval_corrected_expected_total[{w}]))"
+                ),
+            },
+            {
+                "record": f"reval:corrected_room:rate{w}",
+                "expr": (
+                    f"sum by (recommender, k, r) (rate(reval_corrected_events_total[{w}]))\n"
+                    f"- sum by (recommender, k, r) (rate(reval_corrected_expected_total[{w}]))"
+                ),
+            },
+            {
+                "record": f"reval:hit_ratio_corrected:kappa{w}",
+                "expr": (
+                    f"reval:corrected_excess:rate{w}\n/\n"
+                    f"(reval:corrected_room:rate{w} > {_fmt(MIN_ROOM / seconds(w))})"
                 ),
             },
             {
@@ -260,10 +292,33 @@ def recording_rules(p: Params) -> list[dict[str, Any]]:
             },
         ]
     qw = p.quality_window
+    by = "recommender, k, r"
     quality += [
         {
             "record": "reval:hit_ratio:baseline",
-            "expr": _by_offsets(f"reval:hit_ratio:mean{qw}", p.baseline_offsets, "recommender, k, r"),
+            "expr": _by_offsets(f"reval:hit_ratio:mean{qw}", p.baseline_offsets, by),
+        },
+        {
+            # The baseline skill: the kappa of the mean sums of the window at each offset.
+            "record": "reval:hit_ratio_corrected:baseline",
+            "expr": (
+                _by_offsets(f"reval:corrected_excess:rate{qw}", p.baseline_offsets, by)
+                + "\n/\n("
+                + _by_offsets(f"reval:corrected_room:rate{qw}", p.baseline_offsets, by)
+                + f" > {_fmt(MIN_ROOM / seconds(qw))})"
+            ),
+        },
+        {
+            "record": f"reval:corrected_events:rate{qw}",
+            "expr": f"sum by ({by}) (rate(reval_corrected_events_total[{qw}]))",
+        },
+        {
+            # The #REval alert's statistic (stream.backtest.skill_loss): with D, R, n the excess,
+            # room and events of the window and kappa0 > 0 the baseline skill, delta =
+            # skill_loss_fraction * kappa0 and v = m (1 - m), m = 1 - (1 - kappa0) R / n:
+            # delta R / (n v) * ((kappa0 - delta / 2) R - D), the rates times the window.
+            "record": "reval:skill_loss:llr",
+            "expr": _skill_loss(p),
         },
         {
             "record": "reval:exact_match:baseline",
@@ -295,6 +350,20 @@ def recording_rules(p: Params) -> list[dict[str, Any]]:
     ]
 
 
+def _skill_loss(p: Params) -> str:
+    qw = p.quality_window
+    kappa0 = "(reval:hit_ratio_corrected:baseline > 0)"  # no skill above chance: nothing to lose
+    room, excess, events = (f"reval:corrected_{x}:rate{qw}" for x in ("room", "excess", "events"))
+    share = f"((1 - reval:hit_ratio_corrected:baseline) * {room} / {events})"  # 1 - m
+    f = p.skill_loss_fraction
+    return (
+        f"{_fmt(f)} * {kappa0} * {room}\n"
+        f"/ ({events} * clamp((1 - {share}) * {share}, 1e-06, 0.25))\n"
+        f"* ({_fmt(1 - f / 2)} * reval:hit_ratio_corrected:baseline * {room} - {excess})\n"
+        f"* {_fmt(seconds(qw))}"
+    )
+
+
 def alert_rules(p: Params) -> list[dict[str, Any]]:
     k, r, qw = str(p.alert_k), p.alert_r, p.quality_window
     sel = f'{{k="{k}", r="{r}"}}'
@@ -320,28 +389,26 @@ def alert_rules(p: Params) -> list[dict[str, Any]]:
     rules = [
         alert(
             "RevalRecommenderQualityDrop",
-            (
-                f"reval:hit_ratio:mean{qw}{sel}\n"
-                f"< {_fmt(1 - p.quality_drop_fraction)} * reval:hit_ratio:baseline{sel}\n"
-                f"{enough}"
-            ),
+            (f"reval:skill_loss:llr{sel}\n> {_fmt(math.log(1 / p.false_alarm_probability))}\n{enough}"),
             p.quality_for,
             "warning",
             "Recommender {{ $labels.recommender }}: #REval-hit-ratio@k={{ $labels.k }} dropped",
             (
-                "The #REval-hit-ratio (k={{ $labels.k }}, r={{ $labels.r }}) of recommender "
-                "{{ $labels.recommender }} over the last "
+                "Over the last "
                 + qw
-                + " is more than "
-                + pct(p.quality_drop_fraction)
-                + " below its baseline (the same window "
+                + ", the chance-corrected #REval-hit-ratio (k={{ $labels.k }}, r={{ $labels.r }}) of "
+                "recommender {{ $labels.recommender }} is more likely to have lost "
+                + pct(p.skill_loss_fraction)
+                + " of its skill above chance than to hold its baseline (the same window "
                 + ", ".join(p.baseline_offsets)
-                + " ago)."
+                + ' ago): log-likelihood ratio {{ $value | printf "%.1f" }}, above log(1/'
+                + _fmt(p.false_alarm_probability)
+                + ")."
             ),
         ),
         alert(
             "RevalRecommenderAtChance",
-            (f"reval:hit_ratio_corrected:mean{qw}{sel}\n<= {_fmt(p.chance_margin)}\n{enough}"),
+            (f"reval:hit_ratio_corrected:kappa{qw}{sel}\n<= {_fmt(p.chance_margin)}\n{enough}"),
             p.chance_for,
             "warning",
             "Recommender {{ $labels.recommender }} is no better than chance",

@@ -37,6 +37,7 @@ import numpy as np
 import numpy.typing as npt
 
 from stream import backtest as bt
+from stream.chance import CorrectedSum
 from stream.cleaning import Prepared
 from stream.drift import Mover
 from stream.experiment import ProgressFactory, labelled, load_corpus, no_progress
@@ -48,6 +49,7 @@ from stream.records import Recommendation
 from stream.scoring import DEFAULT_KS, NeighbourCache, r_label, score_event
 from stream.slices import SLICES
 from workers.adapters.backfill import Family, Series, counter_at, create_blocks, write_openmetrics
+from workers.adapters.exporter import CORRECTED_COUNTERS
 from workers.adapters.feeds import read_tweets
 from workers.adapters.rules import load_render, rule_params
 from workers.adapters.store import AnnoyThesaurus, build_from_means, neighbour_cache, thesaurus_drift
@@ -164,6 +166,8 @@ def rules_for(params: Any, scale: float) -> tuple[bt.Rules, int, str]:
         quality_drop_fraction=params.quality_drop_fraction,
         quality_for=d(params.quality_for),
         min_events=params.min_events,
+        skill_loss_fraction=params.skill_loss_fraction,
+        skill_loss_bound=math.log(1.0 / params.false_alarm_probability),
         chance_margin=params.chance_margin,
         chance_for=d(params.chance_for),
         gap_exact_drop_fraction=params.gap_exact_drop_fraction,
@@ -188,13 +192,15 @@ class _Scores:
         self.reval = np.full(n, np.nan)
         #: #REval at the alert (k, r) on each popularity slice's ground truths (stream.slices)
         self.slices = {label: np.full(n, np.nan) for label in SLICES}
-        self.corrected = np.full(n, np.nan)
+        #: the null recommender's expectation at the alert (k, r) (stream.chance): with ``reval``,
+        #: the sums the chance-corrected score of any window is the kappa of
+        self.expected = np.full(n, np.nan)
         self.exact = np.full(n, np.nan)
         self.recommended = np.zeros(n)
         self.unknown = np.zeros(n)
 
     def series(self, t: npt.NDArray[np.float64]) -> bt.Series:
-        return bt.Series(t, self.reval, self.corrected, self.exact, self.recommended, self.unknown)
+        return bt.Series(t, self.reval, self.expected, self.exact, self.recommended, self.unknown)
 
 
 @dataclass
@@ -415,7 +421,7 @@ class _Walk:
                 col.reval[j] = s.reval[label][k]
                 for name, by_k in s.slices.get(label, {}).items():
                     col.slices[name][j] = by_k[k]
-                col.corrected[j] = s.corrected.get(label, {}).get(k, math.nan)
+                col.expected[j] = s.expected.get(label, {}).get(k, math.nan)
                 col.exact[j] = s.exact[label].hit_ratio
 
 
@@ -457,7 +463,9 @@ def run_backtest(
     for inj in injections:
         start = starts[inj.label]
         drifted = runs[inj.label]
-        delays = bt.detect(bt.signals(drifted.series(t_events), at, rules), control_firing, at, start)
+        delays = bt.detect(
+            bt.signals(drifted.series(t_events), at, rules), control_firing, at, start, bt.holds(rules)
+        )
         for name, delay in delays.items():
             rows.append(
                 {
@@ -503,13 +511,22 @@ def run_backtest(
                     "control": _mean(getattr(control, metric)[after]),
                     "drifted": _mean(getattr(drifted, metric)[after]),
                 }
-                for metric in ("reval", "corrected", "exact")
+                for metric in ("reval", "exact")
             },
+            "corrected_after": {"control": _kappa(control, after), "drifted": _kappa(drifted, after)},
             "unknown_share_after": {
                 "control": _ratio(control.unknown[after], control.recommended[after]),
                 "drifted": _ratio(drifted.unknown[after], drifted.recommended[after]),
             },
         }
+    curves = bt.operating_curves(
+        control.series(t_events),
+        {inj.label: runs[inj.label].series(t_events) for inj in injections},
+        starts,
+        at,
+        rules,
+        days,
+    )
     timings["total"] = round(time.perf_counter() - started, 2)
     summary = {
         "feeds": [str(f) for f in feeds],
@@ -535,6 +552,8 @@ def run_backtest(
         "false_alarm_episodes": false_alarms,
         "effects": effects,
         "goal": goal(rows),
+        # per signal, detection delay against false alarms per day as its threshold sweeps
+        "curves": curves,
         "slices": _slices(t_events, control, runs, starts),
         "embedding_drift": {
             "alpha": EMBEDDING_ALPHA,
@@ -660,6 +679,16 @@ def _mean(values: npt.NDArray[np.float64]) -> float | None:
     return round(float(ok.mean()), 4) if len(ok) else None
 
 
+def _kappa(col: _Scores, mask: npt.NDArray[np.bool_]) -> float | None:
+    """The chance-corrected #REval of the events of ``mask``: the kappa of their sums."""
+    sums = CorrectedSum()
+    for o, e in zip(col.reval[mask].tolist(), col.expected[mask].tolist(), strict=True):
+        if not (math.isnan(o) or math.isnan(e)):
+            sums.update(o, e)
+    value = sums.get()
+    return None if value is None else round(value, 4)
+
+
 def _ratio(part: npt.NDArray[np.float64], whole: npt.NDArray[np.float64]) -> float | None:
     total = float(whole.sum())
     return round(float(part.sum()) / total, 4) if total > 0 else None
@@ -668,7 +697,7 @@ def _ratio(part: npt.NDArray[np.float64], whole: npt.NDArray[np.float64]) -> flo
 def goal(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """The issue's goal, checked on the numbers: #REval's alert detects ``random`` and
     ``stale`` drifts no later than exact match with no more false alarms, and stays quiet
-    on ``synonyms`` while exact match fires.  Only the drift kinds that were injected."""
+    on ``synonyms`` (a drift that keeps meaning).  Only the drift kinds that were injected."""
     by = {(row["drift"].split(":")[0], row["signal"]): row for row in rows}
     out: dict[str, Any] = {}
     for kind in ("random", "stale"):
@@ -679,9 +708,9 @@ def goal(rows: list[dict[str, Any]]) -> dict[str, Any]:
             exact["delay_s"] is None or reval["delay_s"] <= exact["delay_s"]
         )
         out[kind] = bool(sooner and reval["false_alarms_per_day"] <= exact["false_alarms_per_day"])
-    reval, exact = by.get(("synonyms", "reval_drop")), by.get(("synonyms", "exact_drop"))
-    if reval is not None and exact is not None:
-        out["synonyms"] = bool(reval["delay_s"] is None and exact["delay_s"] is not None)
+    reval = by.get(("synonyms", "reval_drop"))
+    if reval is not None:
+        out["synonyms"] = reval["delay_s"] is None
     return out
 
 
@@ -701,7 +730,10 @@ def _series(
     def means(col: _Scores) -> dict[str, list[float | None]]:
         out = {}
         for metric in ("reval", "corrected", "exact"):
-            values = bt.window_mean(t, getattr(col, metric), when, rules.quality_window)
+            if metric == "corrected":  # the kappa of each window's sums
+                values = bt.window_kappa(t, col.reval, col.expected, when, rules.quality_window)
+            else:
+                values = bt.window_mean(t, getattr(col, metric), when, rules.quality_window)
             out[metric] = [None if math.isnan(v) else round(float(v), 4) for v in values]
         return out
 
@@ -730,7 +762,9 @@ def markdown(result: Backtest) -> str:
         f"{s['rules']['min_events']} events at {s['instants_with_enough_events']:.0%} of the instants).",
         "",
         "Detection delay: event time from the injection to the first alarm the control run does not "
-        "raise, and (in brackets) the events scored meanwhile; — = never fired.",
+        "raise within the signal's hold time either side (the runs share every event before the drift: "
+        "a threshold the control crosses a moment later is its own alarm), and (in brackets) the events "
+        "scored meanwhile; — = never fired.",
         "",
         header,
         "|" + "---|" * (len(names) + 1),
@@ -779,10 +813,36 @@ def markdown(result: Backtest) -> str:
             "recommendations, not tweets: this test cannot see them, and its alarms are the feed's own "
             "changes of topic.",
         ]
+    lines += _curves_markdown(s["curves"])
     lines += ["", "Goal (#REval no later than exact with no more false alarms; quiet on synonyms):", ""]
     for kind, met in s["goal"].items():
         lines.append(f"- {kind}: {'met' if met else 'not met'}")
     return "\n".join(lines) + "\n"
+
+
+def _curves_markdown(curves: dict[str, Any]) -> list[str]:
+    """One table per signal: each threshold's false alarms per day and delay per drift."""
+    lines = [
+        "",
+        "Operating curves: each signal at other thresholds (the deployed one in bold), false alarms "
+        "per day of the control run against the delay per drift (— = never fired):",
+    ]
+    for signal, curve in curves.items():
+        drifts = list(curve["points"][0]["delays"]) if curve["points"] else []
+        lines += [
+            "",
+            f"`{signal}` by `{curve['parameter']}`:",
+            "",
+            "| " + " | ".join([curve["parameter"], "false alarms / day", *drifts]) + " |",
+            "|" + "---|" * (2 + len(drifts)),
+        ]
+        for point in curve["points"]:
+            value = f"{point['value']:g}"
+            if point.get("deployed"):
+                value = f"**{value}**"
+            cells = [bt.duration_text(point["delays"][d]) for d in drifts]
+            lines.append(f"| {value} | {point['false_alarms_per_day']:.3f} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def write_outputs(result: Backtest, out_dir: Path) -> Path:
@@ -820,12 +880,10 @@ def backfill(result: Backtest, out_dir: Path, *, interval_s: float = 900.0) -> d
     base = {"job": "reval-score", "instance": "backtest"}
     families: dict[str, Family] = {
         "reval_hit_ratio": Family("reval_hit_ratio", "summary", "#REval-hit-ratio of scored events", []),
-        "reval_hit_ratio_corrected_shortfall": Family(
-            "reval_hit_ratio_corrected_shortfall",
-            "summary",
-            "1 - chance-corrected #REval-hit-ratio of scored events (0 = popularity-weighted random)",
-            [],
-        ),
+        **{
+            f"reval_corrected_{what}": Family(f"reval_corrected_{what}", "counter", help_text, [])
+            for what, help_text in CORRECTED_COUNTERS.items()
+        },
         "reval_exact_match": Family(
             "reval_exact_match", "summary", "Exact-match metric of scored events", []
         ),
@@ -853,7 +911,18 @@ def backfill(result: Backtest, out_dir: Path, *, interval_s: float = 900.0) -> d
             if drift and kk != k:
                 continue
             add("reval_hit_ratio", {**who, "k": str(kk), "r": r}, col.by_k[:, i], True)
-        add("reval_hit_ratio_corrected_shortfall", {**who, "k": str(k), "r": r}, 1.0 - col.corrected, True)
+        with_chance = ~np.isnan(col.reval) & ~np.isnan(col.expected)
+        for what, values in (
+            ("observed", col.reval),
+            ("expected", col.expected),
+            ("events", np.ones_like(col.reval)),
+        ):
+            add(
+                f"reval_corrected_{what}",
+                {**who, "k": str(k), "r": r},
+                np.where(with_chance, values, 0.0),
+                False,
+            )
         add("reval_exact_match", {**who, "metric": "hit_ratio", "r": r}, col.exact, True)
         scored = np.where(np.isnan(col.reval), 0.0, 1.0)
         add("reval_events", {**who, "outcome": "scored"}, scored, False)

@@ -331,7 +331,7 @@ def score(
             assert item.value is not None
             event = item.value
             if event.ground_truth is None:
-                missing = RecordError("no_ground_truth", "no ground_truth in the event")
+                missing = RecordError("no_ground_truth", f"no ground_truth in the event ({WITH_TRUTH})")
                 errors.note(f"{recs}:{item.line}", missing)
                 continue
             result = score_event(event, event.ground_truth, cache, k_values, r_values)
@@ -344,7 +344,8 @@ def score(
     _report_bad_lines(errors)
     payload: dict[str, Any] = summary.get(r_values[0] if len(r_values) == 1 else ALL)
     if not payload["events"]:
-        raise fail(f"no event of {recs} could be scored{_why_nothing(errors)}", code=1)
+        hint = f"; {WITH_TRUTH}" if errors.by_reason.get("no_ground_truth") else ""
+        raise fail(f"no event of {recs} could be scored{_why_nothing(errors)}{hint}", code=1)
     payload["thesaurus_version"] = cache.version
     payload["skipped_lines"] = errors.total
     if len(r_values) > 1 or r_values != [ALL]:
@@ -353,6 +354,12 @@ def score(
         print(json.dumps(payload))
         return
     _print_scores(payload, k_values, r_values, summary)
+
+
+#: What to do about events without ground truth (``reval score`` needs it).
+WITH_TRUTH = (
+    "write the events with `reval recommend --with-truth` to carry each tweet's hashtags as ground_truth"
+)
 
 
 def _report_bad_lines(errors: ErrorLog) -> None:
@@ -383,6 +390,10 @@ def _print_scores(payload: dict[str, Any], ks: list[int], rs: list[int | None], 
     )
     for field, title in (
         ("reval_hit_ratio", "average #REval-hit-ratio"),
+        (
+            "reval_hit_ratio_corrected",
+            "chance-corrected #REval-hit-ratio (0 = random, 1 = best; 95% interval)",
+        ),
         ("reval_hit_ratio_ranked", "rank-aware #REval-hit-ratio"),
     ):
         table = Table(title=title)
@@ -391,7 +402,7 @@ def _print_scores(payload: dict[str, Any], ks: list[int], rs: list[int | None], 
             table.add_column(f"k={k}", justify="right")
         for r in rs:
             by_k = summary.get(r)["by_k"]
-            table.add_row(r_label(r), *(_fmt(by_k.get(str(k), {}).get(field)) for k in ks))
+            table.add_row(r_label(r), *(_cell(by_k.get(str(k), {}), field) for k in ks))
         out.print(table)
     exact = Table(title="exact match")
     exact.add_column("r")
@@ -402,6 +413,14 @@ def _print_scores(payload: dict[str, Any], ks: list[int], rs: list[int | None], 
         values = summary.get(r)["exact"]
         exact.add_row(r_label(r), *(_fmt(values.get(name)) for name in names))
     out.print(exact)
+
+
+def _cell(values: dict[str, Any], field: str) -> str:
+    """A table cell: the value, and for the corrected score its interval below it."""
+    text = _fmt(values.get(field))
+    if field == "reval_hit_ratio_corrected" and values.get("corrected_ci_low") is not None:
+        text += f"\n[{values['corrected_ci_low']:.3f}, {values['corrected_ci_high']:.3f}]"
+    return text
 
 
 @app.command()

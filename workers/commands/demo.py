@@ -34,6 +34,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from stream.chance import corrected_of_sums
 from workers.adapters.kafka_client import create_topics
 from workers.adapters.redis_client import clear_prefix
 from workers.dev.ports import find_free_port
@@ -101,8 +102,15 @@ def _mean(scrape: Scrape, name: str, **labels: str) -> float | None:
 
 
 def _corrected(scrape: Scrape, recommender: str, k: str, r: str) -> float | None:
-    shortfall = _mean(scrape, "reval_hit_ratio_corrected_shortfall", recommender=recommender, k=k, r=r)
-    return None if shortfall is None else 1.0 - shortfall
+    """The kappa of the scorer's sums (stream.chance.corrected_of_sums)."""
+    sums = [scrape.get(f"reval_corrected_{x}_total", recommender=recommender, k=k, r=r) for x in _SUMS]
+    if any(v is None for v in sums):
+        return None
+    observed, expected, events = sums
+    return corrected_of_sums(observed, expected, events)  # type: ignore[arg-type]
+
+
+_SUMS = ("observed", "expected", "events")
 
 
 def _fmt(value: float | None) -> str:

@@ -20,7 +20,9 @@ confidence intervals, on any feed.
    (:mod:`stream.rank`; mean only, column ``reval_hit_ratio_ranked``), for every (r, k).
 5. Means with percentile-bootstrap 95% intervals (events resampled; pooled seeds
    resampled within each seed), and paired differences between recommenders and
-   between embeddings on the same resamples.
+   between embeddings on the same resamples.  The chance-corrected score of a cell is
+   the kappa of its sums, ``(sum observed - sum expected) / (events - sum expected)``
+   (:func:`stream.experiment.bootstrap_kappas`), recomputed on each resample.
 
 Outputs: ``results.json`` (with ``cells``), ``results.csv``, ``curves.png``,
 ``synonyms.md``, ``recommendations.jsonl``, ``timings.json``.  Everything that depends
@@ -48,6 +50,8 @@ from stream.experiment import (
     ExperimentConfig,
     ProgressFactory,
     bootstrap_difference,
+    bootstrap_kappa_difference,
+    bootstrap_kappas,
     bootstrap_means,
     hashtag_means,
     labelled,
@@ -139,7 +143,9 @@ class Scored:
     where the event is unscorable."""
 
     raw: npt.NDArray[np.float64]
-    corrected: npt.NDArray[np.float64]
+    #: the null recommender's expectation (stream.chance) per event and cell: the corrected
+    #: score of any set of events is the kappa of the sums of ``raw`` and ``expected``
+    expected: npt.NDArray[np.float64]
     exact_hit_ratio: npt.NDArray[np.float64]  # events x r
     ranked: npt.NDArray[np.float64]  # events x (r, k), rank-aware #REval (stream.rank)
 
@@ -264,7 +270,7 @@ def score_run(config: ExperimentConfig, run: Run, progress: ProgressFactory) -> 
         )
         for name, lists in run.recommended.items():
             raw = np.full((len(run.test), len(rs) * len(ks)), np.nan)
-            corrected = np.full_like(raw, np.nan)
+            expected = np.full_like(raw, np.nan)
             ranked = np.full_like(raw, np.nan)
             exact = np.full((len(run.test), len(rs)), np.nan)
             for i, (p, recs) in enumerate(zip(run.test, lists, strict=True)):
@@ -275,10 +281,11 @@ def score_run(config: ExperimentConfig, run: Run, progress: ProgressFactory) -> 
                 for j, r in enumerate(rs):
                     label = r_label(r)
                     raw[i, j * len(ks) : (j + 1) * len(ks)] = [score.reval[label][k] for k in ks]
-                    corrected[i, j * len(ks) : (j + 1) * len(ks)] = [score.corrected[label][k] for k in ks]
+                    if score.expected:
+                        expected[i, j * len(ks) : (j + 1) * len(ks)] = [score.expected[label][k] for k in ks]
                     ranked[i, j * len(ks) : (j + 1) * len(ks)] = [score.ranked[label][k] for k in ks]
                     exact[i, j] = score.exact[label].hit_ratio
-            run.scored[variant, method, name] = Scored(raw, corrected, exact, ranked)
+            run.scored[variant, method, name] = Scored(raw, expected, exact, ranked)
             advance(1)
 
 
@@ -513,7 +520,7 @@ def _stack(runs: list[Run], key: tuple[str, str, str]) -> tuple[Scored, npt.NDAr
     strata = np.concatenate([np.full(len(run.test), i, dtype=np.int64) for i, run in enumerate(runs)])
     return Scored(
         np.vstack([p.raw for p in parts]),
-        np.vstack([p.corrected for p in parts]),
+        np.vstack([p.expected for p in parts]),
         np.vstack([p.exact_hit_ratio for p in parts]),
         np.vstack([p.ranked for p in parts]),
     ), strata
@@ -530,7 +537,7 @@ def summarise(config: ExperimentConfig, runs: list[Run]) -> list[dict[str, Any]]
             scored, strata = _stack(group, key)
             counts = resample_counts(n, strata if len(group) > 1 else None, config.bootstrap, seed=17)
             raw = bootstrap_means(scored.raw, counts)
-            corrected = bootstrap_means(scored.corrected, counts)
+            corrected = bootstrap_kappas(scored.raw, scored.expected, counts)
             exact = bootstrap_means(scored.exact_hit_ratio, counts)
             ranked = bootstrap_means(scored.ranked, counts)
             variant, method, name = key
@@ -552,6 +559,12 @@ def summarise(config: ExperimentConfig, runs: list[Run]) -> list[dict[str, Any]]
                             "reval_hit_ratio_corrected": c.mean,
                             "corrected_ci_low": c.low,
                             "corrected_ci_high": c.high,
+                            # null: no null model, or no room above chance in this cell
+                            "corrected_null_reason": None
+                            if c.mean is not None
+                            else "no_room"
+                            if np.any(~np.isnan(scored.expected[:, j * len(ks) + i]))
+                            else "no_null_model",
                             "exact_hit_ratio": exact[j].mean,
                             "reval_hit_ratio_ranked": ranked[j * len(ks) + i].mean,
                             "events": e.events,
@@ -595,11 +608,13 @@ def compare(config: ExperimentConfig, runs: list[Run]) -> list[dict[str, Any]]:
         for what, a, b in pairs:
             sa, _ = _stack(group, a)
             sb, _ = _stack(group, b)
-            for metric, va, vb in (
-                ("reval_hit_ratio", sa.raw, sb.raw),
-                ("reval_hit_ratio_corrected", sa.corrected, sb.corrected),
+            for metric, diffs in (
+                ("reval_hit_ratio", bootstrap_difference(sa.raw, sb.raw, counts)),
+                (
+                    "reval_hit_ratio_corrected",
+                    bootstrap_kappa_difference((sa.raw, sa.expected), (sb.raw, sb.expected), counts),
+                ),
             ):
-                diffs = bootstrap_difference(va, vb, counts)
                 for j, r in enumerate(rs):
                     for i, k in enumerate(ks):
                         d, low, high = diffs[j * len(ks) + i]
@@ -678,6 +693,7 @@ def write_outputs(experiment: Experiment, out_dir: str | Path, *, save_thesauri:
         "reval_hit_ratio_corrected",
         "corrected_ci_low",
         "corrected_ci_high",
+        "corrected_null_reason",
         "exact_hit_ratio",
         "reval_hit_ratio_ranked",
         "events",

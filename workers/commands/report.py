@@ -478,15 +478,76 @@ def _detection_section(d: dict[str, Any]) -> str:
     )
     return (
         '<section id="detection"><h2>(c) Detection delays</h2>'
-        "<p>Event time from the injection to the first alarm the control run does not raise, "
-        "and the events scored meanwhile; — = never fired. False alarms are the control run's "
-        "alarms per day of event time.</p>"
+        "<p>Event time from the injection to the first alarm the control run does not raise within "
+        "the signal's hold time either side, and the events scored meanwhile; — = never fired. False "
+        "alarms are the control run's alarms per day of event time.</p>"
         + _table(["drift", *signals], table, [False, *([True] * len(signals))])
         + f"<ul>{legend}</ul>"
         + _effects(d)
+        + _curves(d)
         + _goal(d)
         + "</section>"
     )
+
+
+def _curves(d: dict[str, Any]) -> str:
+    """Per drift, every signal's detection delay against its false alarms per day as its
+    threshold sweeps (``detection.json``'s ``curves``): where to set each alert."""
+    curves = _get(d, "curves")
+    if not isinstance(curves, dict) or not curves:
+        return _note("no operating curves in this run")
+    drifts = list(
+        dict.fromkeys(
+            str(name)
+            for c in curves.values()
+            for point in (_get(c, "points") or [])
+            for name in (_get(point, "delays") or {})
+        )
+    )
+    if not drifts:
+        return _note("no operating curves in this run")
+    delays = [
+        _num(_get(point, "delays", drift))
+        for c in curves.values()
+        for point in (_get(c, "points") or [])
+        for drift in drifts
+    ]
+    top = max([x for x in delays if x is not None] or [DAY]) / DAY * 1.15  # where "never" goes
+    cols = min(len(drifts), 3)
+    rows = -(-len(drifts) // cols)
+    fig, axes = _new(rows, cols, figsize=(4.2 * cols, 3.6 * rows), squeeze=False)
+    for i, drift in enumerate(drifts):
+        ax = axes[i // cols][i % cols]
+        for j, (signal, c) in enumerate(curves.items()):
+            points = [p for p in (_get(c, "points") or []) if isinstance(p, dict)]
+            xs = [_num(p.get("false_alarms_per_day")) for p in points]
+            ys = [_num(_get(p, "delays", drift)) for p in points]
+            colour = MARKER_COLOURS[j % len(MARKER_COLOURS)]
+            seen = [(x, y / DAY) for x, y in zip(xs, ys, strict=True) if x is not None and y is not None]
+            never = [x for x, y in zip(xs, ys, strict=True) if x is not None and y is None]
+            if seen:
+                ax.plot(
+                    *zip(*sorted(seen), strict=True), "o-", ms=3, lw=1, color=colour, label=_label(signal)
+                )
+            if never:
+                ax.plot(never, [top] * len(never), "x", color=colour, label=None if seen else _label(signal))
+            for p, x, y in zip(points, xs, ys, strict=True):
+                if p.get("deployed") and x is not None:
+                    ax.plot([x], [top if y is None else y / DAY], "s", ms=8, mfc="none", color=colour)
+        ax.axhline(top, color="#bbbbbb", lw=0.8, ls=":")
+        ax.set_title(_label(drift))
+        ax.set_xlabel("false alarms / day (control)")
+        ax.set_ylabel("detection delay (days)")
+        ax.grid(alpha=0.3)
+    for i in range(len(drifts), rows * cols):
+        axes[i // cols][i % cols].set_visible(False)
+    axes[0][0].legend(fontsize=7, loc="best")
+    caption = (
+        "Operating curves: each signal with its threshold swept, false alarms per day of the control "
+        "run against the detection delay of each drift; squares are the deployed thresholds, crosses on "
+        "the dotted line never fired. Lower left is better."
+    )
+    return "<h3>Delay against false alarms, across thresholds</h3>" + _figure("curves", fig, caption)
 
 
 def _effects(d: dict[str, Any]) -> str:
@@ -569,7 +630,7 @@ def _thesaurus_plot(refits: list[tuple[datetime, dict[str, Any]]]) -> str:
 def _movers(d: dict[str, Any]) -> str:
     movers = _get(d, "thesaurus", "movers")
     if not isinstance(movers, list) or not movers:
-        return "<h3>Movers</h3>" + _note("no movers in this run")
+        return "<h3>Movers</h3>" + _note("no hashtag moved at the last refit")
 
     def words(value: Any) -> str:
         return ", ".join(map(str, value)) if isinstance(value, list) else "—"
@@ -588,7 +649,9 @@ def _movers(d: dict[str, Any]) -> str:
     header = ["hashtag", "cosine", "jaccard", "support", "old neighbours", "new neighbours"]
     return (
         "<h3>Movers at the last refit</h3><p>Hashtags whose meaning moved most: cosine of their "
-        "mean vectors then/now, Jaccard overlap of their top-10 neighbours, tweets supporting them.</p>"
+        "mean vectors then/now, Jaccard overlap of their top-10 neighbours, tweets supporting them. "
+        "Only hashtags that got tweets or changed neighbours: with a centring hubness method every "
+        "vector shifts a little when any hashtag gets tweets, which is no move of its own.</p>"
         + _table(header, rows, [False, True, True, True])
     )
 
