@@ -35,8 +35,8 @@ from bench.bench_scoring import clustered_vectors, make_events
 from stream.records import Recommendation
 from workers.adapters.redis_client import clear_prefix
 from workers.adapters.store import AnnoyThesaurus
-from workers.dev.tansu import TansuBroker
 from workers.dev.stack import Stack, Worker, wait_for
+from workers.dev.tansu import TansuBroker
 
 
 def main() -> None:

@@ -59,8 +59,8 @@ from bench.bench_scoring import as_records, clustered_vectors, make_events
 from workers.adapters.exporter import Exporter
 from workers.adapters.redis_client import clear_prefix
 from workers.adapters.store import AnnoyThesaurus
-from workers.dev.tansu import TansuBroker
 from workers.dev.stack import Stack, wait_for
+from workers.dev.tansu import TansuBroker
 from workers.service.runtime import encode_json
 from workers.service.score import SCORE_BATCH, Scorer, collect_less_often
 from workers.settings import Settings
