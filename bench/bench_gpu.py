@@ -152,9 +152,12 @@ class HalvesResult:
     peak_memory_gib: float
 
 
-def bench_halves(enc: Encoder, texts: list[str], rounds: int, peak: float) -> HalvesResult:
+def bench_halves(
+    enc: Encoder, texts: list[str], rounds: int, peak: float, profile: Path | None = None
+) -> HalvesResult:
     """The token-budget path's two halves apart (``Encoder.host_batches``, ``forward_batch``):
-    which of them bounds the whole."""
+    which of them bounds the whole. With ``profile``, torch.profiler's table of the device
+    half's operators (20 batches) is written there."""
     config: Any = getattr(enc.model, "config", None)
     device = enc.device
     t0 = time.perf_counter()
@@ -172,6 +175,18 @@ def bench_halves(enc: Encoder, texts: list[str], rounds: int, peak: float) -> Ha
         synchronize(device)
         took.append(time.perf_counter() - t0)
         del outs
+    if profile is not None:
+        from torch.profiler import ProfilerActivity
+        from torch.profiler import profile as profiler
+
+        cuda = device.type == "cuda"
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+        with profiler(activities=activities) as prof:
+            outs = [enc.forward_batch(b) for b in batches[:20]]
+            synchronize(device)
+        del outs
+        key = "self_device_time_total" if cuda else "self_cpu_time_total"
+        profile.write_text(prof.key_averages().table(sort_by=key, row_limit=40), encoding="utf-8")
     flops = forward_flops(config, lengths) if config is not None else 0.0
     return HalvesResult(
         host_rate=len(texts) / host_s,
@@ -376,6 +391,7 @@ def main() -> None:
     p.add_argument("--worker-rounds", type=int, default=3)
     p.add_argument("--no-worker", action="store_true", help="skip (b), the embed worker")
     p.add_argument("--out", type=Path, help="also write the markdown section here")
+    p.add_argument("--profile", type=Path, help="torch.profiler table of the device half")
     args = p.parse_args()
     command = "python -m bench.bench_gpu " + " ".join(shlex.quote(x) for x in sys.argv[1:])
     t_start = time.perf_counter()
@@ -413,7 +429,7 @@ def main() -> None:
         lengths = [len(x) for x in new.tokenize(cleaned)]
         tok_cold, tok_warm = tokenize_rates(new, cleaned[:20_000])
         enc = bench_encoder(new, naive, texts, args.rounds, args.naive_tweets, peak)
-        halves = bench_halves(new, texts, 3, peak) if new.token_budget else None
+        halves = bench_halves(new, texts, 3, peak, args.profile) if new.token_budget else None
         ceiling = matmul_tflops(device, torch.bfloat16 if device.type == "cuda" else torch.float32)
         new_repr, new_workers = repr(new), new.tokenize_workers
         new_desc = f"{str(new.dtype).removeprefix('torch.')}, {new.packing}"
