@@ -385,6 +385,7 @@ def main() -> None:
     p.add_argument("--token-budget", type=int, default=DEFAULT_TOKEN_BUDGET, help="tokens per batch")
     p.add_argument("--tokenize-workers", type=int, help="tokenising processes (default: the Encoder's)")
     p.add_argument("--dtype", default="auto", help="the new path's dtype (auto: bf16 on CUDA)")
+    p.add_argument("--attention", default="auto", help="auto, flash, nested, padded")
     p.add_argument("--peak-tflops", type=float, default=989.0, help="peak dense bf16 TFLOP/s for MFU")
     p.add_argument("--worker-batch", type=int, default=4096, help="REVAL_EMBED_BATCH_SIZE of the worker")
     p.add_argument("--worker-tweets", type=int, default=10_000, help="tweets per worker round (<= feed)")
@@ -421,6 +422,7 @@ def main() -> None:
             dtype=args.dtype,
             token_budget=args.token_budget,
             tokenize_workers=args.tokenize_workers,
+            attention=args.attention,
         )
         load_s = time.perf_counter() - t0
         naive = Encoder(str(model), device=str(device), dtype="float32", token_budget=0)
