@@ -37,8 +37,8 @@ from rich.text import Text
 from workers.adapters.kafka_client import create_topics
 from workers.adapters.redis_client import clear_prefix
 from workers.dev.ports import find_free_port
-from workers.dev.tansu import TansuBroker
 from workers.dev.processes import die_with_parent, stop_on_signals
+from workers.dev.tansu import TansuBroker
 from workers.settings import Settings
 
 console = Console(stderr=True)
