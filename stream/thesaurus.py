@@ -657,10 +657,13 @@ def build_neighbour_table(
     neighbours = ranked.ids
     valid = neighbours >= 0
     # In blocks of rows: gathering every neighbour's vector at once is n x depth x d floats
-    # (43 GB at 100,000 x 70 x 768).
+    # (43 GB at 100,000 x 70 x 768). Small blocks (64 rows: ~20 MB of gathered rows at depth
+    # 100 x 768) stay in cache; 1,024-row blocks (300 MB) took 2-3x longer, 43 s of a 230-s
+    # build at 100,000 (BENCHMARKS.md, issue 27 §5). Each cosine is the same dot product
+    # whatever the block, so the values are the same to the bit.
     cosines = np.empty(neighbours.shape, dtype=np.float64)
-    for start in range(0, n, 1024):
-        rows = slice(start, start + 1024)
+    for start in range(0, n, 64):
+        rows = slice(start, start + 64)
         gathered = unit[np.where(valid[rows], neighbours[rows], 0)]
         cosines[rows] = np.einsum("ij,ikj->ik", unit[rows], gathered)
     distances = np.where(valid, np.clip(1.0 - cosines, 0.0, 2.0), np.inf).astype(np.float32)

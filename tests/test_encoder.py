@@ -679,3 +679,28 @@ def test_tokenizing_processes_give_the_same_embeddings(tiny_dir: Path, tiny32: E
         np.testing.assert_allclose(enc.encode(texts), tiny32.encode(texts), atol=2e-6)
     finally:
         enc.close()
+
+
+def test_host_batches_and_forward_batch_are_encode_in_two_halves(
+    tiny_dir: Path, budget_texts: list[str]
+) -> None:
+    # bench_gpu times the two halves apart: together they must be exactly what encode gives.
+    enc = Encoder(str(tiny_dir), dtype="float32", token_budget=300)
+    want = enc.encode(budget_texts)
+    got = np.zeros_like(want)
+    batches = list(enc.host_batches(budget_texts))
+    assert len(batches) > 1
+    for batch in batches:
+        got[batch.index] = enc.forward_batch(batch).numpy()
+    np.testing.assert_array_equal(got, want)
+    with pytest.raises(ValueError, match="token-budget path"):
+        Encoder(str(tiny_dir), dtype="float32").host_batches(TWEETS)
+
+
+def test_tiny_model_keeps_its_fastbpe_files(tiny_dir: Path) -> None:
+    # transformers 5's save_vocabulary rewrites bpe.codes without fastBPE's counts, and its
+    # loader then drops each merge's second half; the files must stay as written.
+    lines = (tiny_dir / "bpe.codes").read_text(encoding="utf-8").splitlines()
+    assert lines and all(len(line.split()) == 3 for line in lines)
+    ranks = Encoder(str(tiny_dir), dtype="float32").tokenizer.bpe_ranks  # type: ignore[attr-defined]
+    assert all(len(pair) == 2 for pair in ranks)
