@@ -208,6 +208,9 @@ class EventScore:
     reval: dict[str, dict[int, float]] = field(default_factory=dict)
     #: Chance-corrected #REval-hit-ratio (:mod:`stream.chance`), when the thesaurus has a null model.
     corrected: dict[str, dict[int, float]] = field(default_factory=dict)
+    #: The null model's expected #REval-hit-ratio behind ``corrected`` (same keys): with ``reval``,
+    #: the sums a set of events is corrected from (:func:`stream.chance.corrected_of_sums`).
+    expected: dict[str, dict[int, float]] = field(default_factory=dict)
     exact: dict[str, ExactScores] = field(default_factory=dict)
     unknown_recommended: int = 0  # recommended hashtags the thesaurus lacks
     n_recommended: int = 0
@@ -285,12 +288,18 @@ def score_event(
     columns = columns_by_slice(truth, bands) if bands is not None else {}
     reval: dict[str, dict[int, float]] = {}
     corrected_: dict[str, dict[int, float]] = {}
+    expected_: dict[str, dict[int, float]] = {}
     exact: dict[str, ExactScores] = {}
     ranked: dict[str, dict[int, float]] = {}
     slices: dict[str, dict[str, dict[int, float]]] = {}
     # The top-r rows are a prefix of the matrix, so every r with the same number of rows (r
     # beyond |R|, and "all") has the same scores: computed once per row count.
-    done: dict[int, tuple[list[float], list[float] | None, ExactScores, list[float], dict[str, list[float]]]]
+    done: dict[
+        int,
+        tuple[
+            list[float], list[float] | None, list[float] | None, ExactScores, list[float], dict[str, list[float]]
+        ],
+    ]
     done = {}
     # No synonym link within the largest k (the usual event on a live feed): Eq. 4, its
     # rank-aware variant and every slice are 0 at every k and r, as those functions find.
@@ -302,13 +311,14 @@ def score_event(
         found = done.get(len(rows))
         if found is None:
             observed = zeros if unreached else reval_by_k(rows, n_truth, ks)
-            against_chance = None
+            against_chance = expected = None
             if chance is not None:
                 expected = chance.expected(len(rows), truth, ks)
                 against_chance = list(map(corrected, observed, expected))
             found = done[len(rows)] = (
                 observed,
                 against_chance,
+                expected,
                 exact_from_ranks(rows, n_truth),
                 zeros if unreached else ranked_by_k(rows, n_truth, ks, weights),
                 {name: zeros for name in columns}
@@ -317,10 +327,11 @@ def score_event(
                 if columns
                 else {},
             )
-        observed, against_chance, exact[label], by_rank, by_slice = found
+        observed, against_chance, expected, exact[label], by_rank, by_slice = found
         reval[label] = dict(zip(ks, observed, strict=True))
-        if against_chance is not None:
+        if against_chance is not None and expected is not None:
             corrected_[label] = dict(zip(ks, against_chance, strict=True))
+            expected_[label] = dict(zip(ks, expected, strict=True))
         ranked[label] = dict(zip(ks, by_rank, strict=True))
         if columns:
             slices[label] = {name: dict(zip(ks, values, strict=True)) for name, values in by_slice.items()}
@@ -329,6 +340,7 @@ def score_event(
         **base,  # type: ignore[arg-type]
         reval=reval,
         corrected=corrected_,
+        expected=expected_,
         exact=exact,
         unknown_recommended=unknown,
         ranked=ranked,

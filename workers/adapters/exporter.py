@@ -37,7 +37,7 @@ from prometheus_client import (
     Histogram,
     start_http_server,
 )
-from prometheus_client.core import GaugeMetricFamily, Metric, SummaryMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric, SummaryMetricFamily
 
 from stream.drift import QUANTILES, RecentShift, ThesaurusDrift
 from stream.metrics import ExactScores
@@ -419,6 +419,9 @@ class QualityMetrics:
         self.width = len(self.rs) * (2 * len(self.ks) + len(ExactScores.NAMES))
         self._main: dict[str, _Accumulator] = {}
         self._corrected: dict[str, _Accumulator] = {}
+        # name -> sums of observed and expected #REval of the corrected events (the count is
+        # theirs): the corrected score of any set of events is the kappa of these sums
+        self._chance: dict[str, _Accumulator] = {}
         # (recommender, slice) -> #REval on that popularity slice's ground truths (k values per r)
         self._slices: dict[tuple[str, str], _Accumulator] = {}
         self._lock = threading.Lock()  # observe runs in the scorer thread, collect in the HTTP one
@@ -437,6 +440,7 @@ class QualityMetrics:
         # Each event's values, flat (one list per accumulator kind; few objects for the GC).
         main: list[float] = []
         corrected: list[float] = []
+        chance_sums: list[float] = []  # per corrected event: observed, then expected, per (r, k)
         corrected_events: list[int] = []  # the positions in ``scored`` of the corrected rows
         sliced: list[float] = []
         slice_keys: list[tuple[str, str]] = []
@@ -459,6 +463,12 @@ class QualityMetrics:
                     corrected += score.corrected[r].values()
                 corrected_events.append(len(scored))
                 _fixed_width(corrected, n_k * len(corrected_events))
+                for r in rs:
+                    chance_sums += score.reval[r].values()
+                _fixed_width(chance_sums, n_k * (2 * len(corrected_events) - 1))
+                for r in rs:
+                    chance_sums += score.expected[r].values()
+                _fixed_width(chance_sums, 2 * n_k * len(corrected_events))
             if score.slices and rs:
                 by_r = [score.slices[r] for r in rs]
                 for label in by_r[0]:
@@ -476,6 +486,7 @@ class QualityMetrics:
             return
         main_values = np.array(main, dtype=np.float64).reshape(-1, width)
         corrected_values = np.array(corrected, dtype=np.float64).reshape(-1, n_k)
+        chance_values = np.array(chance_sums, dtype=np.float64).reshape(-1, 2 * n_k)
         slice_values = np.array(sliced, dtype=np.float64).reshape(-1, n_k)
         with self._lock:
             admitted = [self._admit_time(event_time) for _, event_time in scored]
@@ -492,6 +503,10 @@ class QualityMetrics:
                 acc.update_many(
                     corrected_values[rows], [scored[i][1] for i in events], [admitted[i] for i in events]
                 )
+                sums = self._chance.get(name)
+                if sums is None:
+                    sums = self._chance[name] = _Accumulator(2 * n_k, ())  # sums only
+                sums.update_many(chance_values[rows], [0.0] * len(rows), [False] * len(rows))
             for (name, label), rows in _by_key(slice_keys).items():
                 acc = self._slices.get((name, label))
                 if acc is None:
@@ -516,6 +531,7 @@ class QualityMetrics:
         with self._lock:
             main = {name: acc.snapshot() for name, acc in self._main.items()}
             corrected = {name: acc.snapshot() for name, acc in self._corrected.items()}
+            chance = {name: (acc.count, acc.sums.copy()) for name, acc in self._chance.items()}
             sliced = {key: (acc.count, acc.sums.copy()) for key, acc in self._slices.items()}
         hit_ratio = SummaryMetricFamily(
             "reval_hit_ratio", "#REval-hit-ratio of scored events", labels=["recommender", "k", "r"]
@@ -596,6 +612,31 @@ class QualityMetrics:
                         if window is not None:
                             reval_corrected.add_metric([name, k, r, label], float(window[i]))
                     i += 1
+        # The three sums of stream.chance.corrected_of_sums, as counters: the corrected score of
+        # any window is (rate(observed) - rate(expected)) / (rate(events) - rate(expected)).
+        chance_observed = CounterMetricFamily(
+            "reval_corrected_observed",
+            "Sum of #REval-hit-ratio over the events scored with a null model",
+            labels=["recommender", "k", "r"],
+        )
+        chance_expected = CounterMetricFamily(
+            "reval_corrected_expected",
+            "Sum of the null model's expected #REval-hit-ratio over those events",
+            labels=["recommender", "k", "r"],
+        )
+        chance_events = CounterMetricFamily(
+            "reval_corrected_events",
+            "Events scored with a null model (the sum of their best possible score)",
+            labels=["recommender", "k", "r"],
+        )
+        for name, (count, total) in chance.items():
+            i = 0
+            for r in self.rs:
+                for k in self.ks:
+                    chance_observed.add_metric([name, k, r], float(total[i]))
+                    chance_expected.add_metric([name, k, r], float(total[len(self.rs) * len(self.ks) + i]))
+                    chance_events.add_metric([name, k, r], float(count))
+                    i += 1
         by_slice = SummaryMetricFamily(
             "reval_hit_ratio_slice",
             "#REval-hit-ratio on the ground truths of a popularity slice (head, torso, tail, novel)",
@@ -608,6 +649,9 @@ class QualityMetrics:
                     by_slice.add_metric([name, label, k, r], count_value=count, sum_value=float(total[i]))
                     i += 1
         yield from (
+            chance_observed,
+            chance_expected,
+            chance_events,
             by_slice,
             hit_ratio,
             hit_corrected,

@@ -854,6 +854,10 @@ def evaluate_cmd(
         str, typer.Option(help="time (earliest 90% train), random, or both: time,random")
     ] = "time",
     seeds: Annotated[str, typer.Option(help="Seeds (random split, gensim, random draws), pooled")] = "1,2,3",
+    cores: Annotated[
+        str,
+        typer.Option(help="p-core levels (paper 002), comma-separated: every cell again on each p-core"),
+    ] = "1",
     recommenders: Annotated[
         str, typer.Option(help="Comma-separated: mowe, popular, least-popular, random, popular-users")
     ] = "mowe,popular,least-popular,random",
@@ -911,6 +915,7 @@ def evaluate_cmd(
         config = ev.ExperimentConfig(
             splits=names(split),  # type: ignore[arg-type]
             seeds=tuple(int(x) for x in parse_ints(seeds) if x is not None),
+            cores=tuple(int(x) for x in parse_ints(cores) if x is not None),
             recommenders=names(recommenders),
             embeddings=names(embeddings),
             hubness=names(hubness),
@@ -975,6 +980,14 @@ def evaluate_cmd(
                     ),
                 )
         out.print(table)
+    if len(config.cores) > 1:
+        found = experiment.core_flips()
+        clear = [f for f in found if any(pair["clear"] for pair in f["flips"])]
+        out.print(
+            f"p-cores {', '.join(map(str, config.cores))}: the ranking of recommenders flips in "
+            f"{len(found)} cells against the {config.cores[0]}-core ({len(clear)} with a clear flip, "
+            f"intervals apart); see {out_dir / 'cores.md'}"
+        )
 
 
 @app.command("backtest")
