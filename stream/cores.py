@@ -49,9 +49,7 @@ class Core:
         return dict(zip(self.tweets, self.hashtags, strict=True))
 
 
-def p_core(
-    hashtags: Sequence[Sequence[str]], p: int, users: Sequence[Hashable | None] | None = None
-) -> Core:
+def p_core(hashtags: Sequence[Sequence[str]], p: int, users: Sequence[Hashable | None] | None = None) -> Core:
     """The p-core of tweets given by their hashtags (and users; ``None``: the tweet has no
     known user, and no user rule applies to it).  Linear in the assignments: each removal
     is queued once and updates the counts of what it touches (Batagelj & Zaversnik).

@@ -96,7 +96,9 @@ class ExperimentConfig:
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
             raise ValueError("seeds must be distinct and at least one")
         if not self.cores or len(set(self.cores)) != len(self.cores) or min(self.cores) < 1:
-            raise ValueError(f"cores must be distinct levels >= 1, got {', '.join(map(str, self.cores)) or 'none'}")
+            raise ValueError(
+                f"cores must be distinct levels >= 1, got {', '.join(map(str, self.cores)) or 'none'}"
+            )
         if not self.rs or any(r < 1 for r in self.rs):
             raise ValueError("r values must be positive")
         if not self.ks or any(k < 0 for k in self.ks):
@@ -229,7 +231,8 @@ def at_core(prepared: Sequence[Prepared], p: int) -> tuple[list[Prepared], list[
     names them): the kept tweets with only their kept hashtags, and their positions.
 
     >>> from stream.records import Tweet
-    >>> tweets = [Prepared(Tweet(str(i), ""), "", tags, tags) for i, tags in enumerate([("a", "b"), ("a",), ("c",)])]
+    >>> tags = [("a", "b"), ("a",), ("c",)]
+    >>> tweets = [Prepared(Tweet(str(i), ""), "", t, t) for i, t in enumerate(tags)]
     >>> kept, where = at_core(tweets, 2)
     >>> [(k.tweet.id, k.hashtags, k.dedup_keys) for k in kept], where
     ([('0', ('a',), ('a',)), ('1', ('a',), ('a',))], [0, 1])

@@ -297,7 +297,12 @@ def score_event(
     done: dict[
         int,
         tuple[
-            list[float], list[float] | None, list[float] | None, ExactScores, list[float], dict[str, list[float]]
+            list[float],
+            list[float] | None,
+            list[float] | None,
+            ExactScores,
+            list[float],
+            dict[str, list[float]],
         ],
     ]
     done = {}

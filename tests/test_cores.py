@@ -23,9 +23,7 @@ def data(draw: st.DrawFn) -> tuple[list[list[str]], list[str | None] | None, int
     return tweets, users, draw(st.integers(1, 6))
 
 
-def naive(
-    tweets: list[list[str]], users: list[str | None] | None, p: int
-) -> dict[int, tuple[str, ...]]:
+def naive(tweets: list[list[str]], users: list[str | None] | None, p: int) -> dict[int, tuple[str, ...]]:
     """The definition as written: drop what breaks a rule, recount, until nothing does."""
     kept = {i: tuple(dict.fromkeys(t)) for i, t in enumerate(tweets) if t}
     user_of = users or [None] * len(tweets)
@@ -55,7 +53,9 @@ def holds(core: dict[int, tuple[str, ...]], users: list[str | None] | None, p: i
 
 @settings(max_examples=300, deadline=None)
 @given(data())
-def test_the_core_is_the_definitions_fixed_point(case: tuple[list[list[str]], list[str | None] | None, int]) -> None:
+def test_the_core_is_the_definitions_fixed_point(
+    case: tuple[list[list[str]], list[str | None] | None, int],
+) -> None:
     tweets, users, p = case
     core = p_core(tweets, p, users).as_dict()
     assert core == naive(tweets, users, p)
@@ -66,7 +66,9 @@ def test_the_core_is_the_definitions_fixed_point(case: tuple[list[list[str]], li
 
 @settings(max_examples=200, deadline=None)
 @given(data())
-def test_the_core_is_idempotent_and_nested_in_p(case: tuple[list[list[str]], list[str | None] | None, int]) -> None:
+def test_the_core_is_idempotent_and_nested_in_p(
+    case: tuple[list[list[str]], list[str | None] | None, int],
+) -> None:
     tweets, users, p = case
     core = p_core(tweets, p, users)
     again = p_core(list(core.hashtags), p, [users[i] for i in core.tweets] if users else None)

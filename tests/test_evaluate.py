@@ -264,7 +264,9 @@ def test_evaluate_reruns_every_cell_on_each_core(small_feed: Path, tmp_path: Pat
     plain, cored = tmp_path / "plain", tmp_path / "cores"
     result = runner.invoke(app, ["evaluate", str(small_feed), "--out", str(plain), *common])
     assert result.exit_code == 0, result.output
-    result = runner.invoke(app, ["evaluate", str(small_feed), "--out", str(cored), "--cores", "5,1,2", *common])
+    result = runner.invoke(
+        app, ["evaluate", str(small_feed), "--out", str(cored), "--cores", "5,1,2", *common]
+    )
     assert result.exit_code == 0, result.output
     assert "p-cores 1, 2, 5: the ranking of recommenders flips in" in result.output
     base = json.loads((plain / "results.json").read_text())

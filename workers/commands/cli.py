@@ -1138,31 +1138,39 @@ def report_cmd(
 @app.command()
 def demo(
     duration: Annotated[
-        float | None, typer.Option(help="Stop after this many seconds (default: Ctrl-C)")
+        float | None,
+        typer.Option(help="Stop this many seconds after the first scored event (default: Ctrl-C)"),
     ] = None,
-    speed: Annotated[str, typer.Option(help="Replay speed: 1 = real time, 10, ..., or max")] = "max",
+    rate: Annotated[
+        float | None,
+        typer.Option(
+            help="At most this many tweets a second once scoring starts (default: the embed worker's pace)"
+        ),
+    ] = None,
     model: Annotated[str, typer.Option(help="Encoder for the demo (BERTweet needs the hub)")] = "minilm",
     redis_url: Annotated[
         str | None,
         typer.Option(help="Use this Redis (under a key prefix of the demo's own) instead of a private one"),
     ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per refresh on stdout")] = False,
 ) -> None:
     """The live path on this machine: local broker, a private Redis, the three workers, the
-    bundled sample feed with the mowe and popular recommenders, and a live table of the scores.
+    bundled sample feed (a warm-up, then paced) with four recommenders, and a live table of
+    their scores.
 
     Nothing of yours is touched: the demo removes only the keys and files it created."""
-    from stream.replay import parse_speed
-    from workers.commands.demo import Demo, sample_feed_events
+    from workers.commands.demo import Demo, Output, SampleFeed
 
-    try:
-        pace = parse_speed(speed)
-    except ValueError as exc:
-        raise fail(str(exc)) from None
     if duration is not None and duration <= 0:
         raise fail("--duration must be > 0")
+    if rate is not None and rate <= 0:
+        raise fail("--rate must be > 0")
     settings = Settings(index_interval_s=10.0)  # broker, Redis, key prefix and model: the demo's own
     try:
-        Demo(settings, duration=duration, model=model, redis_url=redis_url).run(sample_feed_events(pace))
+        with Output(json_lines=as_json) as output:
+            Demo(settings, output, duration=duration, model=model, redis_url=redis_url).run(
+                SampleFeed(rate=rate)
+            )
     except KeyboardInterrupt:
         pass
     except (RuntimeError, TimeoutError, OSError) as exc:

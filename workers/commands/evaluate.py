@@ -34,10 +34,10 @@ import json
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from itertools import product
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
+from itertools import product
 from pathlib import Path
 from typing import Any
 
@@ -49,8 +49,8 @@ from stream.cleaning import Prepared
 from stream.cores import flips, ranking
 from stream.experiment import (
     ExperimentConfig,
-    at_core,
     ProgressFactory,
+    at_core,
     bootstrap_difference,
     bootstrap_means,
     hashtag_means,
@@ -351,12 +351,19 @@ class Experiment:
                     for level in (base, core):
                         cells = {
                             n: self.cell(
-                                variant=variant, recommender=n, r=r, k=k, split=split, hubness=method, core=level
+                                variant=variant,
+                                recommender=n,
+                                r=r,
+                                k=k,
+                                split=split,
+                                hubness=method,
+                                core=level,
                             )
                             for n in config.recommender_names
                         }
                         at[level] = {
-                            n: None if c[metric] is None else (c[metric], c[low], c[high]) for n, c in cells.items()
+                            n: None if c[metric] is None else (c[metric], c[low], c[high])
+                            for n, c in cells.items()
                         }
                     found = flips(at[base], at[core])
                     if found:
@@ -374,7 +381,9 @@ class Experiment:
                                     str(level): ranking({n: e and e[0] for n, e in at[level].items()})
                                     for level in (base, core)
                                 },
-                                "flips": [{"above": f.above, "below": f.below, "clear": f.clear} for f in found],
+                                "flips": [
+                                    {"above": f.above, "below": f.below, "clear": f.clear} for f in found
+                                ],
                             }
                         )
         return out
@@ -471,7 +480,9 @@ def run_experiment(
     for level in config.cores:  # every cell again on each p-core (paper 002)
         prepared, where = at_core(corpus.prepared, level)
         if len(prepared) < 2:
-            raise ValueError(f"the {level}-core holds {len(prepared)} tweets: nothing to split (lower --cores)")
+            raise ValueError(
+                f"the {level}-core holds {len(prepared)} tweets: nothing to split (lower --cores)"
+            )
         vectors = None if bertag is None else (bertag[0][where], bertag[1])
         runs = [
             run_split(config, split, seed, prepared, vectors, timings, progress)
@@ -801,7 +812,9 @@ def cores_markdown(experiment: Experiment) -> str:
     ]
     for f in found:
         before, after = (f["ranking"][str(f[key])] for key in ("from_core", "to_core"))
-        pairs = ", ".join(f"{p['above']} > {p['below']}" + (" (clear)" if p["clear"] else "") for p in f["flips"])
+        pairs = ", ".join(
+            f"{p['above']} > {p['below']}" + (" (clear)" if p["clear"] else "") for p in f["flips"]
+        )
         metric = "corrected" if f["metric"] == "reval_hit_ratio_corrected" else "#REval"
         split = f", {f['split']} split" if len(config.splits) > 1 else ""
         lines.append(
