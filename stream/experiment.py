@@ -19,6 +19,7 @@ import numpy.typing as npt
 
 from stream.chance import MIN_ROOM
 from stream.cleaning import Cleaner, Dropped, Prepared
+from stream.cores import p_core
 from stream.hubness import DEFAULT_METHOD, METHODS
 from stream.means import HashtagMeans
 from stream.recommenders import DEFAULT_THRESHOLD
@@ -52,6 +53,9 @@ class ExperimentConfig:
 
     splits: tuple[Split, ...] = ("time",)
     seeds: tuple[int, ...] = (1, 2, 3)
+    #: Core levels (paper 002, :mod:`stream.cores`): every cell is computed on each p-core of
+    #: the cleaned data; 1 is the data itself.
+    cores: tuple[int, ...] = (1,)
     train_fraction: float = 0.9
     embeddings: tuple[str, ...] = VARIANTS
     recommenders: tuple[str, ...] = RECOMMENDERS
@@ -92,6 +96,10 @@ class ExperimentConfig:
                 raise ValueError(f"{name}: a value is listed twice")
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
             raise ValueError("seeds must be distinct and at least one")
+        if not self.cores or len(set(self.cores)) != len(self.cores) or min(self.cores) < 1:
+            raise ValueError(
+                f"cores must be distinct levels >= 1, got {', '.join(map(str, self.cores)) or 'none'}"
+            )
         if not self.rs or any(r < 1 for r in self.rs):
             raise ValueError("r values must be positive")
         if not self.ks or any(k < 0 for k in self.ks):
@@ -122,6 +130,7 @@ class ExperimentConfig:
         for name in (
             "splits",
             "seeds",
+            "cores",
             "embeddings",
             "recommenders",
             "hubness",
@@ -216,6 +225,26 @@ def split_corpus(
         raise ValueError(f"split must be 'time' or 'random', got {how!r}")
     cut = min(max(int(n * train_fraction), 1), n - 1)
     return [prepared[i] for i in order[:cut]], [prepared[i] for i in order[cut:]]
+
+
+def at_core(prepared: Sequence[Prepared], p: int) -> tuple[list[Prepared], list[int]]:
+    """The p-core of the cleaned tweets (:func:`stream.cores.p_core`, users where the feed
+    names them): the kept tweets with only their kept hashtags, and their positions.
+
+    >>> from stream.records import Tweet
+    >>> tags = [("a", "b"), ("a",), ("c",)]
+    >>> tweets = [Prepared(Tweet(str(i), ""), "", t, t) for i, t in enumerate(tags)]
+    >>> kept, where = at_core(tweets, 2)
+    >>> [(k.tweet.id, k.hashtags, k.dedup_keys) for k in kept], where
+    ([('0', ('a',), ('a',)), ('1', ('a',), ('a',))], [0, 1])
+    """
+    core = p_core([x.hashtags for x in prepared], p, [x.tweet.user_id for x in prepared])
+    out = []
+    for i, tags in zip(core.tweets, core.hashtags, strict=True):
+        x = prepared[i]
+        keys = tuple(key for h, key in zip(x.hashtags, x.dedup_keys, strict=True) if h in tags)
+        out.append(x if tags == x.hashtags else dataclasses.replace(x, hashtags=tags, dedup_keys=keys))
+    return out, list(core.tweets)
 
 
 def labelled(p: Prepared) -> Tweet:

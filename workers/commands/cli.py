@@ -885,6 +885,10 @@ def evaluate_cmd(
         str, typer.Option(help="time (earliest 90% train), random, or both: time,random")
     ] = "time",
     seeds: Annotated[str, typer.Option(help="Seeds (random split, gensim, random draws), pooled")] = "1,2,3",
+    cores: Annotated[
+        str,
+        typer.Option(help="p-core levels (paper 002), comma-separated: every cell again on each p-core"),
+    ] = "1",
     recommenders: Annotated[
         str, typer.Option(help="Comma-separated: mowe, popular, least-popular, random, popular-users")
     ] = "mowe,popular,least-popular,random",
@@ -942,6 +946,7 @@ def evaluate_cmd(
         config = ev.ExperimentConfig(
             splits=names(split),  # type: ignore[arg-type]
             seeds=tuple(int(x) for x in parse_ints(seeds) if x is not None),
+            cores=tuple(int(x) for x in parse_ints(cores) if x is not None),
             recommenders=names(recommenders),
             embeddings=names(embeddings),
             hubness=names(hubness),
@@ -1006,6 +1011,14 @@ def evaluate_cmd(
                     ),
                 )
         out.print(table)
+    if len(config.cores) > 1:
+        found = experiment.core_flips()
+        clear = [f for f in found if any(pair["clear"] for pair in f["flips"])]
+        out.print(
+            f"p-cores {', '.join(map(str, config.cores))}: the ranking of recommenders flips in "
+            f"{len(found)} cells against the {config.cores[0]}-core ({len(clear)} with a clear flip, "
+            f"intervals apart); see {out_dir / 'cores.md'}"
+        )
 
 
 @app.command("backtest")
@@ -1163,31 +1176,39 @@ def report_cmd(
 @app.command()
 def demo(
     duration: Annotated[
-        float | None, typer.Option(help="Stop after this many seconds (default: Ctrl-C)")
+        float | None,
+        typer.Option(help="Stop this many seconds after the first scored event (default: Ctrl-C)"),
     ] = None,
-    speed: Annotated[str, typer.Option(help="Replay speed: 1 = real time, 10, ..., or max")] = "max",
+    rate: Annotated[
+        float | None,
+        typer.Option(
+            help="At most this many tweets a second once scoring starts (default: the embed worker's pace)"
+        ),
+    ] = None,
     model: Annotated[str, typer.Option(help="Encoder for the demo (BERTweet needs the hub)")] = "minilm",
     redis_url: Annotated[
         str | None,
         typer.Option(help="Use this Redis (under a key prefix of the demo's own) instead of a private one"),
     ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per refresh on stdout")] = False,
 ) -> None:
     """The live path on this machine: local broker, a private Redis, the three workers, the
-    bundled sample feed with the mowe and popular recommenders, and a live table of the scores.
+    bundled sample feed (a warm-up, then paced) with four recommenders, and a live table of
+    their scores.
 
     Nothing of yours is touched: the demo removes only the keys and files it created."""
-    from stream.replay import parse_speed
-    from workers.commands.demo import Demo, sample_feed_events
+    from workers.commands.demo import Demo, Output, SampleFeed
 
-    try:
-        pace = parse_speed(speed)
-    except ValueError as exc:
-        raise fail(str(exc)) from None
     if duration is not None and duration <= 0:
         raise fail("--duration must be > 0")
+    if rate is not None and rate <= 0:
+        raise fail("--rate must be > 0")
     settings = Settings(index_interval_s=10.0)  # broker, Redis, key prefix and model: the demo's own
     try:
-        Demo(settings, duration=duration, model=model, redis_url=redis_url).run(sample_feed_events(pace))
+        with Output(json_lines=as_json) as output:
+            Demo(settings, output, duration=duration, model=model, redis_url=redis_url).run(
+                SampleFeed(rate=rate)
+            )
     except KeyboardInterrupt:
         pass
     except (RuntimeError, TimeoutError, OSError) as exc:
