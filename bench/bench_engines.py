@@ -26,6 +26,7 @@ server are read from /proc over each round. Three nodes replicate every topic th
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import shlex
 import statistics
@@ -166,7 +167,7 @@ def main() -> None:
                     for kind, run in (("score", score_round), ("embed", embed_round)):
                         worker = e.score if kind == "score" else e.embed
                         pids = {"worker": [worker.proc.pid], "broker": e.broker.pids, "redis": [redis_pid]}
-                        took, cpu = measured(pids, lambda run=run, e=e: run(e))
+                        took, cpu = measured(pids, functools.partial(run, e))
                         e.took[kind].append(took)
                         for name, seconds in cpu.items():
                             e.cpu[kind][name] += seconds
@@ -221,7 +222,7 @@ def scale_out(
                 workers.pop().stop()
             run(events(8 * PARTITIONS, f"settle{i}"))  # wait through the rebalance before timing
             pids = {"workers": [w.proc.pid for w in workers], "broker": broker.pids, "redis": [redis_pid]}
-            took, cpu = measured(pids, lambda i=i: run(events(args.events, f"s{i}")))
+            took, cpu = measured(pids, functools.partial(run, events(args.events, f"s{i}")))
             out[n][0].append(took)
             for name, seconds in cpu.items():
                 out[n][1][name] = out[n][1].get(name, 0.0) + seconds
