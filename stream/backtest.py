@@ -237,7 +237,7 @@ def inject(
 @dataclass(frozen=True)
 class Rules:
     """The alert rules' thresholds and durations (seconds of event time), taken from
-    ``deploy/prometheus/render.py``'s parameters and multiplied by the time scale."""
+    :mod:`stream.alert_params` and multiplied by the time scale."""
 
     step: float
     quality_window: float

@@ -13,10 +13,10 @@ import pytest
 from typer.testing import CliRunner
 
 from stream import backtest as bt
+from stream.alert_params import rule_params
 from tests.test_deploy import require_binary
 from tests.test_prometheus import Prometheus
 from workers.adapters.feeds import sample_feed
-from workers.adapters.rules import rule_params
 from workers.commands.backtest import EMBEDDING_SIGNAL, rules_for
 from workers.commands.cli import app
 

@@ -12,7 +12,7 @@ The feed is replayed in event time, walking forward the way the live system does
 
 That undisturbed run is the *control*.  Each ``--inject`` is a second run whose lists
 are changed from its time on (:mod:`stream.backtest`).  Every alert signal is evaluated
-over both runs with the thresholds of ``deploy/prometheus`` (:mod:`workers.adapters.rules`),
+over both runs with the thresholds of ``deploy/prometheus`` (:mod:`stream.alert_params`),
 its durations stretched by the time scale when the feed is sparser than production.
 
 MOWE's word vectors are trained once, on the warm-up tweets (gensim's Word2Vec); refits
@@ -22,7 +22,6 @@ index the new tweets with them.  Writes ``detection.json``, ``detection.md`` and
 
 from __future__ import annotations
 
-import inspect
 import json
 import math
 import time
@@ -31,12 +30,15 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from stream import alert_params
 from stream import backtest as bt
+from stream.alert_params import EVALUATION_INTERVAL, Params, rule_params, seconds
 from stream.chance import CorrectedSum
 from stream.cleaning import Prepared
 from stream.drift import Mover
@@ -51,7 +53,6 @@ from stream.slices import SLICES
 from workers.adapters.backfill import Family, Series, counter_at, create_blocks, write_openmetrics
 from workers.adapters.exporter import CORRECTED_COUNTERS
 from workers.adapters.feeds import read_tweets
-from workers.adapters.rules import load_render, rule_params
 from workers.adapters.store import AnnoyThesaurus, build_from_means, neighbour_cache, thesaurus_drift
 from workers.commands.coherence import RefitAudit
 from workers.commands.evaluate import bertag_vectors, check_results_dir
@@ -148,19 +149,24 @@ def _iso(seconds: float) -> str:
     return datetime.fromtimestamp(seconds, UTC).isoformat()
 
 
-def rules_for(params: Any, scale: float) -> tuple[bt.Rules, int, str]:
+def load_render() -> ModuleType:
+    """The module with the rules' parameters and ``seconds``.
+
+    Only for ``cli.py``'s ``bk.load_render().seconds``: once cli.py is split, it calls
+    :func:`stream.alert_params.seconds` and this goes.
+    """
+    return alert_params
+
+
+def rules_for(params: Params, scale: float) -> tuple[bt.Rules, int, str]:
     """The rules' thresholds with every duration in event seconds times ``scale``, and the
     alert (k, r)."""
-    render = load_render()
-    sec = render.seconds
-    # The evaluation interval of the rendered prometheus.yml (one definition: its default).
-    interval = inspect.signature(render.render_config).parameters["evaluation_interval"].default
 
     def d(duration: str) -> float:
-        return sec(duration) * scale
+        return seconds(duration) * scale
 
     rules = bt.Rules(
-        step=d(interval),
+        step=d(EVALUATION_INTERVAL),
         quality_window=d(params.quality_window),
         baseline_offsets=tuple(d(o) for o in params.baseline_offsets),
         quality_drop_fraction=params.quality_drop_fraction,
