@@ -22,7 +22,7 @@ services:
 lint: setup
 	$(BIN)/ruff check stream workers tests bench deploy
 	$(BIN)/ruff format --check stream workers tests bench deploy
-	$(BIN)/mypy stream workers
+	$(BIN)/mypy stream workers tests bench
 
 test: setup services lint
 	$(BIN)/python -m pytest

@@ -35,7 +35,9 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import redis
@@ -67,9 +69,12 @@ def exact_top(built: AnnoyThesaurus, space: np.ndarray, queries: np.ndarray, k: 
     return np.argsort(-ranked, axis=1, kind="stable")[:, :k]
 
 
-def timed(call: object, what: str = "") -> tuple[object, float]:
+T = TypeVar("T")
+
+
+def timed(call: Callable[[], T], what: str = "") -> tuple[T, float]:
     start = time.perf_counter()
-    result = call()  # type: ignore[operator]
+    result = call()
     seconds = time.perf_counter() - start
     if what:  # progress on long runs, on stderr: the report goes to stdout at the end
         print(f"{what}: {seconds:.1f} s", file=sys.stderr, flush=True)

@@ -107,7 +107,7 @@ def count_int_mm() -> Iterator[list[int]]:
         calls[0] += 1
         return orig(*args, **kw)
 
-    torch._int_mm = counted  # type: ignore[assignment]
+    torch._int_mm = counted
     try:
         yield calls
     finally:

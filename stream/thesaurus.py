@@ -190,6 +190,24 @@ class Thesaurus(Protocol):
     def __len__(self) -> int: ...
 
 
+class ThesaurusSource(Protocol):
+    """Where a scorer finds the published thesaurus versions: the directory store
+    (:class:`workers.adapters.store.ThesaurusStore`) or Redis
+    (:class:`workers.adapters.redis_thesaurus.RedisThesauri`)."""
+
+    def versions(self) -> list[str]:
+        """Published version names, oldest first."""
+        ...
+
+    def current_version(self) -> str | None:
+        """The version to serve; ``None`` before the first publish."""
+        ...
+
+    def load(self, version: str, *, index: bool = ...) -> Thesaurus:
+        """One version (``index=False``: the neighbour table only, all a scorer needs)."""
+        ...
+
+
 def check_k(k: int) -> None:
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 0:
         raise ValueError(f"k must be a non-negative integer, got {k!r}")

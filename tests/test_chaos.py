@@ -317,6 +317,7 @@ def test_a_damaged_thesaurus_version_is_refused_and_the_last_good_one_used(stack
     store = ThesaurusStore(stack.index_dir)
     wait_for("a version", store.current_version, 90)
     good = store.current_version()
+    assert good is not None
     wait_for("the scorer on it", lambda: score.metric("reval_scoring_thesaurus_version") == int(good[1:]), 30)
     index.stop()  # no new version from here on but ours
     damaged = store.publish(store.load(good))

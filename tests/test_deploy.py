@@ -417,10 +417,10 @@ def test_dockerfile_installs_cpu_torch_first_and_bakes_the_model() -> None:
 def test_docker_compose_v2_accepts_the_file_when_available() -> None:
     """The real Compose v2 parser (`docker-compose config`, needs no engine), where installed."""
     candidates = []
-    if shutil.which("docker-compose"):
-        candidates.append([shutil.which("docker-compose")])
-    if shutil.which("docker"):
-        candidates.append([shutil.which("docker"), "compose"])
+    if compose := shutil.which("docker-compose"):
+        candidates.append([compose])
+    if docker := shutil.which("docker"):
+        candidates.append([docker, "compose"])
     for base in candidates:
         if subprocess.run([*base, "version"], capture_output=True, timeout=60).returncode == 0:
             ok(

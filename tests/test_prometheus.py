@@ -252,7 +252,9 @@ def test_rules_alerts_and_dashboard_against_real_prometheus(stack: Stack, tmp_pa
         )
         version = store.current_version()
         time.sleep(3)  # the index catches up with the last embedded tweets
-        thesaurus = store.load(store.current_version() or version)
+        current = store.current_version() or version
+        assert current is not None
+        thesaurus = store.load(current)
         tweets = [
             (t.id, list(t.hashtags))
             for t in map(parse_tweet, tweet_lines(sample_feed(), 1500))

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
@@ -253,7 +253,7 @@ class Process:
         return cls(runtime, scorer, step)
 
     def counters(self) -> dict[str, float]:
-        out: Counter[str] = Counter()
+        out: defaultdict[str, float] = defaultdict(float)
         for family in self.runtime.exporter.registry.collect():
             for sample in family.samples:
                 if sample.name == "reval_events_total":

@@ -368,7 +368,7 @@ class AnnoyThesaurus(BaseThesaurus):
         names: Sequence[str],
         vectors: npt.ArrayLike,
         *,
-        counts: Sequence[int] | None = None,
+        counts: Sequence[int] | npt.ArrayLike | None = None,
         min_count: int = 1,
         model_id: str = "",
         method: str = DEFAULT_METHOD,
