@@ -29,7 +29,7 @@ from bench.bench_index import vocabulary
 from stream.hubness import DEFAULT_METHOD
 from stream.records import Recommendation
 from stream.scoring import DEFAULT_KS, DEFAULT_RS, score_events
-from workers.adapters.store import AnnoyThesaurus, neighbour_cache
+from workers.adapters.annoy_thesaurus import AnnoyThesaurus, neighbour_cache
 
 DEPTH = 100
 GRIDS: tuple[tuple[int, ...], ...] = (

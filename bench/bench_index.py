@@ -45,8 +45,9 @@ import redis
 from stream.hubness import DEFAULT_METHOD, candidate_count, centred, exact_candidates, scores
 from stream.records import Recommendation
 from stream.scoring import DEFAULT_KS, NeighbourCache, score_event
+from workers.adapters.annoy_thesaurus import AnnoyThesaurus, neighbour_cache
 from workers.adapters.redis_thesaurus import RedisThesauri
-from workers.adapters.store import AnnoyThesaurus, ThesaurusStore, neighbour_cache
+from workers.adapters.store import ThesaurusStore
 
 
 def vocabulary(n: int, dim: int, seed: int = 0) -> tuple[list[str], np.ndarray, np.ndarray]:

@@ -33,8 +33,8 @@ import numpy as np
 from bench.bench_score_worker import REDIS_URL, scored, to_kafka
 from bench.bench_scoring import clustered_vectors, make_events
 from stream.records import Recommendation
+from workers.adapters.annoy_thesaurus import AnnoyThesaurus
 from workers.adapters.redis_client import clear_prefix
-from workers.adapters.store import AnnoyThesaurus
 from workers.dev.stack import Stack, Worker, wait_for
 from workers.dev.tansu import TansuBroker
 

@@ -64,8 +64,9 @@ from stream.scoring import (
     score_event,
 )
 from stream.thesaurus import Thesaurus
+from workers.adapters.annoy_thesaurus import AnnoyThesaurus
 from workers.adapters.exporter import Exporter, LabelGuard, QualityMetrics
-from workers.adapters.store import AnnoyThesaurus, ThesaurusStore
+from workers.adapters.store import ThesaurusStore
 from workers.service.records import Record
 from workers.service.score import SCORE_BATCH, Scorer, collect_less_often
 from workers.settings import Settings, window_label

@@ -48,7 +48,7 @@ from stream.chance import ChanceModel
 from stream.drift import recent_shift
 from stream.scoring import DEFAULT_KS, DEFAULT_RS, NeighbourCache, score_event
 from stream.slices import Bands
-from workers.adapters.store import AnnoyThesaurus, thesaurus_drift
+from workers.adapters.annoy_thesaurus import AnnoyThesaurus, thesaurus_drift
 
 
 def timed(fn: Callable[[], Any]) -> float:

@@ -14,9 +14,11 @@ import pytest
 import redis
 
 from stream.thesaurus import ThesaurusFormatError, ThesaurusSource
+from workers.adapters.annoy_thesaurus import AnnoyThesaurus
 from workers.adapters.exporter import Exporter
 from workers.adapters.redis_thesaurus import SCORER_FILES, RedisThesauri
-from workers.adapters.store import TABLE_FILE, AnnoyThesaurus, ThesaurusStore
+from workers.adapters.store import ThesaurusStore
+from workers.adapters.thesaurus_files import TABLE_FILE
 from workers.service.score import Scorer
 from workers.settings import Settings
 

@@ -50,10 +50,15 @@ from stream.recommenders import BaseRecommender, MoweRecommender, make_recommend
 from stream.records import Recommendation
 from stream.scoring import DEFAULT_KS, NeighbourCache, r_label, score_event
 from stream.slices import SLICES
+from workers.adapters.annoy_thesaurus import (
+    AnnoyThesaurus,
+    build_from_means,
+    neighbour_cache,
+    thesaurus_drift,
+)
 from workers.adapters.backfill import Family, Series, counter_at, create_blocks, write_openmetrics
 from workers.adapters.exporter import CORRECTED_COUNTERS
 from workers.adapters.feeds import read_tweets
-from workers.adapters.store import AnnoyThesaurus, build_from_means, neighbour_cache, thesaurus_drift
 from workers.commands.coherence import RefitAudit
 from workers.commands.evaluate import bertag_vectors, check_results_dir
 
@@ -616,7 +621,7 @@ def _health(
     point: float, thesaurus: AnnoyThesaurus, previous: AnnoyThesaurus | None
 ) -> tuple[dict[str, Any], tuple[Mover, ...]]:
     """One refit's thesaurus: size, hubness (this round's N_k report) and drift from the
-    previous refit (:func:`workers.adapters.store.thesaurus_drift`)."""
+    previous refit (:func:`workers.adapters.annoy_thesaurus.thesaurus_drift`)."""
     hub = thesaurus.metadata.hubness or {}
     out: dict[str, Any] = {
         "at": _iso(point),
