@@ -10,8 +10,8 @@ This module is the thesaurus *concept*, free of I/O:
 * :class:`JsonThesaurus` -- a user's own ``{"hashtag": ["nearest", ...]}`` mapping.
 
 Annoy indexes and the versioned on-disk store are adapters
-(:mod:`workers.adapters.annoy_thesaurus`, :mod:`workers.adapters.store`).  All distances are *cosine* distances,
-``1 - cos``, in ``[0, 2]``.  Hashtags are expected to be normalised already
+(:mod:`workers.adapters.annoy_thesaurus`, :mod:`workers.adapters.store`).  All distances
+are *cosine* distances, ``1 - cos``, in ``[0, 2]``.  Hashtags are expected to be normalised already
 (lower case, no ``#``); lookups do not normalise, so ``"#Covid"`` is simply a
 hashtag the thesaurus has never seen.
 
