@@ -42,6 +42,7 @@ from typing import TypeVar
 import numpy as np
 import redis
 
+from bench.results import publish
 from stream.hubness import DEFAULT_METHOD, candidate_count, centred, exact_candidates, scores
 from stream.records import Recommendation
 from stream.scoring import DEFAULT_KS, NeighbourCache, score_event
@@ -200,9 +201,7 @@ def main(argv: list[str] | None = None) -> str:
             "",
         ]
     )
-    print(report)
-    if args.out:
-        args.out.write_text(report)
+    publish(report, args.out)
     return report
 
 
