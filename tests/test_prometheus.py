@@ -203,7 +203,8 @@ def substitute(expr: str, variables: dict[str, str]) -> str:
     return expr
 
 
-def test_rules_alerts_and_dashboard_against_real_prometheus(stack: Stack, tmp_path: Path) -> None:
+# One real Prometheus (minutes to set up) checked phase by phase, in order:
+def test_rules_alerts_and_dashboard_against_real_prometheus(stack: Stack, tmp_path: Path) -> None:  # noqa: PLR0915
     started = time.monotonic()
     prometheus_bin = require_binary("prometheus")
     alertmanager_bin = require_binary("prometheus-alertmanager")

@@ -280,7 +280,8 @@ def redis_client(redis_url: str) -> Iterator[redis.Redis]:
     crash_before_commit=st.lists(st.booleans(), max_size=6),
     flaky=st.sampled_from([0, 0, 3, 7]),
 )
-def test_every_record_is_settled_once_whatever_the_input_and_the_crashes(
+# One Hypothesis run of inputs and crashes against the model of what must be settled.
+def test_every_record_is_settled_once_whatever_the_input_and_the_crashes(  # noqa: PLR0915
     redis_url: str,
     redis_client: redis.Redis,
     kinds: list[tuple[str, Any]],

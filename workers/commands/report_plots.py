@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import io
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -231,11 +232,19 @@ def curves_plot(d: dict[str, Any]) -> Plot | Note:
     return _figure("curves", fig, caption)
 
 
-def thesaurus_plot(refits: list[tuple[datetime, dict[str, Any]]]) -> Plot:
-    times = [t for t, _ in refits]
+def _columns(
+    rows: list[tuple[datetime, dict[str, Any]]],
+) -> tuple[list[datetime], Callable[..., list[float]]]:
+    """The times of ``rows`` and a function giving one value per row (NaN where missing)."""
 
     def col(*keys: str) -> list[float]:
-        return rv.nums([rv.get_in(r, *keys) for _, r in refits])
+        return rv.nums([rv.get_in(r, *keys) for _, r in rows])
+
+    return [t for t, _ in rows], col
+
+
+def thesaurus_plot(refits: list[tuple[datetime, dict[str, Any]]]) -> Plot:
+    times, col = _columns(refits)
 
     panels: list[tuple[str, list[tuple[str, list[float]]]]] = [
         ("hashtags\n(count)", [("hashtags in the thesaurus", col("hashtags"))]),
@@ -267,10 +276,7 @@ def thesaurus_plot(refits: list[tuple[datetime, dict[str, Any]]]) -> Plot:
 
 
 def audit_plot(rows: list[tuple[datetime, dict[str, Any]]]) -> Plot:
-    times = [t for t, _ in rows]
-
-    def col(*keys: str) -> list[float]:
-        return rv.nums([rv.get_in(a, *keys) for _, a in rows])
+    times, col = _columns(rows)
 
     voted = any(a.get("agreement") for _, a in rows)
     fig, axes = _new(2 if voted else 1, 1, figsize=(9, 5.5 if voted else 3), sharex=True, squeeze=False)

@@ -140,20 +140,9 @@ def write_outputs(result: Backtest, out_dir: Path) -> Path:
     return out_dir
 
 
-def backfill(result: Backtest, out_dir: Path, *, interval_s: float = 900.0) -> dict[str, Any]:
-    """What the scoring workers would have exported, at event time, as Prometheus TSDB
-    blocks in ``out_dir`` (:mod:`workers.adapters.backfill`): one sample every
-    ``interval_s`` of event time from the first event to the last.  The control run is
-    recommender ``<name>``, each drifted run ``<name>+<drift>``; every k for the control,
-    the alert k for the drifted runs (the size stays in the low millions of samples)."""
-    if not interval_s > 0:
-        raise ValueError(f"the backfill interval must be positive, got {interval_s}")
-    t = result.t_events
-    at = np.arange(np.floor(t[0] / interval_s) * interval_s, t[-1] + interval_s, interval_s)
-    s = result.summary
-    k, r = s["alert_k"], str(s["alert_r"])
-    base = {"job": "reval-score", "instance": "backtest"}
-    families: dict[str, Family] = {
+def _families() -> dict[str, Family]:
+    """The metric families the scoring workers export, empty."""
+    return {
         "reval_hit_ratio": Family("reval_hit_ratio", "summary", "#REval-hit-ratio of scored events", []),
         **{
             f"reval_corrected_{what}": Family(f"reval_corrected_{what}", "counter", help_text, [])
@@ -170,6 +159,22 @@ def backfill(result: Backtest, out_dir: Path, *, interval_s: float = 900.0) -> d
             "reval_recommended_unknown_hashtags", "counter", "Recommended hashtags the thesaurus lacks", []
         ),
     }
+
+
+def backfill(result: Backtest, out_dir: Path, *, interval_s: float = 900.0) -> dict[str, Any]:
+    """What the scoring workers would have exported, at event time, as Prometheus TSDB
+    blocks in ``out_dir`` (:mod:`workers.adapters.backfill`): one sample every
+    ``interval_s`` of event time from the first event to the last.  The control run is
+    recommender ``<name>``, each drifted run ``<name>+<drift>``; every k for the control,
+    the alert k for the drifted runs (the size stays in the low millions of samples)."""
+    if not interval_s > 0:
+        raise ValueError(f"the backfill interval must be positive, got {interval_s}")
+    t = result.t_events
+    at = np.arange(np.floor(t[0] / interval_s) * interval_s, t[-1] + interval_s, interval_s)
+    s = result.summary
+    k, r = s["alert_k"], str(s["alert_r"])
+    base = {"job": "reval-score", "instance": "backtest"}
+    families = _families()
 
     def add(family: str, labels: dict[str, str], values: npt.NDArray[np.float64], summary: bool) -> None:
         ok = (~np.isnan(values)).astype(np.float64)
