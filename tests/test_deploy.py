@@ -20,7 +20,8 @@ import pytest
 import yaml
 
 from stream.alert_params import DEFAULTS, TEST, parse_set
-from workers.adapters.prometheus_rules import ALERTS, JOBS, render_config, render_rules
+from workers.adapters.prometheus_alerts import ALERTS, JOBS
+from workers.adapters.prometheus_rules import render_config, render_rules
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
