@@ -3,7 +3,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup test lint check demo services bench
+.PHONY: setup test lint check demo services bench docs
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,7 +22,7 @@ services:
 lint: setup
 	$(BIN)/ruff check stream workers tests bench deploy
 	$(BIN)/ruff format --check stream workers tests bench deploy
-	$(BIN)/mypy stream workers
+	$(BIN)/mypy stream workers tests bench
 
 test: setup services lint
 	$(BIN)/python -m pytest
@@ -31,6 +31,10 @@ test: setup services lint
 # and is not marked slow -- a broken Scorer or Runtime shows here in minutes.
 check: lint
 	$(BIN)/python -m pytest -q -m "not integration and not slow"
+
+# Generated documentation pages (not committed): the backtest's HTML report from its committed JSON.
+docs: setup
+	$(BIN)/reval report docs/backtest
 
 demo: setup
 	HF_HUB_OFFLINE=1 $(BIN)/reval demo $(ARGS)

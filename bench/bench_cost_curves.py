@@ -26,10 +26,11 @@ from pathlib import Path
 import numpy as np
 
 from bench.bench_index import vocabulary
+from bench.results import publish
 from stream.hubness import DEFAULT_METHOD
 from stream.records import Recommendation
 from stream.scoring import DEFAULT_KS, DEFAULT_RS, score_events
-from workers.adapters.store import AnnoyThesaurus, neighbour_cache
+from workers.adapters.annoy_thesaurus import AnnoyThesaurus, neighbour_cache
 
 DEPTH = 100
 GRIDS: tuple[tuple[int, ...], ...] = (
@@ -123,10 +124,7 @@ def main(argv: list[str] | None = None) -> str:
             "|---:|---:|",
         ]
         lines += [f"| {k} | {r:,.0f} |" for k, r in grid_rates]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        args.out.write_text(text, encoding="utf-8")
+    text = publish(lines, args.out)
     if args.plots:
         plot(rows, grid_rates, args.plots)
     return text

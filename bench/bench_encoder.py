@@ -39,6 +39,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from bench.results import publish
 from stream.cleaning import Prepared, prepare
 from stream.records import RecordError, parse_tweet
 from workers.adapters.cpu_fast import cpu_supports_bf16, cpu_supports_int8
@@ -341,10 +342,7 @@ def main() -> None:
             f"{b16['cos_mean']:.5f} / {b16['cos_min']:.5f} | "
             f"{d['cos_mean']:.5f} / {d['cos_min']:.5f} |"
         )
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        args.out.write_text(text, encoding="utf-8")
+    publish(lines, args.out)
 
 
 if __name__ == "__main__":

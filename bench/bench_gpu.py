@@ -54,6 +54,7 @@ import torch
 # Part (a) needs only these (a GPU machine may have no Kafka or Redis client installed);
 # part (b)'s imports are in bench_worker.
 from bench.bench_encoder import build_base_model, embeddable_tweets, load_texts
+from bench.results import publish
 from workers.adapters.bertweet_tokenizer import FastBertweetTokenizer, fast_for
 from workers.adapters.encoder import Encoder, resolve_device
 from workers.adapters.gpu_batching import DEFAULT_TOKEN_BUDGET
@@ -556,10 +557,7 @@ def main() -> None:
             f"Every tweet embedded (dropped {s['dropped']:.0f}, rejected {s['rejected']:.0f})"
             + ("; WARNING: the worker logged a traceback." if worker.log_has_traceback else "."),
         ]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        args.out.write_text(text, encoding="utf-8")
+    publish(lines, args.out)
 
 
 if __name__ == "__main__":

@@ -35,16 +35,20 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import redis
 
+from bench.results import publish
 from stream.hubness import DEFAULT_METHOD, candidate_count, centred, exact_candidates, scores
 from stream.records import Recommendation
 from stream.scoring import DEFAULT_KS, NeighbourCache, score_event
+from workers.adapters.annoy_thesaurus import AnnoyThesaurus, neighbour_cache
 from workers.adapters.redis_thesaurus import RedisThesauri
-from workers.adapters.store import AnnoyThesaurus, ThesaurusStore, neighbour_cache
+from workers.adapters.store import ThesaurusStore
 
 
 def vocabulary(n: int, dim: int, seed: int = 0) -> tuple[list[str], np.ndarray, np.ndarray]:
@@ -67,9 +71,12 @@ def exact_top(built: AnnoyThesaurus, space: np.ndarray, queries: np.ndarray, k: 
     return np.argsort(-ranked, axis=1, kind="stable")[:, :k]
 
 
-def timed(call: object, what: str = "") -> tuple[object, float]:
+T = TypeVar("T")
+
+
+def timed(call: Callable[[], T], what: str = "") -> tuple[T, float]:
     start = time.perf_counter()
-    result = call()  # type: ignore[operator]
+    result = call()
     seconds = time.perf_counter() - start
     if what:  # progress on long runs, on stderr: the report goes to stdout at the end
         print(f"{what}: {seconds:.1f} s", file=sys.stderr, flush=True)
@@ -194,9 +201,7 @@ def main(argv: list[str] | None = None) -> str:
             "",
         ]
     )
-    print(report)
-    if args.out:
-        args.out.write_text(report)
+    publish(report, args.out)
     return report
 
 

@@ -43,12 +43,13 @@ from typing import Any
 import numpy as np
 
 from bench.bench_scoring import clustered_vectors, make_events
+from bench.results import publish
 from stream import backtest as bt
 from stream.chance import ChanceModel
 from stream.drift import recent_shift
 from stream.scoring import DEFAULT_KS, DEFAULT_RS, NeighbourCache, score_event
 from stream.slices import Bands
-from workers.adapters.store import AnnoyThesaurus, thesaurus_drift
+from workers.adapters.annoy_thesaurus import AnnoyThesaurus, thesaurus_drift
 
 
 def timed(fn: Callable[[], Any]) -> float:
@@ -146,10 +147,7 @@ def main() -> None:
         f"{rule_s / len(at) * 1e6:.1f} µs per instant.",
         "",
     ]
-    text = "\n".join(lines)
-    print(text)
-    if args.out:
-        args.out.write_text(text)
+    publish(lines, args.out)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 import numpy.typing as npt
@@ -237,7 +237,7 @@ def inject(
 @dataclass(frozen=True)
 class Rules:
     """The alert rules' thresholds and durations (seconds of event time), taken from
-    ``deploy/prometheus/render.py``'s parameters and multiplied by the time scale."""
+    :mod:`stream.alert_params` and multiplied by the time scale."""
 
     step: float
     quality_window: float
@@ -572,6 +572,20 @@ def with_threshold(rules: Rules, signal: str, value: float) -> Rules:
     return replace(rules, **changes)
 
 
+class CurvePoint(TypedDict):
+    """One threshold of a swept signal: the control's false alarms, each drift's delay."""
+
+    value: float
+    deployed: bool
+    false_alarms_per_day: float
+    delays: dict[str, float | None]
+
+
+class Curve(TypedDict):
+    parameter: str
+    points: list[CurvePoint]
+
+
 def operating_curves(
     control: Series,
     drifted: Mapping[str, Series],
@@ -579,12 +593,12 @@ def operating_curves(
     at: Floats,
     rules: Rules,
     days: float,
-) -> dict[str, dict[str, object]]:
+) -> dict[str, Curve]:
     """Per signal, detection delay against false alarms per day as its threshold sweeps
     :data:`CURVES`: for each value, the control run's alarm episodes per day and each drift's
     delay (:func:`detect` with the hold guard; None: never), so a user can pick an
     operating point.  The deployed threshold is among the points (``deployed``)."""
-    out: dict[str, dict[str, object]] = {}
+    out: dict[str, Curve] = {}
     base_stats = statistics(control, at, rules)
     drift_stats = {label: statistics(series, at, rules) for label, series in drifted.items()}
     for signal, (parameter, swept) in CURVES.items():
@@ -594,7 +608,7 @@ def operating_curves(
             else getattr(rules, parameter)
         )
         values = swept if any(math.isclose(v, current) for v in swept) else (*swept, current)
-        points = []
+        points: list[CurvePoint] = []
         for value in values:
             changed = with_threshold(rules, signal, value)
             cond, for_s = conditions(control, at, changed, base_stats)[signal]

@@ -240,7 +240,10 @@ class ChanceModel:
     def _untouched(self, mass: npt.NDArray[np.float64], m: int) -> npt.NDArray[np.float64]:
         """P(no draw of m lands in a set of weight ``mass``), elementwise."""
         scale = self._schedule(m)
-        return np.prod(np.clip(1.0 - mass[..., None] * scale, 0.0, 1.0), axis=-1)
+        untouched: npt.NDArray[np.float64] = np.prod(
+            np.clip(1.0 - mass[..., None] * scale, 0.0, 1.0), axis=-1
+        )
+        return untouched
 
     def _included(self, m: int) -> npt.NDArray[np.float64]:
         """P(h in R) for every hashtag h when the null draws m (>= 2): 1 - P(no draw lands on h),
@@ -379,7 +382,8 @@ class ChanceModel:
         total = np.zeros((len(items), len(ks)))
         for j in range(hits.shape[1]):  # 0 + the first + the second ..., zeros after the last
             total += hits[:, j]
-        return (total / np.array([n for _, _, n in items])[:, None]).tolist()
+        means: list[list[float]] = (total / np.array([n for _, _, n in items])[:, None]).tolist()
+        return means
 
     def _union_expectations(
         self, unions: Sequence[tuple[int, tuple[int, ...]]], ks: tuple[int, ...]
@@ -426,8 +430,8 @@ class ChanceModel:
         # How many entries of each union have rank <= k (ranks stop at the depth).
         top = (np.arange(groups)[:, None] * span + np.clip(np.asarray(ks), -1, span - 1)[None, :]) * n + n - 1
         covered = np.searchsorted(packed, top, side="right") - starts[:, None]
-        values = np.take_along_axis(grid, covered, axis=1) / ms[:, None]
-        return values.tolist()
+        values: list[list[float]] = (np.take_along_axis(grid, covered, axis=1) / ms[:, None]).tolist()
+        return values
 
     def _union_expectation(self, m: int, rows: tuple[int, ...], ks: tuple[int, ...]) -> list[float]:
         """:meth:`expected` for m <= |G| through :meth:`_union` (one ground truth)."""
@@ -437,7 +441,8 @@ class ChanceModel:
         np.take(self._w if m == 1 else self._included(m), holders, out=cumulative[1:])
         np.add.accumulate(cumulative, out=cumulative)
         covered = ranks.searchsorted(ks, side="right")
-        return (cumulative[covered] / m).tolist()
+        expected: list[float] = (cumulative[covered] / m).tolist()
+        return expected
 
     def expected(self, m: int, truth: Sequence[str], ks: Sequence[int]) -> list[float]:
         """Expected #REval-hit-ratio of the null recommender drawing ``m`` hashtags, for

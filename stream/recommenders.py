@@ -60,7 +60,8 @@ def hide_hashtags(text: str) -> str:
     >>> hide_hashtags("Stay safe #Flood x#y ＃東京 #coron…")
     'Stay safe  x  …'
     """
-    return _HASHTAG_TOKEN_RE.sub("", text)
+    hidden: str = _HASHTAG_TOKEN_RE.sub("", text)  # the regex package is untyped
+    return hidden
 
 
 def masked(tweet: Tweet) -> Tweet:

@@ -10,8 +10,8 @@ This module is the thesaurus *concept*, free of I/O:
 * :class:`JsonThesaurus` -- a user's own ``{"hashtag": ["nearest", ...]}`` mapping.
 
 Annoy indexes and the versioned on-disk store are adapters
-(:mod:`workers.adapters.store`).  All distances are *cosine* distances,
-``1 - cos``, in ``[0, 2]``.  Hashtags are expected to be normalised already
+(:mod:`workers.adapters.annoy_thesaurus`, :mod:`workers.adapters.store`).  All distances
+are *cosine* distances, ``1 - cos``, in ``[0, 2]``.  Hashtags are expected to be normalised already
 (lower case, no ``#``); lookups do not normalise, so ``"#Covid"`` is simply a
 hashtag the thesaurus has never seen.
 
@@ -188,6 +188,24 @@ class Thesaurus(Protocol):
     def __contains__(self, hashtag: object) -> bool: ...
 
     def __len__(self) -> int: ...
+
+
+class ThesaurusSource(Protocol):
+    """Where a scorer finds the published thesaurus versions: the directory store
+    (:class:`workers.adapters.store.ThesaurusStore`) or Redis
+    (:class:`workers.adapters.redis_thesaurus.RedisThesauri`)."""
+
+    def versions(self) -> list[str]:
+        """Published version names, oldest first."""
+        ...
+
+    def current_version(self) -> str | None:
+        """The version to serve; ``None`` before the first publish."""
+        ...
+
+    def load(self, version: str, *, index: bool = ...) -> Thesaurus:
+        """One version (``index=False``: the neighbour table only, all a scorer needs)."""
+        ...
 
 
 def check_k(k: int) -> None:

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from workers.adapters.annoy_thesaurus import AnnoyThesaurus
 from workers.adapters.feeds import sample_feed
-from workers.adapters.store import AnnoyThesaurus, load_thesaurus
+from workers.adapters.store import load_thesaurus
 from workers.commands.cli import app
 
 runner = CliRunner()

@@ -11,8 +11,8 @@ from stream.chance import CorrectedSum
 from stream.records import Recommendation
 from stream.scoring import score_event
 from stream.thesaurus import build_neighbour_table
+from workers.adapters.annoy_thesaurus import neighbour_cache
 from workers.adapters.exporter import Exporter, LabelGuard, QualityMetrics
-from workers.adapters.store import neighbour_cache
 
 NAMES = [f"h{i}" for i in range(40)]
 
@@ -22,7 +22,7 @@ def scores_and_times() -> tuple[list, list[float]]:
     unit = rng.normal(size=(len(NAMES), 8))
     unit /= np.linalg.norm(unit, axis=1, keepdims=True)
     counts = np.minimum(rng.zipf(1.5, size=len(NAMES)), 50)
-    cache = neighbour_cache(build_neighbour_table(NAMES, unit, counts, depth=5, method="raw"), 5)  # type: ignore[arg-type]
+    cache = neighbour_cache(build_neighbour_table(NAMES, unit, counts, depth=5, method="raw"), 5)
     scores, times = [], []
     for i in range(300):
         recommended = tuple(dict.fromkeys(rng.choice(NAMES, size=int(rng.integers(1, 6)))))
@@ -72,7 +72,7 @@ def test_a_window_with_no_room_above_chance_exports_no_corrected_value() -> None
     no rolling value (never observed - 1, never a division by ~0)."""
     # Two hashtags, each the other's nearest: at k=1 every draw of the null is a synonym of a.
     table = build_neighbour_table(["a", "b"], np.eye(2), [5, 5], depth=1, method="raw")
-    cache = neighbour_cache(table, 1)  # type: ignore[arg-type]
+    cache = neighbour_cache(table, 1)
     event = Recommendation("1", ("b",), ("a",), recommender="x")
     score = score_event(event, ("a",), cache, ks=(1,), rs=(None,))
     assert score.expected["all"][1] == pytest.approx(1.0) and score.corrected["all"][1] is None

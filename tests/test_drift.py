@@ -1,5 +1,5 @@
 """Tests for meaning drift between thesaurus versions: the core (stream.drift), the store
-adapter (workers.adapters.store.thesaurus_drift) and ``reval thesaurus diff`` (its function)."""
+adapter (workers.adapters.annoy_thesaurus.thesaurus_drift) and ``reval thesaurus diff`` (its function)."""
 
 from __future__ import annotations
 
@@ -17,9 +17,10 @@ from typer.testing import CliRunner
 from stream.drift import IncomparableVersionsError, Snapshot, compare, hashtag_shifts, jaccard, recent_shift
 from stream.hubness import DEFAULT_METHOD
 from stream.means import HashtagMeans
+from workers.adapters.annoy_thesaurus import AnnoyThesaurus, build_from_means, thesaurus_drift
 from workers.adapters.exporter import Exporter
 from workers.adapters.redis_means import Contribution, RedisMeans
-from workers.adapters.store import AnnoyThesaurus, ThesaurusStore, build_from_means, thesaurus_drift
+from workers.adapters.store import ThesaurusStore
 from workers.commands.cli import app
 from workers.commands.drift import thesaurus_diff
 from workers.service.embed import means_of

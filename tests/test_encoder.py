@@ -248,7 +248,8 @@ def test_packed_forward_matches_transformers(which: str, tiny32: Encoder, minilm
     # it must give what the transformers forward pass gives on those tokens.
     enc = tiny32 if which == "tiny" else minilm32
     layers = packable_layers(enc.model)
-    assert layers is not None and len(layers) == enc.model.config.num_hidden_layers
+    config = enc.model.config  # a PretrainedConfig, which nn.Module's __getattr__ cannot type
+    assert layers is not None and len(layers) == config.num_hidden_layers  # type: ignore[union-attr]
     for texts in (TWEETS, TWEETS[:1], [TWEETS[0]] * 3):  # padded, single, no padding at all
         input_ids, mask = enc._pad(enc.tokenize(texts))
         with torch.inference_mode():
@@ -261,7 +262,7 @@ def test_packed_forward_matches_transformers(which: str, tiny32: Encoder, minilm
 
 def test_unusual_models_use_the_transformers_forward(tiny_dir: Path) -> None:
     enc = Encoder(str(tiny_dir), dtype="float32")
-    enc.model.config.position_embedding_type = "relative_key"
+    enc.model.config.position_embedding_type = "relative_key"  # type: ignore[union-attr]
     assert packable_layers(enc.model) is None
     assert packable_layers(torch.nn.Linear(2, 2)) is None
 
@@ -702,5 +703,5 @@ def test_tiny_model_keeps_its_fastbpe_files(tiny_dir: Path) -> None:
     # loader then drops each merge's second half; the files must stay as written.
     lines = (tiny_dir / "bpe.codes").read_text(encoding="utf-8").splitlines()
     assert lines and all(len(line.split()) == 3 for line in lines)
-    ranks = Encoder(str(tiny_dir), dtype="float32").tokenizer.bpe_ranks  # type: ignore[attr-defined]
+    ranks = Encoder(str(tiny_dir), dtype="float32").tokenizer.bpe_ranks
     assert all(len(pair) == 2 for pair in ranks)

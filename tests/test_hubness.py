@@ -10,14 +10,9 @@ import pytest
 
 from stream.hubness import METHODS, exact_candidates, hubness_report, k_occurrence
 from stream.thesaurus import ExactThesaurus, NeighbourTable, build_neighbour_table
-from workers.adapters.store import (
-    INDEX_FILE,
-    TABLE_FILE,
-    AnnoyThesaurus,
-    ThesaurusCorruptError,
-    ThesaurusStore,
-    load_thesaurus,
-)
+from workers.adapters.annoy_thesaurus import AnnoyThesaurus
+from workers.adapters.store import ThesaurusStore, load_thesaurus
+from workers.adapters.thesaurus_files import INDEX_FILE, TABLE_FILE, ThesaurusCorruptError
 
 
 def hub_space(n: int = 400, dim: int = 32, seed: int = 0) -> tuple[list[str], np.ndarray, list[int]]:
