@@ -722,18 +722,23 @@ def _annoy_index(space: npt.NDArray[np.float32], n_trees: int, seed: int, n_jobs
     return index
 
 
-def neighbour_cache(thesaurus: Thesaurus, max_k: int) -> NeighbourCache:
+def neighbour_cache(thesaurus: Thesaurus, max_k: int, *, ks: Sequence[int] | None = None) -> NeighbourCache:
     """The scorer's view of a thesaurus: synonym ranks up to ``max_k``, and, when the
     thesaurus has a neighbour table, the null model for the chance-corrected score and the
-    popularity bands for the slices (JSON thesauri have no popularity: neither)."""
+    popularity bands for the slices (JSON thesauri have no popularity: neither).  ``ks``:
+    the grid of k the scorer will ask for; its null-model tables are then computed here, with
+    the rest of the set-up, not on the first events (:meth:`stream.chance.ChanceModel.prepare`)."""
     table = thesaurus.table if isinstance(thesaurus, AnnoyThesaurus) else thesaurus
     if isinstance(table, NeighbourTable) and max_k > table.depth and table.depth < len(table) - 1:
         raise ValueError(f"the thesaurus holds {table.depth} neighbours per hashtag; k={max_k} is more")
     if not isinstance(table, NeighbourTable):
         return NeighbourCache(thesaurus, max_k=max_k)
     bands = Bands(table.hashtags, table.counts)
+    chance = ChanceModel(table)
+    if ks is not None:
+        chance.prepare(ks)
     # Ranks searched in the table's rows: no per-hashtag state, cold as fast as warm.
-    return NeighbourCache(thesaurus, max_k=max_k, chance=ChanceModel(table), bands=bands, table=table)
+    return NeighbourCache(thesaurus, max_k=max_k, chance=chance, bands=bands, table=table)
 
 
 def build_from_means(
