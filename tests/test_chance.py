@@ -199,6 +199,23 @@ def test_a_batch_of_expectations_is_the_same_as_one_at_a_time(
     assert batch == [one_at_a_time.expected(m, truth, ks) for m, truth in [*requests, *requests[:3]]]
 
 
+def test_a_prepared_model_gives_the_same_expectations(table: NeighbourTable) -> None:
+    """prepare() only moves the per-version tables from the first events into the set-up:
+    every expectation the same float, for both cases (|R| <= |G| and |R| > |G|) and every m."""
+    rng = np.random.default_rng(11)
+    names = table.hashtags
+    asks = [
+        (m, [names[j] for j in rng.choice(len(names), size=g, replace=False)])
+        for m in range(1, 13)
+        for g in (1, 3)
+    ]
+    lazy = ChanceModel(table)
+    prepared = ChanceModel(table)
+    prepared.prepare(KS)
+    for m, truth in asks:
+        assert prepared.expected(m, truth, KS) == lazy.expected(m, truth, KS)
+
+
 def test_batched_scores_are_the_scores_one_event_at_a_time(table: NeighbourTable) -> None:
     from stream.scoring import score_events
     from stream.slices import Bands

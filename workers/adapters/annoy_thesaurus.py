@@ -14,6 +14,7 @@ import os
 import stat
 import time
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal
 
@@ -23,7 +24,7 @@ from annoy import AnnoyIndex
 
 from stream.chance import ChanceModel
 from stream.drift import DEFAULT_MIN_SUPPORT, DEFAULT_TOP, TOP_NEIGHBOURS, Snapshot, ThesaurusDrift, compare
-from stream.hubness import DEFAULT_METHOD, candidate_count, centred, exact_candidates, scores
+from stream.hubness import DEFAULT_METHOD, candidate_count, exact_candidates, scores
 from stream.means import HashtagMeans
 from stream.scoring import NeighbourCache
 from stream.slices import Bands
@@ -62,7 +63,9 @@ from workers.adapters.thesaurus_files import (
 #: queries go to the Annoy index).
 DEFAULT_DEPTH = 100
 #: Up to this many hashtags the re-ranking sees every pair (two exact passes); above, each
-#: hashtag's nearest by cosine, found exactly in one pass (:func:`stream.hubness.exact_candidates`).
+#: hashtag's nearest by cosine, found among nearby clusters with the table's recall checked on a
+#: sample (:func:`stream.hubness.clustered_candidates`), or exactly in one pass
+#: (:func:`stream.hubness.exact_candidates`) where the clusters do not reach the recall.
 EXACT_CANDIDATES_UP_TO = 20_000
 
 #: Default ``search_k`` is this many times Annoy's own default (``n_trees * n``).
@@ -161,7 +164,7 @@ class AnnoyThesaurus(BaseThesaurus):
         model_id: str = "",
         method: str = DEFAULT_METHOD,
         depth: int = DEFAULT_DEPTH,
-        candidates: Literal["auto", "exact", "nearest"] = "auto",
+        candidates: Literal["auto", "exact", "nearest", "clustered"] = "auto",
         version: str | None = None,
         n_trees: int = 50,
         max_distance: float | None = None,
@@ -176,8 +179,10 @@ class AnnoyThesaurus(BaseThesaurus):
         (all 1 when not given) are the popularity the chance correction weighs by.
         ``candidates``: what the re-ranking looks at -- ``exact`` (every pair),
         ``nearest`` (each hashtag's :func:`~stream.hubness.candidate_count` nearest by
-        cosine, found exactly, then re-ranked), or ``auto`` (exact up to
-        :data:`EXACT_CANDIDATES_UP_TO` hashtags).  Annoy's own queries are far too slow for
+        cosine, found exactly, then re-ranked), ``clustered`` (the same found among nearby
+        clusters, kept only where the table's recall@10 against the exact re-ranking, measured
+        on a sample, reaches 0.99; ``nearest`` otherwise), or ``auto`` (exact up to
+        :data:`EXACT_CANDIDATES_UP_TO` hashtags, clustered above).  Annoy's own queries are far too slow for
         the re-ranking's deep candidate lists (~3 ms per hashtag at 100,000 x 768 for 400
         candidates, against ~1.1-1.5 ms for the exact search's matrix products on 2 cores), so
         the Annoy index only answers queries deeper than the table.  ``version`` defaults to
@@ -187,30 +192,35 @@ class AnnoyThesaurus(BaseThesaurus):
         """
         if n_trees < 1:
             raise ValueError(f"n_trees must be at least 1, got {n_trees}")
-        use_exact = candidates == "exact" or (candidates == "auto" and len(names) <= EXACT_CANDIDATES_UP_TO)
-        table = build_neighbour_table(
-            names,
-            vectors,
-            counts,
-            depth=depth,
-            method=method,
-            candidates=None if use_exact else exact_candidates,
-            max_distance=max_distance,
-            min_count=min_count,
-            model_id=model_id,
-            n_trees=n_trees,
-            metric=cls.METRIC,
-            version=version,
-            seed=seed,
-        )
+        if candidates == "auto":
+            candidates = "exact" if len(names) <= EXACT_CANDIDATES_UP_TO else "clustered"
         # The index answers queries deeper than the table, in the space the table ranks in.
-        unit = _unit(table.hashtags, names, vectors)
-        space = centred(unit) if method.startswith("center") and len(unit) else unit
-        index = AnnoyIndex(space.shape[1], cls.METRIC)
-        index.set_seed(seed)
-        for i, row in enumerate(space):
-            index.add_item(i, row.tolist())
-        index.build(n_trees, n_jobs=n_jobs)
+        # It is built in a thread while the table is searched: Annoy's trees (~18 s of CPU at
+        # 100,000 x 768, 50 trees) release the GIL, and much of the table's search is one
+        # core's numpy work, so on 2 cores the two overlap.
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="annoy-build") as pool:
+            building: list[Future[AnnoyIndex]] = []
+
+            def index_space(space: npt.NDArray[np.float32]) -> None:
+                building.append(pool.submit(_annoy_index, space, n_trees, seed, n_jobs))
+
+            table = build_neighbour_table(
+                names,
+                vectors,
+                counts,
+                depth=depth,
+                method=method,
+                candidates={"exact": None, "nearest": exact_candidates, "clustered": "clustered"}[candidates],
+                max_distance=max_distance,
+                min_count=min_count,
+                model_id=model_id,
+                n_trees=n_trees,
+                metric=cls.METRIC,
+                version=version,
+                seed=seed,
+                on_space=index_space,
+            )
+            index = building[0].result()
         return cls(table, index, search_k=search_k)
 
     @classmethod
@@ -477,27 +487,33 @@ class AnnoyThesaurus(BaseThesaurus):
         return len(self.table)
 
 
-def _unit(kept: Sequence[str], names: Sequence[str], vectors: npt.ArrayLike) -> npt.NDArray[np.float32]:
-    """The unit vectors of the ``kept`` hashtags, in that order."""
-    row_of = {name: i for i, name in enumerate(names)}
-    matrix = np.asarray(vectors, dtype=np.float64)
-    rows = matrix[[row_of[name] for name in kept]] if kept else np.zeros((0, matrix.shape[1]))
-    norms = np.linalg.norm(rows, axis=1, keepdims=True)
-    return np.divide(rows, norms, out=np.zeros_like(rows), where=norms > 0).astype(np.float32)
+def _annoy_index(space: npt.NDArray[np.float32], n_trees: int, seed: int, n_jobs: int) -> AnnoyIndex:
+    """An angular Annoy index of the rows of ``space``, item i = row i."""
+    index = AnnoyIndex(space.shape[1], AnnoyThesaurus.METRIC)
+    index.set_seed(seed)
+    for i, row in enumerate(space):
+        index.add_item(i, row.tolist())
+    index.build(n_trees, n_jobs=n_jobs)
+    return index
 
 
-def neighbour_cache(thesaurus: Thesaurus, max_k: int) -> NeighbourCache:
+def neighbour_cache(thesaurus: Thesaurus, max_k: int, *, ks: Sequence[int] | None = None) -> NeighbourCache:
     """The scorer's view of a thesaurus: synonym ranks up to ``max_k``, and, when the
     thesaurus has a neighbour table, the null model for the chance-corrected score and the
-    popularity bands for the slices (JSON thesauri have no popularity: neither)."""
+    popularity bands for the slices (JSON thesauri have no popularity: neither).  ``ks``:
+    the grid of k the scorer will ask for; its null-model tables are then computed here, with
+    the rest of the set-up, not on the first events (:meth:`stream.chance.ChanceModel.prepare`)."""
     table = thesaurus.table if isinstance(thesaurus, AnnoyThesaurus) else thesaurus
     if isinstance(table, NeighbourTable) and max_k > table.depth and table.depth < len(table) - 1:
         raise ValueError(f"the thesaurus holds {table.depth} neighbours per hashtag; k={max_k} is more")
     if not isinstance(table, NeighbourTable):
         return NeighbourCache(thesaurus, max_k=max_k)
     bands = Bands(table.hashtags, table.counts)
+    chance = ChanceModel(table)
+    if ks is not None:
+        chance.prepare(ks)
     # Ranks searched in the table's rows: no per-hashtag state, cold as fast as warm.
-    return NeighbourCache(thesaurus, max_k=max_k, chance=ChanceModel(table), bands=bands, table=table)
+    return NeighbourCache(thesaurus, max_k=max_k, chance=chance, bands=bands, table=table)
 
 
 def build_from_means(
