@@ -35,11 +35,9 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import fcntl
 import functools
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -47,15 +45,15 @@ import tempfile
 import time
 import uuid
 import weakref
-import xml.etree.ElementTree as ET
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, Self
 
 from workers.adapters.kafka_client import BrokerError
+from workers.dev.kafka_jars import KafkaSetupError, java_binary, kafka_jars, pinned_version
+from workers.dev.kafka_tls import Security, tls_files
 from workers.dev.ports import find_free_port, free_run, port_is_free
 from workers.dev.processes import die_with_parent
 
@@ -68,161 +66,9 @@ __all__ = [
     "pinned_version",
 ]
 
-#: The cache of Kafka's jars (one folder per version); outside git.
-CACHE_ENV = "REVAL_KAFKA_CACHE"
-#: A Java other than ``java`` on PATH (``$JAVA_HOME/bin/java`` otherwise).
-JAVA_ENV = "JAVA_HOME"
-
-
-class KafkaSetupError(BrokerError):
-    """Kafka cannot be run here: no Java, no Maven, the jars cannot be fetched, a data
-    directory of something else.  ``usage`` is True when the caller's options are at fault
-    (exit code 2), False for the machine (exit code 1)."""
-
-    def __init__(self, message: str, *, usage: bool = False) -> None:
-        super().__init__(message)
-        self.usage = usage
-
 
 class KafkaStartError(BrokerError):
     """A node died or the cluster did not answer in time; the message quotes the node's log."""
-
-
-def _pom() -> Path:
-    return Path(str(resources.files("workers.dev").joinpath("kafka/pom.xml")))
-
-
-def pinned_version() -> str:
-    """The Kafka version the project pins (``kafka.version`` in ``workers/dev/kafka/pom.xml``)."""
-    tree = ET.parse(_pom())
-    node = tree.find(
-        "{http://maven.apache.org/POM/4.0.0}properties/{http://maven.apache.org/POM/4.0.0}kafka.version"
-    )
-    if node is None or not node.text:
-        raise KafkaSetupError(f"{_pom()}: no <kafka.version> property")
-    return node.text.strip()
-
-
-def _cache_root() -> Path:
-    chosen = os.environ.get(CACHE_ENV)
-    return Path(chosen) if chosen else Path.home() / ".cache" / "reval" / "kafka"
-
-
-def java_binary() -> str:
-    """``$JAVA_HOME/bin/java`` when set, else ``java`` on PATH; Kafka 4 needs Java 17+."""
-    home = os.environ.get(JAVA_ENV)
-    candidate = str(Path(home) / "bin" / "java") if home else shutil.which("java")
-    if not candidate or not os.access(candidate, os.X_OK):
-        where = f"${JAVA_ENV}={home}" if home else "PATH"
-        raise KafkaSetupError(f"no Java found ({where}): Apache Kafka needs Java 17 or newer")
-    return candidate
-
-
-def kafka_jars(version: str | None = None, *, timeout: float = 600.0) -> Path:
-    """The folder of Kafka ``version``'s runtime jars, fetched with Maven on first use.
-
-    Fetched into a temporary folder and renamed into the cache when complete, under a file
-    lock, so concurrent first uses (parallel tests) fetch once and never see half a folder.
-    """
-    version = version or pinned_version()
-    if not re.fullmatch(r"[0-9]+\.[0-9]+\.[0-9]+", version):
-        raise KafkaSetupError(f"Kafka version {version!r} is not like 4.4.0", usage=True)
-    root = _cache_root()
-    lib = root / version / "lib"
-    if (lib / ".complete").exists():
-        return lib
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise KafkaSetupError(f"cannot create the Kafka jar cache {root}: {exc.strerror}") from None
-    with open(root / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if (lib / ".complete").exists():
-            return lib
-        _fetch(version, lib, timeout)
-    return lib
-
-
-def _fetch(version: str, lib: Path, timeout: float) -> None:
-    mvn = shutil.which("mvn")
-    if mvn is None:
-        raise KafkaSetupError("Maven (mvn) is not on PATH: it fetches Apache Kafka's jars once")
-    with tempfile.TemporaryDirectory(prefix="reval-kafka-mvn-", dir=lib.parent.parent) as tmp:
-        project = Path(tmp) / "pom.xml"
-        shutil.copyfile(_pom(), project)
-        staging = Path(tmp) / "lib"
-        cmd = [
-            mvn, "-B", "-q", "-f", str(project), f"-Dkafka.version={version}",
-            "dependency:copy-dependencies", f"-DoutputDirectory={staging}", "-DincludeScope=runtime",
-        ]  # fmt: skip
-        try:
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
-        except subprocess.TimeoutExpired:
-            raise KafkaSetupError(
-                f"fetching Apache Kafka {version} from Maven Central took over {timeout:.0f} s"
-            ) from None
-        if done.returncode != 0 or not any(staging.glob("kafka_2.13-*.jar")):
-            lines = [ln for ln in (done.stdout + done.stderr).splitlines() if "ERROR" in ln]
-            reason = lines[0].strip() if lines else f"mvn exited {done.returncode}"
-            raise KafkaSetupError(f"cannot fetch Apache Kafka {version} with Maven (Maven Central): {reason}")
-        (staging / ".complete").write_text(version + "\n")
-        if lib.exists():  # a half folder of an interrupted fetch from before the lock existed
-            shutil.rmtree(lib)
-        lib.parent.mkdir(parents=True, exist_ok=True)
-        staging.rename(lib)
-
-
-@dataclass(frozen=True)
-class Security:
-    """TLS and SASL/SCRAM-SHA-256 on the client listeners: a CA and a node certificate made
-    for 127.0.0.1 at start, and SCRAM ``users`` (name -> password) stored in the cluster's
-    metadata at format time."""
-
-    users: Mapping[str, str]
-    mechanism: str = "SCRAM-SHA-256"
-
-    @property
-    def protocol(self) -> str:
-        return "SASL_SSL"
-
-
-def _tls_files(folder: Path) -> tuple[Path, Path]:
-    """A CA (``ca.pem``) and a certificate for 127.0.0.1/localhost signed by it, with its
-    PKCS#8 key (``node.pem``: key then certificate, as Kafka's PEM key store wants)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    ca_key, ca, key, csr, cert = (
-        folder / n for n in ("ca.key", "ca.pem", "node.key", "node.csr", "node.crt")
-    )
-    ext = folder / "san.cnf"
-    ext.write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
-
-    def openssl(*args: str) -> None:
-        try:
-            subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=60)
-        except (OSError, subprocess.CalledProcessError) as exc:
-            raise KafkaSetupError(f"openssl failed making test certificates in {folder}: {exc}") from None
-
-    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(ca_key), "-out", str(ca),
-            "-days", "30", "-subj", "/CN=reval-test-ca")  # fmt: skip
-    openssl(
-        "req",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-keyout",
-        str(key),
-        "-out",
-        str(csr),
-        "-subj",
-        "/CN=127.0.0.1",
-    )
-    openssl("x509", "-req", "-in", str(csr), "-CA", str(ca), "-CAkey", str(ca_key), "-CAcreateserial",
-            "-out", str(cert), "-days", "30", "-extfile", str(ext))  # fmt: skip
-    pkcs8 = folder / "node.pk8"
-    openssl("pkcs8", "-topk8", "-nocrypt", "-in", str(key), "-out", str(pkcs8))
-    bundle = folder / "node.pem"
-    bundle.write_text(pkcs8.read_text() + cert.read_text())
-    return ca, bundle
 
 
 @dataclass
@@ -421,7 +267,7 @@ class KafkaCluster:
                 raise KafkaSetupError(f"127.0.0.1:{busy} is in use ({what})", usage=True)
         self.layout = layout
         if self.security is not None:
-            self.ca_file, _ = _tls_files(folder / "tls")
+            self.ca_file, _ = tls_files(folder / "tls")
         self._nodes = {i: _Node(i, folder / f"node-{i}") for i in self.node_ids}
         self._atexit = functools.partial(_stop_at_exit, weakref.ref(self))
         atexit.register(self._atexit)
