@@ -66,7 +66,8 @@ from stream.scoring import (
 )
 from stream.thesaurus import Thesaurus
 from workers.adapters.annoy_thesaurus import AnnoyThesaurus
-from workers.adapters.exporter import Exporter, LabelGuard, QualityMetrics
+from workers.adapters.exporter import Exporter, LabelGuard
+from workers.adapters.quality_metrics import QualityMetrics
 from workers.adapters.store import ThesaurusStore
 from workers.service.records import Record
 from workers.service.score import SCORE_BATCH, Scorer, collect_less_often

@@ -12,7 +12,8 @@ from stream.records import Recommendation
 from stream.scoring import score_event
 from stream.thesaurus import build_neighbour_table
 from workers.adapters.annoy_thesaurus import neighbour_cache
-from workers.adapters.exporter import Exporter, LabelGuard, QualityMetrics
+from workers.adapters.exporter import Exporter, LabelGuard
+from workers.adapters.quality_metrics import QualityMetrics
 
 NAMES = [f"h{i}" for i in range(40)]
 

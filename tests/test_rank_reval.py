@@ -19,7 +19,8 @@ from stream.rank import DCG, FLAT, TOP, RankWeights, ranked_by_k, reval_ranked
 from stream.records import Recommendation
 from stream.scoring import NeighbourCache, r_label, score_event
 from stream.thesaurus import JsonThesaurus
-from workers.adapters.exporter import Exporter, LabelGuard, QualityMetrics
+from workers.adapters.exporter import Exporter, LabelGuard
+from workers.adapters.quality_metrics import QualityMetrics
 from workers.commands.evaluate import Run, Scored, summarise
 
 from .test_metrics import TABLE2_SYN, syn

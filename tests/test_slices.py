@@ -13,7 +13,8 @@ from stream.scoring import NeighbourCache, score_event
 from stream.slices import SLICES, Bands, columns_by_slice, slice_scores
 from stream.thesaurus import NeighbourTable, build_neighbour_table
 from workers.adapters.annoy_thesaurus import neighbour_cache
-from workers.adapters.exporter import Exporter, LabelGuard, QualityMetrics
+from workers.adapters.exporter import Exporter, LabelGuard
+from workers.adapters.quality_metrics import QualityMetrics
 
 NAMES = ["flood", "floods", "rain", "fire", "smoke", "hail"]
 COUNTS = [50, 20, 10, 10, 6, 4]  # 100 uses: flood carries 50%, then floods 20%, ...
