@@ -24,9 +24,9 @@ import numpy as np
 from stream.batch import embed_feed
 from stream.chance import ChanceModel
 from stream.hubness import METHODS
+from stream.neighbour_table import build_neighbour_table
 from stream.records import Recommendation
 from stream.scoring import DEFAULT_KS, DEFAULT_RS, NeighbourCache, score_event
-from stream.thesaurus import build_neighbour_table
 from workers.adapters.annoy_thesaurus import AnnoyThesaurus
 from workers.adapters.encoder import Encoder
 from workers.adapters.feeds import read_tweets, sample_feed

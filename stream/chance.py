@@ -46,7 +46,7 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-from stream.thesaurus import NeighbourTable
+from stream.neighbour_table import NeighbourTable
 
 #: Below this much room (sum of best - sum of expected, in events) a corrected score of the
 #: aggregate is not reported: the chance level leaves no room for a recommender to beat it.
@@ -176,7 +176,7 @@ class ChanceModel:
     rank, the reverse index for unions), ~85 MB more per grid of k for m <= 10.
 
     >>> import numpy as np
-    >>> from stream.thesaurus import build_neighbour_table
+    >>> from stream.neighbour_table import build_neighbour_table
     >>> unit = np.array([[1.0, 0.0], [0.9, 0.1], [0.0, 1.0], [0.1, 0.9]])
     >>> table = build_neighbour_table(["a", "b", "c", "d"], unit, [1, 1, 1, 1], depth=1, method="raw")
     >>> model = ChanceModel(table)
@@ -338,7 +338,7 @@ class ChanceModel:
         the results go to the cache, so scoring the batch's events afterwards finds them.
 
         >>> import numpy as np
-        >>> from stream.thesaurus import build_neighbour_table
+        >>> from stream.neighbour_table import build_neighbour_table
         >>> unit = np.array([[1.0, 0.0], [0.9, 0.1], [0.0, 1.0], [0.1, 0.9]])
         >>> table = build_neighbour_table(["a", "b", "c", "d"], unit, [1, 1, 1, 1], depth=1, method="raw")
         >>> model = ChanceModel(table)

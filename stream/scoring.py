@@ -19,10 +19,11 @@ import numpy as np
 
 from stream.chance import ChanceModel, CorrectedSum, corrected_of_sums
 from stream.metrics import FAR, ExactScores, Mean, exact_from_ranks, rank_matrix, reval_by_k
+from stream.neighbour_table import NeighbourTable
 from stream.rank import DCG, RankWeights, ranked_by_k
 from stream.records import Recommendation
 from stream.slices import Bands, columns_by_slice, slice_scores
-from stream.thesaurus import NeighbourTable, Thesaurus
+from stream.thesaurus import Thesaurus
 
 DEFAULT_KS: tuple[int, ...] = (0, 5, 10, 20, 30, 40, 50, 60, 70)
 DEFAULT_RS: tuple[int | None, ...] = (1, 5, 10)
@@ -139,13 +140,13 @@ class RowSearch:
     Building a ``{synonym: rank}`` dictionary for each new hashtag made the first pass over a
     version ~3x slower than the next (issue 12 §4); a search in the row costs the same every
     time.  Each row's first ``max_k`` neighbour ids (without the -1 gaps, as
-    :meth:`stream.thesaurus.NeighbourTable.neighbours` reads them) are one stretch of a
+    :meth:`stream.neighbour_table.NeighbourTable.neighbours` reads them) are one stretch of a
     string, id i as the character ``chr(i + 1)`` (``chr(0)`` pads): ``str.find`` of a ground
     truth's character in a recommended hashtag's stretch is its rank - 1, and a neighbour
     listed twice keeps its first rank, as :meth:`NeighbourCache.ranks` does.  Memory: 2 bytes
     per table entry below 65,535 hashtags, 4 above (28 MB at 100,000 x 70).
 
-    >>> from stream.thesaurus import build_neighbour_table
+    >>> from stream.neighbour_table import build_neighbour_table
     >>> unit = np.array([[1.0, 0.0], [0.8, 0.6], [0.0, 1.0]])
     >>> table = build_neighbour_table(["a", "b", "c"], unit, depth=2, method="raw")
     >>> RowSearch(table, 2).matrix(["a", "c", "new"], ["b", "c", "new"])

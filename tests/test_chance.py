@@ -10,9 +10,10 @@ from hypothesis import strategies as st
 
 from stream.chance import ChanceModel, CorrectedSum, corrected_of_sums
 from stream.metrics import rank_matrix, reval_by_k
+from stream.neighbour_table import NeighbourTable, build_neighbour_table
 from stream.records import Recommendation
 from stream.scoring import NeighbourCache, score_event
-from stream.thesaurus import NeighbourTable, ThesaurusMetadata, build_neighbour_table
+from stream.thesaurus import ThesaurusMetadata
 
 KS = [0, 1, 5, 10, 20]
 

@@ -24,9 +24,9 @@ import pytest
 from prometheus_client import generate_latest
 
 from stream.chance import corrected_of_sums
+from stream.neighbour_table import build_neighbour_table
 from stream.records import Recommendation
 from stream.scoring import score_event
-from stream.thesaurus import build_neighbour_table
 from workers.adapters.exporter import Exporter, LabelGuard
 from workers.adapters.quality_metrics import QualityMetrics
 from workers.adapters.store import neighbour_cache

@@ -10,9 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import stream.thesaurus as thesaurus_module
+import stream.neighbour_table as thesaurus_module
 from stream.hubness import METHODS, best_first, centred, exact_candidates, hubness_report, k_occurrence
-from stream.thesaurus import ExactThesaurus, NeighbourTable, build_neighbour_table, embedding_cosines
+from stream.neighbour_table import NeighbourTable, build_neighbour_table, embedding_cosines
+from stream.thesaurus import ExactThesaurus
 from workers.adapters.annoy_thesaurus import AnnoyThesaurus
 from workers.adapters.store import ThesaurusStore, load_thesaurus
 from workers.adapters.thesaurus_files import INDEX_FILE, TABLE_FILE, ThesaurusCorruptError

@@ -26,17 +26,10 @@ from stream.chance import ChanceModel
 from stream.drift import DEFAULT_MIN_SUPPORT, DEFAULT_TOP, TOP_NEIGHBOURS, Snapshot, ThesaurusDrift, compare
 from stream.hubness import DEFAULT_METHOD, candidate_count, exact_candidates, scores
 from stream.means import HashtagMeans
+from stream.neighbour_table import NeighbourTable, build_neighbour_table
 from stream.scoring import NeighbourCache
 from stream.slices import Bands
-from stream.thesaurus import (
-    BaseThesaurus,
-    NeighbourTable,
-    Thesaurus,
-    ThesaurusFormatError,
-    ThesaurusMetadata,
-    build_neighbour_table,
-    check_k,
-)
+from stream.thesaurus import BaseThesaurus, Thesaurus, ThesaurusFormatError, ThesaurusMetadata, check_k
 from workers.adapters.atomic_files import (
     DirectoryReader,
     being_replaced,
@@ -115,7 +108,7 @@ def _check_directory(directory: Path) -> None:
 class AnnoyThesaurus(BaseThesaurus):
     """A thesaurus directory: the neighbour table, and the Annoy index behind it.
 
-    The table (:class:`stream.thesaurus.NeighbourTable`) holds every hashtag's
+    The table (:class:`stream.neighbour_table.NeighbourTable`) holds every hashtag's
     ``depth`` nearest hashtags, ranked by the build's hubness method; scorers need
     nothing else.  The Annoy index (``angular``, over the unit -- and for ``center``
     methods centred -- hashtag vectors) supplied the table's candidates on large

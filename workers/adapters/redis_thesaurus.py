@@ -30,7 +30,8 @@ import hashlib
 from pathlib import Path
 from typing import Any, cast
 
-from stream.thesaurus import NeighbourTable, ThesaurusFormatError, ThesaurusMetadata
+from stream.neighbour_table import NeighbourTable
+from stream.thesaurus import ThesaurusFormatError, ThesaurusMetadata
 from workers.adapters.redis_client import Client, Replication, replicated
 from workers.adapters.store import version_number
 from workers.adapters.thesaurus_files import HASHTAGS_FILE, METADATA_FILE, TABLE_FILE, parse_table

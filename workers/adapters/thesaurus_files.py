@@ -19,7 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from stream.thesaurus import NeighbourTable, ThesaurusFormatError, ThesaurusMetadata
+from stream.neighbour_table import NeighbourTable
+from stream.thesaurus import ThesaurusFormatError, ThesaurusMetadata
 from workers.adapters.atomic_files import DirectoryReader, sha256_file, write_bytes, write_json
 from workers.adapters.feeds import check_output_path
 

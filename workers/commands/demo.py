@@ -61,9 +61,9 @@ from rich.table import Table
 from rich.text import Text
 
 from stream.chance import corrected_of_sums
+from stream.neighbour_table import NeighbourTable
 from stream.records import Tweet
 from stream.replay import Outgoing, timestamp_ms
-from stream.thesaurus import NeighbourTable
 from workers.adapters.kafka_client import create_topics
 from workers.adapters.redis_client import clear_prefix
 from workers.adapters.redis_thesaurus import RedisThesauri
