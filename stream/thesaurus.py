@@ -610,7 +610,10 @@ def embedding_cosines(
     a = np.linalg.norm(shifted, axis=1)
     b = shifted @ mean
     safe = np.maximum(ids, 0)
-    return a[:, None] * a[safe] * sims.astype(np.float64) + b[:, None] + b[safe] + mean @ mean
+    cosines: npt.NDArray[np.float64] = (
+        a[:, None] * a[safe] * sims.astype(np.float64) + b[:, None] + b[safe] + mean @ mean
+    )
+    return cosines
 
 
 class NeighbourTable(BaseThesaurus):

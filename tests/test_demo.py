@@ -27,8 +27,8 @@ from stream.chance import corrected_of_sums
 from stream.records import Recommendation
 from stream.scoring import score_event
 from stream.thesaurus import build_neighbour_table
+from workers.adapters.annoy_thesaurus import neighbour_cache
 from workers.adapters.exporter import Exporter, LabelGuard, QualityMetrics
-from workers.adapters.store import neighbour_cache
 from workers.commands.demo import Output, Scrape, snapshot
 from workers.dev.stack import REVAL
 

@@ -23,13 +23,15 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from stream import alert_params
 from stream.batch import ModelLoadError
 from stream.hashtags import normalise_hashtag
 from stream.hubness import DEFAULT_METHOD, check_method
 from stream.records import ErrorLog, RecordError, parse_recommendation
 from stream.scoring import ALL, Summary, parse_ints, r_label, score_event
+from workers.adapters.annoy_thesaurus import DEFAULT_DEPTH, neighbour_cache
 from workers.adapters.feeds import check_output_path, check_paths, read_file
-from workers.adapters.store import DEFAULT_DEPTH, load_thesaurus, neighbour_cache
+from workers.adapters.store import load_thesaurus
 from workers.redaction import redact
 from workers.settings import Settings
 
@@ -107,7 +109,7 @@ def thesaurus_build(
     """Clean → embed → per-hashtag running means → thesaurus (neighbour table + Annoy index)."""
     from stream.cleaning import Cleaner
     from workers.adapters.feeds import read_tweets
-    from workers.adapters.store import ThesaurusOverwriteError, check_writable_thesaurus_dir
+    from workers.adapters.thesaurus_files import ThesaurusOverwriteError, check_writable_thesaurus_dir
 
     try:  # everything that can be checked is checked before the model loads
         check_paths(feeds)
@@ -203,7 +205,7 @@ def thesaurus_inspect(
     as_json: Annotated[bool, typer.Option("--json", help="Print the metadata as JSON")] = False,
 ) -> None:
     """What a thesaurus was built from, and its hubness (the hashtags near everything)."""
-    from workers.adapters.store import AnnoyThesaurus
+    from workers.adapters.annoy_thesaurus import AnnoyThesaurus
 
     th = _load(str(directory))
     if not isinstance(th, AnnoyThesaurus):
@@ -1117,7 +1119,7 @@ def backtest_cmd(
         if audit_votes is not None and not audit_votes.is_file():
             raise ValueError(f"--audit-votes {audit_votes}: no such file")
         bk.rules_for(bk.rule_params(config.rules_profile, list(config.rules_set)), 1.0)
-        interval_s = bk.load_render().seconds(backfill_interval)
+        interval_s = alert_params.seconds(backfill_interval)
         check_paths(feeds)
         bk.check_out(out_dir, replace=force)
         if backfill is not None and backfill.exists() and any(backfill.iterdir()):

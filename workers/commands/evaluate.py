@@ -14,7 +14,7 @@ confidence intervals, on any feed.
    embedding per hashtag; ``word2vec`` / ``fasttext``: the unit mean of the tweets' MOWE
    vectors, so the variants differ only in the tweet embedding) from the *training*
    tweets, with each hubness method (:mod:`stream.hubness`), through the one builder
-   the CLI and the index job use (:func:`workers.adapters.store.build_from_means`).
+   the CLI and the index job use (:func:`workers.adapters.annoy_thesaurus.build_from_means`).
 4. Score every event with :func:`stream.scoring.score_event` -- the code path of ``reval
    score`` and the scoring worker -- raw, chance-corrected and rank-aware
    (:mod:`stream.rank`; mean only, column ``reval_hit_ratio_ranked``), for every (r, k).
@@ -75,8 +75,8 @@ from stream.recommenders import (
 )
 from stream.records import Recommendation
 from stream.scoring import r_label, score_event
+from workers.adapters.annoy_thesaurus import AnnoyThesaurus, build_from_means, neighbour_cache
 from workers.adapters.feeds import check_output_path, read_tweets
-from workers.adapters.store import AnnoyThesaurus, build_from_means, neighbour_cache
 from workers.adapters.word_vectors import train_word_vectors
 
 #: The paired differences reported, as (better, worse): the good recommenders against the
