@@ -20,7 +20,7 @@ from stream.records import Recommendation
 from stream.scoring import NeighbourCache, r_label, score_event
 from stream.thesaurus import JsonThesaurus
 from workers.adapters.exporter import Exporter, LabelGuard, QualityMetrics
-from workers.commands.evaluate import Run, Scored, summarise
+from workers.commands.evaluate_summary import Run, Scored, summarise
 
 from .test_metrics import TABLE2_SYN, syn
 

@@ -88,6 +88,7 @@ def evaluate_cmd(
     FastText thesauri, raw and chance-corrected #REval-hit-ratio per (r, k), 95% intervals."""
 
     from workers.commands import evaluate as ev
+    from workers.commands import evaluate_outputs
 
     try:
         config = ev.ExperimentConfig(
@@ -112,7 +113,7 @@ def evaluate_cmd(
         raise fail(str(exc)) from None
     try:  # the files, after the options; all before any model loads
         check_paths(feeds)
-        ev.check_results_dir(out_dir, replace=force)
+        evaluate_outputs.check_results_dir(out_dir, replace=force)
     except (OSError, ValueError) as exc:
         raise fail(str(exc)) from None
     progress, track = progress_bars()
@@ -121,7 +122,7 @@ def evaluate_cmd(
             experiment = ev.run_experiment(feeds, config, progress=track)
     except (OSError, ValueError) as exc:
         raise fail(str(exc)) from None
-    ev.write_outputs(experiment, out_dir, save_thesauri=save_thesauri)
+    evaluate_outputs.write_outputs(experiment, out_dir, save_thesauri=save_thesauri)
     if as_json:
         print(json.dumps(experiment.cells))
         return
