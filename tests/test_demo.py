@@ -29,7 +29,7 @@ from stream.scoring import score_event
 from stream.thesaurus import build_neighbour_table
 from workers.adapters.annoy_thesaurus import neighbour_cache
 from workers.adapters.exporter import Exporter, LabelGuard, QualityMetrics
-from workers.commands.demo import Output, Scrape, snapshot
+from workers.commands.demo_view import Output, Scrape, snapshot
 from workers.dev.stack import REVAL
 
 COLUMNS, LINES = 80, 40

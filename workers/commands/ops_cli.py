@@ -220,7 +220,8 @@ def demo(
     their scores.
 
     Nothing of yours is touched: the demo removes only the keys and files it created."""
-    from workers.commands.demo import Demo, Output, SampleFeed
+    from workers.commands.demo import Demo, SampleFeed
+    from workers.commands.demo_view import Output
 
     if duration is not None and duration <= 0:
         raise fail("--duration must be > 0")
