@@ -41,6 +41,7 @@ def fail(message: str, *, code: int = 2) -> typer.Exit:
 
 
 def line_progress() -> Progress:
+    """A bar over the lines of a feed, with its rate (``task.fields[rate]``) on stderr."""
     return Progress(
         SpinnerColumn(),
         TextColumn("{task.description}"),
@@ -57,6 +58,7 @@ def line_progress() -> Progress:
 
 
 def load_or_fail(thesaurus: str) -> Any:
+    """The thesaurus at ``thesaurus`` (:func:`workers.adapters.store.load_thesaurus`), or exit 2."""
     try:
         return load_thesaurus(thesaurus)
     except (OSError, ValueError) as exc:
