@@ -44,8 +44,8 @@ import redis
 from bench.bench_encoder import embeddable_tweets
 from bench.bench_score_worker import cpu_seconds, scored, to_kafka
 from bench.bench_scoring import clustered_vectors, make_events
+from workers.adapters.annoy_thesaurus import AnnoyThesaurus
 from workers.adapters.redis_client import clear_prefix
-from workers.adapters.store import AnnoyThesaurus
 from workers.dev.broker import LocalBroker, local_broker
 from workers.dev.stack import Stack, Worker, wait_for
 from workers.dev.tiny_models import build_tiny_bertweet

@@ -56,9 +56,9 @@ import numpy as np
 import redis
 
 from bench.bench_scoring import as_records, clustered_vectors, make_events
+from workers.adapters.annoy_thesaurus import AnnoyThesaurus
 from workers.adapters.exporter import Exporter
 from workers.adapters.redis_client import clear_prefix
-from workers.adapters.store import AnnoyThesaurus
 from workers.dev.stack import Stack, wait_for
 from workers.dev.tansu import TansuBroker
 from workers.service.runtime import encode_json

@@ -340,7 +340,8 @@ def _normal_cdf(z: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
     t = 1.0 / (1.0 + 0.3275911 * x)
     poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
     erf = 1.0 - poly * np.exp(-x * x)
-    return 0.5 * (1.0 + np.sign(z) * erf)
+    phi: npt.NDArray[np.float64] = 0.5 * (1.0 + np.sign(z) * erf)  # numpy types the product Any
+    return phi
 
 
 @dataclass(frozen=True)

@@ -27,10 +27,10 @@ from stream.chance import corrected_of_sums
 from stream.neighbour_table import build_neighbour_table
 from stream.records import Recommendation
 from stream.scoring import score_event
+from workers.adapters.annoy_thesaurus import neighbour_cache
 from workers.adapters.exporter import Exporter, LabelGuard
 from workers.adapters.quality_metrics import QualityMetrics
-from workers.adapters.store import neighbour_cache
-from workers.commands.demo import Output, Scrape, snapshot
+from workers.commands.demo_view import Output, Scrape, snapshot
 from workers.dev.stack import REVAL
 
 COLUMNS, LINES = 80, 40

@@ -21,7 +21,7 @@ from stream.scoring import NeighbourCache, r_label, score_event
 from stream.thesaurus import JsonThesaurus
 from workers.adapters.exporter import Exporter, LabelGuard
 from workers.adapters.quality_metrics import QualityMetrics
-from workers.commands.evaluate import Run, Scored, summarise
+from workers.commands.evaluate_summary import Run, Scored, summarise
 
 from .test_metrics import TABLE2_SYN, syn
 

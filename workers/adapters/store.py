@@ -15,20 +15,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from stream.thesaurus import JsonPairs, JsonThesaurus, Thesaurus, ThesaurusFormatError, json_kind
-
-# Re-exported for the modules that were edited in parallel with this split (issue 25:
-# service/score.py, service/index.py, commands/cli.py, commands/evaluate.py,
-# bench/bench_score_worker.py); they import these from workers.adapters.annoy_thesaurus
-# after the merge, and this block goes.
-from workers.adapters.annoy_thesaurus import DEFAULT_DEPTH as DEFAULT_DEPTH
 from workers.adapters.annoy_thesaurus import AnnoyThesaurus
-from workers.adapters.annoy_thesaurus import build_from_means as build_from_means
-from workers.adapters.annoy_thesaurus import neighbour_cache as neighbour_cache
-from workers.adapters.annoy_thesaurus import thesaurus_drift as thesaurus_drift
 from workers.adapters.atomic_files import discard_directory, remove_stale, remove_tree, write_text_atomically
 from workers.adapters.thesaurus_files import METADATA_FILE, THESAURUS_FILES
-from workers.adapters.thesaurus_files import ThesaurusOverwriteError as ThesaurusOverwriteError
-from workers.adapters.thesaurus_files import check_writable_thesaurus_dir as check_writable_thesaurus_dir
 
 __all__ = ["ThesaurusStore", "load_thesaurus", "read_json_thesaurus", "version_number"]
 

@@ -1,6 +1,6 @@
 """The thesaurus audit's commands: ``reval thesaurus coherence`` and ``reval audit
-serve | report | simulate`` (registered by :mod:`workers.commands.cli`; its helpers are
-imported where used, so this module can be imported on its own)."""
+serve | report | simulate`` (registered by :mod:`workers.commands.cli`; the heavy helpers are
+imported where used, to keep ``reval --help`` quick)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import numpy as np
 import typer
 
 from stream.ballots import Protocol
+from workers.commands.console import OFFLINE_HINT, Broker, Feeds, err, fail, load_or_fail, out, progress_bars
 
 audit_app = typer.Typer(
     help="Audit a thesaurus against people: a voting page, the agreement report, campaign sizing.",
@@ -22,19 +23,13 @@ audit_app = typer.Typer(
 )
 
 
-def _cli() -> Any:
-    from workers.commands import cli
-
-    return cli
-
-
 def _annoy(path: Path) -> Any:
     """A thesaurus directory (or a store's current version) with its index."""
     from workers.adapters.annoy_thesaurus import AnnoyThesaurus
 
-    thesaurus = _cli()._load(str(path))
+    thesaurus = load_or_fail(str(path))
     if not isinstance(thesaurus, AnnoyThesaurus):
-        raise _cli().fail(f"--thesaurus {path}: the audit needs a thesaurus directory, not a JSON file")
+        raise fail(f"--thesaurus {path}: the audit needs a thesaurus directory, not a JSON file")
     return thesaurus
 
 
@@ -45,9 +40,7 @@ def _popular_first(index: Any) -> list[str]:
 
 
 def thesaurus_coherence(
-    feeds: Annotated[
-        list[Path], typer.Argument(metavar="FEED", help="Tweet files: .jsonl, .jsonl.gz or .csv")
-    ],
+    feeds: Feeds,
     thesaurus: Annotated[Path, typer.Option("--thesaurus", "-t", help="Thesaurus directory (or store)")],
     k: Annotated[int, typer.Option("-k", help="Synonyms per cluster")] = 10,
     min_tweets: Annotated[int, typer.Option(help="Score hashtags with at least this many tweets")] = 5,
@@ -64,7 +57,6 @@ def thesaurus_coherence(
     """Thematic coherence of the synonym sets (paper 003): each hashtag's tweets with its
     top-k synonyms', against k random hashtags of matched popularity; exhaustive TF-IDF
     cosine and BERTScore F1, the lift with its 95% bootstrap interval."""
-    cli = _cli()
     from stream.batch import ModelLoadError
     from workers.adapters.feeds import check_paths
     from workers.commands.coherence import CoherenceConfig, run_coherence
@@ -73,7 +65,7 @@ def thesaurus_coherence(
         config = CoherenceConfig(k, min_tweets, sample, seed, per_hashtag, model).check()
         check_paths(feeds)
     except (OSError, ValueError) as exc:
-        raise cli.fail(str(exc)) from None
+        raise fail(str(exc)) from None
     index = _annoy(thesaurus)
     chosen = model or index.metadata.model_id
     from workers.adapters.encoder import Encoder  # torch: only now
@@ -81,13 +73,13 @@ def thesaurus_coherence(
     try:
         encoder = Encoder(chosen, dtype="float32")  # the same numbers on every machine
     except ModelLoadError as exc:
-        raise cli.fail(f"--model: {exc}{cli.OFFLINE_HINT}", code=1) from None
-    progress, track = cli._progress_bars()
+        raise fail(f"--model: {exc}{OFFLINE_HINT}", code=1) from None
+    progress, track = progress_bars()
     try:
         with progress:
             result = run_coherence(feeds, index, encoder, config, track)
     except ValueError as exc:
-        raise cli.fail(str(exc), code=1) from None
+        raise fail(str(exc), code=1) from None
     if as_json:
         print(json.dumps(result, ensure_ascii=False))
         return
@@ -97,7 +89,6 @@ def thesaurus_coherence(
 def _print_coherence(result: dict[str, Any]) -> None:
     from rich.table import Table
 
-    cli = _cli()
     table = Table(
         title=f"coherence of synonym sets (k={result['k']}) against random sets of matched popularity"
     )
@@ -111,12 +102,12 @@ def _print_coherence(result: dict[str, Any]) -> None:
         table.add_row(
             name, f"{m['synonyms']:.4f}", f"{m['random']:.4f}", f"{m['lift']:+.4f}", ci, str(m["hashtags"])
         )
-    cli.out.print(table)
-    cli.out.print("least coherent synonym sets (BERTScore):", highlight=False)
+    out.print(table)
+    out.print("least coherent synonym sets (BERTScore):", highlight=False)
     for row in result["hashtags"][:10]:
         value = row["bertscore"]["synonyms"]
         shown = "-" if value is None else f"{value:.3f}"
-        cli.out.print(
+        out.print(
             f"  #{row['hashtag']} ({shown}): " + ", ".join(f"#{s}" for s in row["synonyms"]), highlight=False
         )
 
@@ -168,11 +159,10 @@ def serve_cmd(
     token: Annotated[
         str | None, typer.Option(help="Require this token (or REVAL_AUDIT_TOKEN); open /?token=... once")
     ] = None,
-    broker: Annotated[str | None, typer.Option(help="Kafka bootstrap host:port [REVAL_BROKER]")] = None,
+    broker: Broker = None,
 ) -> None:
     """Serve the voting page: two pairs of hashtags at a time, the more related one picked
     by mouse or keyboard; votes go to the Kafka topic `votes` (001's adaptive ballots)."""
-    cli = _cli()
     from stream.audit import Plan, make_areas
     from workers.adapters.kafka_client import BrokerError
     from workers.service.audit_server import AuditServer, open_audit, serve
@@ -181,7 +171,7 @@ def serve_cmd(
 
     token = token or os.environ.get("REVAL_AUDIT_TOKEN") or None
     if not _loopback(host) and not token:
-        raise cli.fail(f"--host {host} is reachable from other machines: set --token (or REVAL_AUDIT_TOKEN)")
+        raise fail(f"--host {host} is reachable from other machines: set --token (or REVAL_AUDIT_TOKEN)")
     try:
         settings = Settings.load(**({"broker": broker} if broker else {}))
         if feed:
@@ -189,25 +179,23 @@ def serve_cmd(
 
             check_paths(feed)
     except (OSError, ValueError) as exc:
-        raise cli.fail(str(exc)) from None
+        raise fail(str(exc)) from None
     index = _annoy(thesaurus)
     found = make_areas(_popular_first(index), index.neighbours, areas, area_size, np.random.default_rng(seed))
     if len(found) < areas:
-        raise cli.fail(
-            f"--areas {areas}: the thesaurus has room for {len(found)} areas of {area_size} hashtags"
-        )
+        raise fail(f"--areas {areas}: the thesaurus has room for {len(found)} areas of {area_size} hashtags")
     name = audit or f"audit-{index.version}"
     try:
         plan = Plan(name, index.version, tuple(found), ballots, alpha, m, seed).check()
     except ValueError as exc:
-        raise cli.fail(str(exc)) from None
+        raise fail(str(exc)) from None
     log = VoteLog(settings)
     try:
         state = open_audit(log, plan)
     except BrokerError as exc:
-        raise cli.fail(f"--broker / REVAL_BROKER: {exc}", code=1) from None
+        raise fail(f"--broker / REVAL_BROKER: {exc}", code=1) from None
     if state.plan != plan:
-        cli.err.print(
+        err.print(
             f"audit {name} continues with the plan it was started with (seed {state.plan.seed}, "
             f"{len(state.plan.areas)} areas)",
             highlight=False,
@@ -256,12 +244,11 @@ def report_cmd(
     audit: Annotated[str | None, typer.Option(help="Audit name [default: the last one planned]")] = None,
     resamples: Annotated[int, typer.Option(help="Bootstrap resamples of the votes", min=100)] = 1000,
     seed: Annotated[int, typer.Option(help="Seed of the bootstrap")] = 0,
-    broker: Annotated[str | None, typer.Option(help="Kafka bootstrap host:port [REVAL_BROKER]")] = None,
+    broker: Broker = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object")] = False,
 ) -> None:
     """rho_w and tau_w between the thesaurus's ranking of the audited pairs and the
     people's, per semantic area and overall, with 95% bootstrap intervals and chance."""
-    cli = _cli()
     from stream.audit import replay
     from workers.adapters.kafka_client import BrokerError
     from workers.adapters.store import ThesaurusStore
@@ -270,21 +257,21 @@ def report_cmd(
     from workers.settings import Settings
 
     if not thesaurus.exists():
-        raise cli.fail(f"--thesaurus {thesaurus} does not exist")
+        raise fail(f"--thesaurus {thesaurus} does not exist")
     store = ThesaurusStore(thesaurus)
     versions = [] if is_our_thesaurus(thesaurus) else store.versions()
     try:
         settings = Settings.load(**({"broker": broker} if broker else {}))
         events = VoteLog(settings).events()
     except ValueError as exc:
-        raise cli.fail(str(exc)) from None
+        raise fail(str(exc)) from None
     except BrokerError as exc:
-        raise cli.fail(f"--broker / REVAL_BROKER: {exc}", code=1) from None
+        raise fail(f"--broker / REVAL_BROKER: {exc}", code=1) from None
     states = replay(events)
     state = latest_audit(states, audit)
     if state is None:
         known = ", ".join(states) or "none"
-        raise cli.fail(
+        raise fail(
             f"no audit {audit or ''} in topic {settings.topic_votes} (audits: {known})".replace("  ", " "),
             code=1,
         )
@@ -314,10 +301,7 @@ def _print_report(payload: dict[str, Any]) -> None:
         ci = "" if low is None or high is None else f" [{low:.3f}, {high:.3f}]"
         return f"{d[key]:.3f}{ci}"
 
-    cli = _cli()
-    cli.out.print(
-        f"audit {payload['audit']}: {payload['votes']} of {payload['planned']} votes", highlight=False
-    )
+    out.print(f"audit {payload['audit']}: {payload['votes']} of {payload['planned']} votes", highlight=False)
     for row in payload["versions"]:
         table = Table(
             title=f"thesaurus {row['version']} against the votes (chance tau_w {row['chance']['tau_w']:.3f})"
@@ -335,7 +319,7 @@ def _print_report(payload: dict[str, Any]) -> None:
             )
         o = row["overall"]
         table.add_row("overall", cell(o, "rho_w"), cell(o, "tau_w"), str(o["items"]), str(o["votes"]), "")
-        cli.out.print(table)
+        out.print(table)
 
 
 def _truth(thesaurus: Path, truth: str, items: int, seed: int) -> Any:
@@ -351,7 +335,7 @@ def _truth(thesaurus: Path, truth: str, items: int, seed: int) -> Any:
     rng = np.random.default_rng(seed)
     found = make_areas(_popular_first(index), index.neighbours, 1, size, rng, depth=max(50, 3 * size))
     if not found:
-        raise _cli().fail(f"--items {items}: the thesaurus has no area of {size} hashtags")
+        raise fail(f"--items {items}: the thesaurus has no area of {size} hashtags")
     return index.similarities(found[0].items[:items], ranking=False)
 
 
@@ -378,11 +362,10 @@ def simulate_cmd(
 ) -> None:
     """001's stochastic transitivity model with a known true ranking: the adaptive
     protocol against uniform pairs at the same number of votes (tau_w, rho_w to the truth)."""
-    cli = _cli()
     from stream.voters import simulate
 
     if truth not in ("thesaurus", "exponential", "power"):
-        raise cli.fail(f"--truth must be thesaurus, exponential or power, not {truth!r}")
+        raise fail(f"--truth must be thesaurus, exponential or power, not {truth!r}")
     try:
         protocol = (
             Protocol.for_budget(items, budget, ballots, alpha)
@@ -390,7 +373,7 @@ def simulate_cmd(
             else Protocol(items, ballots, alpha, 20)
         ).check()
     except ValueError as exc:
-        raise cli.fail(str(exc)) from None
+        raise fail(str(exc)) from None
     z = _truth(thesaurus, truth, items, seed)
     results = [simulate(z, protocol, voters, seed + r) for r in range(runs)]
     payload = {
@@ -408,7 +391,7 @@ def simulate_cmd(
         }
         for name in ("adaptive", "uniform")
     }
-    cli.out.print(
+    out.print(
         f"{items} items, {voters} voters, {payload['budget']} comparisons (n_b={ballots}, alpha={alpha:g}, "
         f"M={protocol.m}, M_top={protocol.m_top}, M_unif={protocol.m_uniform:.1f}); mean ± sd of {runs} runs",
         highlight=False,
@@ -416,7 +399,7 @@ def simulate_cmd(
     for name in ("adaptive", "uniform"):
         values = payload[name]
         assert isinstance(values, dict)
-        cli.out.print(
+        out.print(
             f"  {name:8s} tau_w {values['tau_w']:.3f} ± {sd[name]['tau_w']:.3f}   "
             f"rho_w {values['rho_w']:.3f} ± {sd[name]['rho_w']:.3f}",
             highlight=False,

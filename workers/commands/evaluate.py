@@ -14,7 +14,7 @@ confidence intervals, on any feed.
    embedding per hashtag; ``word2vec`` / ``fasttext``: the unit mean of the tweets' MOWE
    vectors, so the variants differ only in the tweet embedding) from the *training*
    tweets, with each hubness method (:mod:`stream.hubness`), through the one builder
-   the CLI and the index job use (:func:`workers.adapters.store.build_from_means`).
+   the CLI and the index job use (:func:`workers.adapters.annoy_thesaurus.build_from_means`).
 4. Score every event with :func:`stream.scoring.score_event` -- the code path of ``reval
    score`` and the scoring worker -- raw, chance-corrected and rank-aware
    (:mod:`stream.rank`; mean only, column ``reval_hit_ratio_ranked``), for every (r, k).
@@ -24,15 +24,14 @@ confidence intervals, on any feed.
    the kappa of its sums, ``(sum observed - sum expected) / (events - sum expected)``
    (:func:`stream.experiment.bootstrap_kappas`), recomputed on each resample.
 
-Outputs: ``results.json`` (with ``cells``), ``results.csv``, ``curves.png``,
-``synonyms.md``, ``recommendations.jsonl``, ``timings.json``.  Everything that depends
+Outputs (:mod:`workers.commands.evaluate_outputs`): ``results.json`` (with ``cells``),
+``results.csv``, ``curves.png``, ``synonyms.md``, ``recommendations.jsonl``, ``timings.json``;
+the cells and differences of step 5 are :mod:`workers.commands.evaluate_summary`.  Everything that depends
 on chance takes the seeds, so ``results.json`` is the same for the same feed and options.
 """
 
 from __future__ import annotations
 
-import csv
-import json
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
@@ -50,22 +49,17 @@ from gensim.models.callbacks import CallbackAny2Vec
 from stream.cleaning import Prepared
 from stream.cores import flips, ranking
 from stream.experiment import (
+    Corpus,
     ExperimentConfig,
     ProgressFactory,
     at_core,
-    bootstrap_difference,
-    bootstrap_kappa_difference,
-    bootstrap_kappas,
-    bootstrap_means,
     hashtag_means,
     labelled,
     load_corpus,
     mowe_label,
     no_progress,
-    resample_counts,
     split_corpus,
 )
-from stream.hubness import DEFAULT_METHOD
 from stream.recommenders import (
     BaseRecommender,
     MoweRecommender,
@@ -75,19 +69,11 @@ from stream.recommenders import (
 )
 from stream.records import Recommendation
 from stream.scoring import r_label, score_event
-from workers.adapters.feeds import check_output_path, read_tweets
-from workers.adapters.store import AnnoyThesaurus, build_from_means, neighbour_cache
+from workers.adapters.annoy_thesaurus import AnnoyThesaurus, build_from_means, neighbour_cache
+from workers.adapters.feeds import read_tweets
 from workers.adapters.word_vectors import train_word_vectors
+from workers.commands.evaluate_summary import Run, Scored, compare, summarise
 
-#: The paired differences reported, as (better, worse): the good recommenders against the
-#: canary and the null, and MOWE against popularity.
-RECOMMENDER_PAIRS = (
-    ("popular", "least-popular"),
-    ("popular", "random"),
-    ("mowe", "popular"),
-    ("mowe", "random"),
-)
-EMBEDDING_PAIRS = (("bertag", "word2vec"), ("bertag", "fasttext"))
 LABELS = {"word2vec": "Word2Vec", "fasttext": "FastText"}
 
 
@@ -141,33 +127,6 @@ def bertag_vectors(
 # --------------------------------------------------------------------------- one split
 
 
-@dataclass
-class Scored:
-    """Per-event scores of one recommender on one thesaurus: events x (r, k) cells, NaN
-    where the event is unscorable."""
-
-    raw: npt.NDArray[np.float64]
-    #: the null recommender's expectation (stream.chance) per event and cell: the corrected
-    #: score of any set of events is the kappa of the sums of ``raw`` and ``expected``
-    expected: npt.NDArray[np.float64]
-    exact_hit_ratio: npt.NDArray[np.float64]  # events x r
-    ranked: npt.NDArray[np.float64]  # events x (r, k), rank-aware #REval (stream.rank)
-
-
-@dataclass
-class Run:
-    """One (split, seed): its events and every recommender's scores on every thesaurus."""
-
-    split: str
-    seed: int
-    train: list[Prepared]
-    test: list[Prepared]
-    recommended: dict[str, list[list[str]]]
-    thesauri: dict[tuple[str, str], AnnoyThesaurus]  # (variant, hubness)
-    scored: dict[tuple[str, str, str], Scored] = field(default_factory=dict)  # (variant, hubness, rec)
-    similar_median: float | None = None
-
-
 def _recommenders(config: ExperimentConfig, seed: int, w2v: Any) -> dict[str, BaseRecommender]:
     out: dict[str, BaseRecommender] = {}
     for name in config.recommenders:
@@ -206,17 +165,8 @@ def run_split(
     with _timed(timings, "train_word2vec"):
         tick = progress(f"Word2Vec, {tag} (epochs)", config.epochs)
         w2v = train_word_vectors(train_docs, "word2vec", callbacks=[_EpochTicker(tick)], **gensim_kw)
-    recommended: dict[str, list[list[str]]] = {}
-    similar: list[int] = []
     with _timed(timings, "recommend"):
-        for name, recommender in _recommenders(config, seed, w2v).items():
-            advance = progress(f"recommending ({name}), {tag}", len(test))
-            recommender.fit(train_tweets)
-            recommended[name] = recommender.recommend_many(
-                [p.tweet for p in test], max(config.rs), progress=advance
-            )
-            if isinstance(recommender, MoweRecommender) and name == "mowe":
-                similar = recommender.last_similar_counts
+        recommended, similar = _recommend(config, seed, w2v, train_tweets, test, tag, progress)
     thesauri: dict[tuple[str, str], AnnoyThesaurus] = {}
     for variant in config.embeddings:
         with _timed(timings, f"thesaurus_{variant}"):
@@ -261,6 +211,30 @@ def run_split(
     with _timed(timings, "score"):
         score_run(config, run, progress)
     return run
+
+
+def _recommend(
+    config: ExperimentConfig,
+    seed: int,
+    w2v: Any,
+    train_tweets: list[Any],
+    test: list[Prepared],
+    tag: str,
+    progress: ProgressFactory,
+) -> tuple[dict[str, list[list[str]]], list[int]]:
+    """Each recommender fitted and run on the test tweets: (its lists by name, MOWE's counts of
+    similar training tweets)."""
+    recommended: dict[str, list[list[str]]] = {}
+    similar: list[int] = []
+    for name, recommender in _recommenders(config, seed, w2v).items():
+        advance = progress(f"recommending ({name}), {tag}", len(test))
+        recommender.fit(train_tweets)
+        recommended[name] = recommender.recommend_many(
+            [p.tweet for p in test], max(config.rs), progress=advance
+        )
+        if isinstance(recommender, MoweRecommender) and name == "mowe":
+            similar = recommender.last_similar_counts
+    return recommended, similar
 
 
 def score_run(config: ExperimentConfig, run: Run, progress: ProgressFactory) -> None:
@@ -505,6 +479,35 @@ def run_experiment(
     first = base_runs[0]
     popularity = Counter(h for p in first.train for h in p.hashtags)
     top = sorted(popularity.items(), key=lambda kv: (-kv[1], kv[0]))[: config.top_hashtags]
+    thesauri_info, synonyms, hubs = _describe_thesauri(config, first, top)
+    main = config.recommender_names[0]
+    events = [
+        recommendation_event(p.tweet, recs, main, with_truth=True)
+        for p, recs in zip(first.test, first.recommended[main], strict=True)
+    ]
+    data = _data_summary(corpus, base_runs, popularity, cores)
+    timings["total"] = round(time.perf_counter() - started, 2)
+    return Experiment(
+        config=config,
+        feeds=[str(f) for f in feeds],
+        data=data,
+        cells=cells,
+        differences=differences,
+        thesauri=thesauri_info,
+        labels={v: variant_label(v, config.model) for v in config.embeddings},
+        synonyms=synonyms,
+        hubs=hubs,
+        top_hashtags=top,
+        events=events,
+        timings=timings,
+        built={f"{variant}-{method}": th for (variant, method), th in first.thesauri.items()},
+    )
+
+
+def _describe_thesauri(
+    config: ExperimentConfig, first: Run, top: list[tuple[str, int]]
+) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, list[str]]], dict[str, list[tuple[str, int]]]]:
+    """Per thesaurus of the first run: what it is, the top hashtags' synonyms, its hubs."""
     thesauri_info: dict[str, dict[str, Any]] = {}
     synonyms: dict[str, dict[str, list[str]]] = {}
     hubs: dict[str, list[tuple[str, int]]] = {}
@@ -522,11 +525,14 @@ def run_experiment(
         }
         synonyms[key] = {h: th.neighbours(h, config.n_synonyms) for h, _ in top}
         hubs[key] = [(str(h), int(n)) for h, n in report.get("hubs", [])]
-    main = config.recommender_names[0]
-    events = [
-        recommendation_event(p.tweet, recs, main, with_truth=True)
-        for p, recs in zip(first.test, first.recommended[main], strict=True)
-    ]
+    return thesauri_info, synonyms, hubs
+
+
+def _data_summary(
+    corpus: Corpus, base_runs: list[Run], popularity: Counter[str], cores: dict[int, dict[str, Any]]
+) -> dict[str, Any]:
+    """What was read, kept and split (``results.json``'s ``data``)."""
+    first = base_runs[0]
     test_tags = [h for p in first.test for h in p.tweet.hashtags]
     data = {
         "lines_read": corpus.lines_read,
@@ -553,394 +559,9 @@ def run_experiment(
         "test_hashtag_uses_seen_in_training": sum(1 for h in test_tags if h in popularity),
         "cores": {str(level): info for level, info in cores.items()},
     }
-    timings["total"] = round(time.perf_counter() - started, 2)
-    return Experiment(
-        config=config,
-        feeds=[str(f) for f in feeds],
-        data=data,
-        cells=cells,
-        differences=differences,
-        thesauri=thesauri_info,
-        labels={v: variant_label(v, config.model) for v in config.embeddings},
-        synonyms=synonyms,
-        hubs=hubs,
-        top_hashtags=top,
-        events=events,
-        timings=timings,
-        built={f"{variant}-{method}": th for (variant, method), th in first.thesauri.items()},
-    )
+    return data
 
 
 def _period(prepared: Sequence[Prepared]) -> list[str | None]:
     times = [p.tweet.created_at for p in prepared if p.tweet.created_at is not None]
     return [min(times).isoformat(), max(times).isoformat()] if times else [None, None]
-
-
-def _grouped(config: ExperimentConfig, runs: list[Run]) -> Iterator[tuple[str, int | str, list[Run]]]:
-    """(split, seed, runs): each run alone, and each split's seeds pooled (seed "all")."""
-    for split in config.splits:
-        of_split = [run for run in runs if run.split == split]
-        for run in of_split:
-            yield split, run.seed, [run]
-        if len(of_split) > 1:
-            yield split, "all", of_split
-    if len(config.seeds) == 1:  # one seed: its cells are also the pooled ones
-        for split in config.splits:
-            yield split, "all", [run for run in runs if run.split == split]
-
-
-def _stack(runs: list[Run], key: tuple[str, str, str]) -> tuple[Scored, npt.NDArray[np.int64]]:
-    parts = [run.scored[key] for run in runs]
-    strata = np.concatenate([np.full(len(run.test), i, dtype=np.int64) for i, run in enumerate(runs)])
-    return Scored(
-        np.vstack([p.raw for p in parts]),
-        np.vstack([p.expected for p in parts]),
-        np.vstack([p.exact_hit_ratio for p in parts]),
-        np.vstack([p.ranked for p in parts]),
-    ), strata
-
-
-def summarise(config: ExperimentConfig, runs: list[Run]) -> list[dict[str, Any]]:
-    """One cell per (split, seed or "all", embedding, hubness, recommender, r, k)."""
-    cells = []
-    ks, rs = list(config.ks), list(config.rs)
-    for split, seed, group in _grouped(config, runs):
-        keys = list(group[0].scored)
-        n = sum(len(run.test) for run in group)
-        for key in keys:
-            scored, strata = _stack(group, key)
-            counts = resample_counts(n, strata if len(group) > 1 else None, config.bootstrap, seed=17)
-            raw = bootstrap_means(scored.raw, counts)
-            corrected = bootstrap_kappas(scored.raw, scored.expected, counts)
-            exact = bootstrap_means(scored.exact_hit_ratio, counts)
-            ranked = bootstrap_means(scored.ranked, counts)
-            variant, method, name = key
-            for j, r in enumerate(rs):
-                for i, k in enumerate(ks):
-                    e, c = raw[j * len(ks) + i], corrected[j * len(ks) + i]
-                    cells.append(
-                        {
-                            "split": split,
-                            "seed": seed,
-                            "variant": variant,
-                            "hubness": method,
-                            "recommender": name,
-                            "r": str(r),
-                            "k": k,
-                            "reval_hit_ratio": e.mean,
-                            "ci_low": e.low,
-                            "ci_high": e.high,
-                            "reval_hit_ratio_corrected": c.mean,
-                            "corrected_ci_low": c.low,
-                            "corrected_ci_high": c.high,
-                            # null: no null model, or no room above chance in this cell
-                            "corrected_null_reason": None
-                            if c.mean is not None
-                            else "no_room"
-                            if np.any(~np.isnan(scored.expected[:, j * len(ks) + i]))
-                            else "no_null_model",
-                            "exact_hit_ratio": exact[j].mean,
-                            "reval_hit_ratio_ranked": ranked[j * len(ks) + i].mean,
-                            "events": e.events,
-                            "unscorable": e.unscorable,
-                        }
-                    )
-    return cells
-
-
-def compare(config: ExperimentConfig, runs: list[Run]) -> list[dict[str, Any]]:
-    """Paired bootstrap differences, seeds pooled: recommenders on the same thesaurus,
-    embeddings for the same recommender (raw and corrected)."""
-    out = []
-    ks, rs = list(config.ks), list(config.rs)
-    names = set(config.recommender_names)
-    for split, seed, group in _grouped(config, runs):
-        if seed != "all":
-            continue
-        n = sum(len(run.test) for run in group)
-        counts = resample_counts(
-            n,
-            np.concatenate([np.full(len(run.test), i, dtype=np.int64) for i, run in enumerate(group)]),
-            config.bootstrap,
-            seed=23,
-        )
-        pairs: list[tuple[str, tuple[str, str, str], tuple[str, str, str]]] = []
-        for variant in config.embeddings:
-            for method in config.hubness:
-                pairs += [
-                    ("recommenders", (variant, method, a), (variant, method, b))
-                    for a, b in RECOMMENDER_PAIRS
-                    if a in names and b in names
-                ]
-        for method in config.hubness:
-            for name in config.recommender_names:
-                pairs += [
-                    ("embeddings", (a, method, name), (b, method, name))
-                    for a, b in EMBEDDING_PAIRS
-                    if a in config.embeddings and b in config.embeddings
-                ]
-        for what, a, b in pairs:
-            sa, _ = _stack(group, a)
-            sb, _ = _stack(group, b)
-            for metric, diffs in (
-                ("reval_hit_ratio", bootstrap_difference(sa.raw, sb.raw, counts)),
-                (
-                    "reval_hit_ratio_corrected",
-                    bootstrap_kappa_difference((sa.raw, sa.expected), (sb.raw, sb.expected), counts),
-                ),
-            ):
-                for j, r in enumerate(rs):
-                    for i, k in enumerate(ks):
-                        d, low, high = diffs[j * len(ks) + i]
-                        out.append(
-                            {
-                                "split": split,
-                                "compare": what,
-                                "metric": metric,
-                                "a": "/".join(a),
-                                "b": "/".join(b),
-                                "r": str(r),
-                                "k": k,
-                                "difference": d,
-                                "ci_low": low,
-                                "ci_high": high,
-                            }
-                        )
-    return out
-
-
-# --------------------------------------------------------------------------- outputs
-
-
-RESULT_FILES = frozenset(
-    {
-        "results.json",
-        "results.csv",
-        "recommendations.jsonl",
-        "synonyms.md",
-        "curves.png",
-        "timings.json",
-        "cores.md",
-        "thesauri",
-    }
-)
-
-
-def check_results_dir(
-    out: Path, *, replace: bool, files: frozenset[str] = RESULT_FILES, command: str = "reval evaluate"
-) -> None:
-    """Refuse to write results anywhere but a new or empty directory, or -- with
-    ``replace`` -- one holding only ``files`` of an earlier run (never the user's files)."""
-    if not out.exists() and not out.is_symlink():
-        check_output_path(out)
-        return
-    if not out.is_dir():
-        raise ValueError(f"{out} exists and is not a directory")
-    present = {p.name for p in out.iterdir()}
-    foreign = sorted(present - files)
-    if foreign:
-        raise ValueError(
-            f"{out} holds files not written by {command} ({', '.join(foreign[:3])}): "
-            "refusing to write there (choose a new directory)"
-        )
-    if present and not replace:
-        raise ValueError(f"{out} already holds results: pass --force to replace them")
-
-
-def write_outputs(experiment: Experiment, out_dir: str | Path, *, save_thesauri: bool = False) -> Path:
-    """Write results.json/.csv, curves.png, synonyms.md, recommendations.jsonl, timings.json."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(
-        json.dumps(experiment.results_json(), indent=1, ensure_ascii=False) + "\n", encoding="utf-8"
-    )
-    columns = [
-        "core",
-        "split",
-        "seed",
-        "variant",
-        "hubness",
-        "recommender",
-        "r",
-        "k",
-        "reval_hit_ratio",
-        "ci_low",
-        "ci_high",
-        "reval_hit_ratio_corrected",
-        "corrected_ci_low",
-        "corrected_ci_high",
-        "corrected_null_reason",
-        "exact_hit_ratio",
-        "reval_hit_ratio_ranked",
-        "events",
-        "unscorable",
-    ]
-    with open(out / "results.csv", "w", encoding="utf-8", newline="") as fh:
-        writer = csv.writer(fh)
-        writer.writerow(columns)
-        for cell in experiment.cells:
-            writer.writerow(
-                [
-                    "" if cell[c] is None else (f"{cell[c]:.6f}" if isinstance(cell[c], float) else cell[c])
-                    for c in columns
-                ]
-            )
-    with open(out / "recommendations.jsonl", "w", encoding="utf-8") as fh:
-        for event in experiment.events:
-            fh.write(json.dumps(event, ensure_ascii=False) + "\n")
-    (out / "synonyms.md").write_text(synonyms_markdown(experiment), encoding="utf-8")
-    if len(experiment.config.cores) > 1:
-        (out / "cores.md").write_text(cores_markdown(experiment), encoding="utf-8")
-    plot_curves(experiment, out / "curves.png")
-    (out / "timings.json").write_text(json.dumps(experiment.timings, indent=2) + "\n", encoding="utf-8")
-    if save_thesauri:
-        for name, thesaurus in experiment.built.items():
-            thesaurus.save(out / "thesauri" / name, replace=True)
-    return out
-
-
-def cores_markdown(experiment: Experiment) -> str:
-    """Where the ranking of recommenders flips from the first p-core to the others."""
-    config, found = experiment.config, experiment.core_flips()
-    sizes = experiment.data["cores"]
-    lines = [
-        "# The ranking of recommenders on p-cores (paper 002)",
-        "",
-        "The p-core keeps each hashtag used in at least p kept tweets, each tweet with at least one "
-        "kept hashtag (its ground truth: the hashtags it kept), each user with at least p kept tweets "
-        "where the feed names users; every cell is recomputed on it (seeds pooled). A flip is a pair "
-        "of recommenders in the opposite order by mean; *clear*: on both cores the two 95% intervals "
-        "are apart.",
-        "",
-        "| core | tweets | hashtags |",
-        "|---:|---:|---:|",
-        *(f"| {level} | {info['tweets']:,} | {info['hashtags']:,} |" for level, info in sizes.items()),
-        "",
-    ]
-    if not found:
-        return "\n".join([*lines, f"The ranking never flips against the {config.cores[0]}-core.", ""])
-    clear = sum(1 for f in found for pair in f["flips"] if pair["clear"])
-    lines += [
-        f"{len(found)} cells flip ({clear} clear pair flips); rankings best first.",
-        "",
-        "| metric | embedding, hubness | r | k | cores | ranking before | ranking after | flips |",
-        "|---|---|---:|---:|---|---|---|---|",
-    ]
-    for f in found:
-        before, after = (f["ranking"][str(f[key])] for key in ("from_core", "to_core"))
-        pairs = ", ".join(
-            f"{p['above']} > {p['below']}" + (" (clear)" if p["clear"] else "") for p in f["flips"]
-        )
-        metric = "corrected" if f["metric"] == "reval_hit_ratio_corrected" else "#REval"
-        split = f", {f['split']} split" if len(config.splits) > 1 else ""
-        lines.append(
-            f"| {metric}{split} | {f['variant']}, {f['hubness']} | {f['r']} | {f['k']} | "
-            f"{f['from_core']} → {f['to_core']} | {', '.join(before)} | {', '.join(after)} | {pairs} |"
-        )
-    return "\n".join(lines) + "\n"
-
-
-def synonyms_markdown(experiment: Experiment) -> str:
-    """The paper's Table 5 for the most used training hashtags, and each thesaurus's hubs."""
-    n = experiment.config.n_synonyms
-    keys = list(experiment.synonyms)
-    lines = [
-        f"# The {n} nearest synonyms of the {len(experiment.top_hashtags)} most used training hashtags",
-        "",
-        f"First split and seed ({experiment.config.splits[0]}, {experiment.config.seeds[0]}).",
-        "",
-        "| Hashtag (training tweets) | " + " | ".join(_key_label(experiment, k) for k in keys) + " |",
-        "|---|" + "---|" * len(keys),
-    ]
-    for tag, count in experiment.top_hashtags:
-        cells = [", ".join(f"#{s}" for s in experiment.synonyms[k][tag]) for k in keys]
-        lines.append(f"| #{tag} ({count}) | " + " | ".join(cells) + " |")
-    lines += [
-        "",
-        "## Hubs: the hashtags among the 10 nearest of the most others (N_10)",
-        "",
-        "| thesaurus | skewness of N_10 | largest N_10 (share) | lists reaching a top-10 hub | top hubs |",
-        "|---|---:|---:|---:|---|",
-    ]
-    for key in keys:
-        report = experiment.thesauri[key]["hubness"]
-        hubs = ", ".join(f"#{h} ({c})" for h, c in experiment.hubs[key][:10])
-        lines.append(
-            f"| {_key_label(experiment, key)} | {report['skewness']:.2f} | {report['max']} "
-            f"({100 * report['max_share']:.1f}%) | {100 * report['share_with_hub']:.1f}% | {hubs} |"
-        )
-    return "\n".join(lines) + "\n"
-
-
-def _key_label(experiment: Experiment, key: str) -> str:
-    info = experiment.thesauri[key]
-    return f"{info['label']}, {info['hubness_method']}"
-
-
-_STYLE = {"bertag": ("tab:blue", "o"), "word2vec": ("tab:green", "s"), "fasttext": ("tab:orange", "^")}
-_BASELINE_STYLE = {"popular": ("black", "-"), "least-popular": ("tab:red", ":"), "random": ("tab:gray", "--")}
-
-
-def _series(
-    experiment: Experiment, variant: str, recommender: str, r: int, fields: tuple[str, str, str]
-) -> list[list[float]]:
-    """The mean, low and high of a curve over k (NaN where unscorable)."""
-    cells = [
-        experiment.cell(variant=variant, recommender=recommender, r=r, k=k) for k in experiment.config.ks
-    ]
-    return [[np.nan if c[name] is None else c[name] for c in cells] for name in fields]
-
-
-def plot_curves(experiment: Experiment, path: str | Path) -> None:
-    """#REval-hit-ratio (top row) and its chance-corrected value (bottom row) against k,
-    one panel per r: the main recommender per embedding with 95% bands, and on the first
-    embedding the baselines -- popular, the least-popular canary, the random null."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    config = experiment.config
-    rs, ks = list(config.rs), list(config.ks)
-    main = config.recommender_names[0]
-    fig, axes = plt.subplots(2, len(rs), figsize=(4.4 * len(rs), 7.2), sharex=True, squeeze=False)
-    for row, (metric, low, high) in enumerate(
-        (
-            ("reval_hit_ratio", "ci_low", "ci_high"),
-            ("reval_hit_ratio_corrected", "corrected_ci_low", "corrected_ci_high"),
-        )
-    ):
-        for ax, r in zip(axes[row], rs, strict=True):
-            fields = (metric, low, high)
-            for variant in config.embeddings:
-                colour, marker = _STYLE[variant]
-                ys, lo, hi = _series(experiment, variant, main, r, fields)
-                ax.plot(ks, ys, marker=marker, color=colour, label=f"{main}, {experiment.labels[variant]}")
-                ax.fill_between(ks, lo, hi, color=colour, alpha=0.15, linewidth=0)
-            first = config.embeddings[0]
-            for name in config.recommender_names[1:]:
-                colour, style = _BASELINE_STYLE.get(name, ("tab:purple", "-."))
-                ys, lo, hi = _series(experiment, first, name, r, fields)
-                ax.plot(ks, ys, linestyle=style, color=colour, label=f"{name}, {experiment.labels[first]}")
-                ax.fill_between(ks, lo, hi, color=colour, alpha=0.08, linewidth=0)
-            if row == 1:
-                ax.axhline(0.0, color="tab:gray", linewidth=0.8)
-                ax.set_xlabel("k (number of synonyms)")
-            ax.set_title(f"top-{r} recommendations")
-            ax.set_xticks(ks)
-            ax.grid(alpha=0.3)
-        axes[row][0].set_ylabel("#REval-hit-ratio" if row == 0 else "chance-corrected #REval")
-    axes[0][-1].legend(loc="upper left", fontsize="x-small")
-    d = experiment.data
-    fig.suptitle(
-        f"{config.splits[0]} split, seeds {', '.join(map(str, config.seeds))} pooled, hubness "
-        f"{config.hubness[0]}: {d['train_tweets']:,} training / {d['test_tweets']:,} test tweets per seed; "
-        "bands: 95% bootstrap",
-        fontsize="medium",
-    )
-    fig.tight_layout()
-    fig.savefig(path, dpi=110, metadata={"Software": None})
-    plt.close(fig)
-
-
-__all__ = ["DEFAULT_METHOD", "Experiment", "run_experiment", "write_outputs"]

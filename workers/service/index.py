@@ -17,16 +17,11 @@ from stream.drift import RecentShift, ThesaurusDrift, recent_shift
 from stream.means import HashtagMeans, RunningMean
 from stream.mmd import MmdResult, mmd_test
 from stream.thesaurus import Thesaurus
+from workers.adapters.annoy_thesaurus import AnnoyThesaurus, build_from_means, thesaurus_drift
 from workers.adapters.exporter import Exporter
 from workers.adapters.redis_client import with_retry
 from workers.adapters.redis_thesaurus import RedisThesauri
-from workers.adapters.store import (
-    AnnoyThesaurus,
-    ThesaurusStore,
-    build_from_means,
-    thesaurus_drift,
-    version_number,
-)
+from workers.adapters.store import ThesaurusStore, version_number
 from workers.service.embed import means_of, recent_windows, replication_of, samples_of
 from workers.service.runtime import Runtime
 from workers.service.thesaurus_audit import VersionAudit

@@ -29,13 +29,14 @@ import faust
 from stream.records import Recommendation, Tweet, parse_recommendation, parse_time, parse_tweet
 from stream.scoring import NeighbourCache, score_events
 from stream.thesaurus import JsonThesaurus
+from workers.adapters.annoy_thesaurus import neighbour_cache
 from workers.adapters.exporter import Exporter, LabelGuard
 from workers.adapters.kafka_client import TopicIdentity
 from workers.adapters.quality_metrics import QualityMetrics
 from workers.adapters.redis_client import Client, with_retry
 from workers.adapters.redis_state import RedisClaims, RedisJoin, Waiting
 from workers.adapters.redis_thesaurus import RedisThesauri
-from workers.adapters.store import ThesaurusStore, neighbour_cache, version_number
+from workers.adapters.store import ThesaurusStore, version_number
 from workers.service.embed import replication_of
 from workers.service.incarnation import Incarnations
 from workers.service.index import thesauri_of

@@ -30,7 +30,6 @@ from workers.commands.backtest.simulation import (
     DEFAULT_INJECTIONS,
     EMBEDDING_SIGNAL,
     BacktestConfig,
-    load_render,
     rules_for,
 )
 
@@ -43,7 +42,6 @@ __all__ = [
     "backfill",
     "check_out",
     "goal",
-    "load_render",
     "markdown",
     "rule_params",
     "rules_for",

@@ -16,7 +16,7 @@ from workers.adapters.backfill import Family, Series, counter_at, create_blocks,
 from workers.adapters.exporter import CORRECTED_COUNTERS
 from workers.commands.backtest.analysis import Backtest
 from workers.commands.backtest.simulation import EMBEDDING_ALPHA, EMBEDDING_SIGNAL, iso
-from workers.commands.evaluate import check_results_dir
+from workers.commands.evaluate_outputs import check_results_dir
 
 RESULT_FILES = frozenset({"detection.json", "detection.md", "series.json", "report.html"})
 

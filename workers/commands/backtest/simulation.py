@@ -12,13 +12,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from stream import alert_params
 from stream import backtest as bt
 from stream.alert_params import EVALUATION_INTERVAL, Params, seconds
 from stream.cleaning import Prepared
@@ -104,15 +102,6 @@ def _seconds(when: datetime) -> float:
 
 def iso(seconds: float) -> str:
     return datetime.fromtimestamp(seconds, UTC).isoformat()
-
-
-def load_render() -> ModuleType:
-    """The module with the rules' parameters and ``seconds``.
-
-    Only for ``cli.py``'s ``bk.load_render().seconds``: once cli.py is split, it calls
-    :func:`stream.alert_params.seconds` and this goes.
-    """
-    return alert_params
 
 
 def rules_for(params: Params, scale: float) -> tuple[bt.Rules, int, str]:
