@@ -48,7 +48,7 @@ import redis
 
 from bench.results import publish
 from workers.adapters.redis_means import Contribution, RedisMeans
-from workers.service.embed import means_of
+from workers.service.stores import means_of
 from workers.settings import Settings
 
 REPO = Path(__file__).resolve().parents[1]

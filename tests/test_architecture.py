@@ -128,6 +128,23 @@ def test_every_import_points_down() -> None:
     assert not bad, "imports must point down:\n" + "\n".join(bad)
 
 
+#: The roles: each is started by the app (workers/service/app.py) and shares what it needs with
+#: the others through modules below it (runtime, records, stores), never through another role.
+ROLES = {"workers.service.embed", "workers.service.index", "workers.service.score"}
+
+
+def test_no_role_imports_another() -> None:
+    bad = [
+        f"{path.relative_to(ROOT)}:{line} imports {module}"
+        for name, path in modules()
+        if name.startswith("workers.service.") and name != "workers.service.app"
+        for line, module in imports(path)
+        if any(module == role or module.startswith(role + ".") for role in ROLES - {name})
+        or (module == "workers.service" and name not in ROLES)
+    ]
+    assert not bad, "a role (or a module the roles share) imports a role:\n" + "\n".join(bad)
+
+
 @pytest.mark.parametrize("package", ["stream", "workers"])
 def test_every_package_is_importable_and_has_doctests_collected(package: str) -> None:
     # pytest's testpaths include both packages and --doctest-modules runs their examples.

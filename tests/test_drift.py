@@ -23,8 +23,8 @@ from workers.adapters.redis_means import Contribution, RedisMeans
 from workers.adapters.store import ThesaurusStore
 from workers.commands.cli import app
 from workers.commands.drift import thesaurus_diff
-from workers.service.embed import means_of
 from workers.service.index import Indexer
+from workers.service.stores import means_of
 from workers.settings import Settings
 
 DIM = 16

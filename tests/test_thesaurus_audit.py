@@ -18,8 +18,8 @@ from stream.coherence import bottom_k
 from workers.adapters.exporter import Exporter
 from workers.adapters.redis_means import Contribution
 from workers.adapters.redis_reservoir import RedisReservoir
-from workers.service.embed import means_of
 from workers.service.index import Indexer
+from workers.service.stores import means_of
 from workers.service.thesaurus_audit import VoteLog
 from workers.settings import Settings
 

@@ -7,7 +7,6 @@ hashtag's watermark; the batch is acknowledged only after that.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -19,13 +18,14 @@ from stream.coherence import coherence_text
 from stream.records import parse_tweet
 from workers.adapters.exporter import Exporter
 from workers.adapters.kafka_client import TopicIdentity
-from workers.adapters.redis_client import Client, Replication, with_retry
-from workers.adapters.redis_means import Contribution, RedisMeans
+from workers.adapters.redis_client import Client, with_retry
+from workers.adapters.redis_means import Contribution
 from workers.adapters.redis_reservoir import RedisReservoir
-from workers.adapters.redis_state import RedisSamples, RedisSeen
+from workers.adapters.redis_state import RedisSeen
 from workers.service.incarnation import Incarnations
 from workers.service.records import Record, admit
 from workers.service.runtime import Outcome, Output, Runtime, Step, Topics, letter
+from workers.service.stores import means_of, replication_of, samples_of
 from workers.settings import Settings
 
 Item = tuple[Record, Prepared]
@@ -128,54 +128,6 @@ def _event_time(record: Record, prepared: Prepared) -> float:
     """The tweet's time (``created_at``), else the Kafka timestamp: the sample's bucket."""
     created = prepared.tweet.created_at
     return created.timestamp() if created is not None else record.time
-
-
-def recent_windows(settings: Settings) -> int:
-    """How many event-time windows make up the recent use the index job compares."""
-    if not settings.means_window_s:
-        return 0
-    return max(1, math.ceil(settings.means_recent_s / settings.means_window_s))
-
-
-def replication_of(client: Client, settings: Settings, exporter: Exporter | None = None) -> Replication:
-    """The replication barrier and rollback check as the settings configure them (every role
-    that writes); rollbacks count in ``reval_redis_rollbacks_total``."""
-    return Replication(
-        client,
-        settings.replicas_required(),
-        timeout_s=settings.redis_replica_timeout_s,
-        prefix=settings.redis_prefix,
-        on_rollback=(lambda master, key: exporter.redis_rollbacks.inc()) if exporter is not None else None,
-    )
-
-
-def means_of(
-    client: Client, settings: Settings, dim: int | None = None, replication: Replication | None = None
-) -> RedisMeans:
-    """The running means as the settings configure them (embed workers and index job): each
-    hashtag keeps its recent windows and one more, the one the recent use starts in."""
-    return RedisMeans(
-        client,
-        prefix=settings.redis_prefix,
-        dim=dim,
-        fold_after=settings.means_fold_after,
-        window_s=settings.means_window_s or None,
-        window_keep=recent_windows(settings) + 1,
-        replication=replication,
-    )
-
-
-def samples_of(client: Client, settings: Settings, replication: Replication | None = None) -> RedisSamples:
-    """The embedding samples as the settings configure them (embed workers and index job)."""
-    return RedisSamples(
-        client,
-        settings.redis_prefix,
-        rate=settings.drift_sample_rate,
-        cap=settings.drift_sample_cap,
-        bucket_s=settings.drift_bucket_s,
-        window_s=settings.drift_window_s,
-        replication=replication,
-    )
 
 
 def load_encoder(settings: Settings) -> Any:

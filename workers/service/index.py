@@ -20,10 +20,9 @@ from stream.thesaurus import Thesaurus
 from workers.adapters.annoy_thesaurus import AnnoyThesaurus, build_from_means, thesaurus_drift
 from workers.adapters.exporter import Exporter
 from workers.adapters.redis_client import with_retry
-from workers.adapters.redis_thesaurus import RedisThesauri
 from workers.adapters.store import ThesaurusStore, version_number
-from workers.service.embed import means_of, recent_windows, replication_of, samples_of
 from workers.service.runtime import Runtime
+from workers.service.stores import means_of, recent_windows, samples_of, thesauri_of
 from workers.service.thesaurus_audit import VersionAudit
 from workers.settings import Settings
 
@@ -200,13 +199,6 @@ class Indexer:
             self.x.index_hubness_hub_share.set(report["share_with_hub"])
         if seconds is not None:
             self.x.index_build_seconds.set(seconds)
-
-
-def thesauri_of(client: Any, settings: Settings) -> RedisThesauri:
-    """The thesaurus versions in Redis, as the settings configure them (index job, scorers)."""
-    return RedisThesauri(
-        client, settings.redis_prefix, keep=settings.index_keep, replication=replication_of(client, settings)
-    )
 
 
 def register(app: faust.App, rt: Runtime) -> None:

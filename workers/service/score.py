@@ -37,11 +37,10 @@ from workers.adapters.redis_client import Client, with_retry
 from workers.adapters.redis_state import RedisClaims, RedisJoin, Waiting
 from workers.adapters.redis_thesaurus import RedisThesauri
 from workers.adapters.store import ThesaurusStore, version_number
-from workers.service.embed import replication_of
 from workers.service.incarnation import Incarnations
-from workers.service.index import thesauri_of
 from workers.service.records import Record, admit, dead_letter, letter_key
 from workers.service.runtime import Outcome, Output, Runtime, Step, Topics, letter
+from workers.service.stores import replication_of, thesauri_of
 from workers.settings import Settings, window_label
 
 log = logging.getLogger("reval.workers")
