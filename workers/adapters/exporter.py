@@ -113,7 +113,8 @@ class Exporter:
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
         self._built_at = 0.0
-        # Quality: reval_hit_ratio_* and reval_exact_match_* come from QualityMetrics.collect
+        # Quality: reval_hit_ratio_* and reval_exact_match_* come from QualityMetrics.collect;
+        # the families below are grouped by what they describe.
         self.events = Counter(
             "reval_events",
             "Recommendation events by outcome",
@@ -129,6 +130,13 @@ class Exporter:
             ["recommender"],
             registry=r,
         )
+        self._add_operations(r)
+        self._add_index(r)
+        self._add_drift(r)
+        self._add_thesaurus_checks(r)
+
+    def _add_operations(self, r: CollectorRegistry) -> None:
+        """Consumption, embedding, Redis, the join and the output: how the worker runs."""
         # Operations
         self.consumed = Counter("reval_records_consumed", "Records consumed", ["topic"], registry=r)
         self.rejected = Counter(
@@ -193,6 +201,9 @@ class Exporter:
             registry=r,
         )
         self.join = Counter("reval_join", "Join outcomes", ["outcome"], registry=r)
+
+    def _add_index(self, r: CollectorRegistry) -> None:
+        """The current thesaurus: version, age, size, build time and hubness."""
         self.index_version = Gauge("reval_index_version", "Current thesaurus version number", registry=r)
         self.index_built = Gauge(
             "reval_index_built_timestamp_seconds",
@@ -219,6 +230,9 @@ class Exporter:
             "Share of hashtags whose 10 nearest hold one of the 10 largest hubs",
             registry=r,
         )
+
+    def _add_drift(self, r: CollectorRegistry) -> None:
+        """Embedding drift, meaning drift between versions, recent use against earlier use."""
         # Meaning drift from the previous version to the current one (stream.drift): summary
         # quantiles only, never a label per hashtag (the movers go to the log).
         # The embedding drift test (stream.mmd) of the index job: NaN until both windows
@@ -267,6 +281,9 @@ class Exporter:
             registry=r,
         )
         self.set_recent_shift(None)
+
+    def _add_thesaurus_checks(self, r: CollectorRegistry) -> None:
+        """The audit of each version and what the scorer loaded (or refused), and the consumer lag."""
         # The audit of each new version (stream.coherence, stream.audit): NaN until measured.
         self.coherence = Gauge(
             "reval_thesaurus_coherence",
