@@ -35,11 +35,13 @@ from workers.adapters.redis_client import Client, with_retry
 from workers.adapters.redis_state import RedisClaims, RedisJoin, Waiting
 from workers.adapters.redis_thesaurus import RedisThesauri
 from workers.adapters.store import ThesaurusStore, neighbour_cache, version_number
+from workers.service.consumer import BatchConsumer
 from workers.service.embed import replication_of
-from workers.service.incarnation import Incarnations
+from workers.service.incarnation import Incarnations, score_group
 from workers.service.index import thesauri_of
 from workers.service.records import Record, admit, dead_letter, letter_key
 from workers.service.runtime import Outcome, Output, Runtime, Step, Topics, letter
+from workers.service.transactions import Transactions
 from workers.settings import Settings, window_label
 
 log = logging.getLogger("reval.workers")
@@ -430,9 +432,10 @@ def collect_less_often() -> None:
         gc.set_threshold(GC_YOUNG_THRESHOLD, max(middle, 20), max(old, 100))
 
 
-def register(app: faust.App, topics: Topics, rt: Runtime) -> None:
-    """The ``score`` agent (events), the ``join`` agent (tweets answering waiting events),
-    the expiry timer (leader only) and the thesaurus reload timer."""
+def register(app: faust.App, topics: Topics, rt: Runtime, generation: int = 0) -> None:
+    """The score role: its batch consumer of events (``score`` step) and tweets (the join's
+    step) (:mod:`workers.service.consumer`), the expiry timer (leader only) and the thesaurus
+    reload timer.  ``generation``: the consumer groups' (:mod:`workers.service.incarnation`)."""
     settings = rt.settings
     collect_less_often()
     identity = TopicIdentity(settings.broker.split(",")[0], **settings.kafka_client_options())
@@ -456,14 +459,28 @@ def register(app: faust.App, topics: Topics, rt: Runtime) -> None:
         hold=lambda: not scorer.ready(),
     )
     incarnations.watch(app, [settings.topic_recommendations, settings.topic_tweets])
+    group = score_group(settings.app_id, generation)
+    exactly_once = settings.processing_guarantee == "exactly_once"
+    # The tweets' lag is the embed role's to report where it runs too (its own group).
+    lag_topics = [settings.topic_recommendations, *([] if "embed" in rt.roles else [settings.topic_tweets])]
+    consumer = BatchConsumer(
+        rt,
+        {settings.topic_recommendations: events_step, settings.topic_tweets: tweets_step},
+        group=group,
+        size=size,
+        within=0.2,
+        transactions=Transactions(rt, group, settings.aiokafka_options()) if exactly_once else None,
+        legacy_group=app.conf.id,
+        lag_topics=lag_topics,
+    )
 
-    @app.agent(topics.recommendations, name="score")
-    async def score(stream: Any) -> None:
-        await rt.consume(events_step, stream, size, 0.2)
-
-    @app.agent(topics.tweets, name="join")
-    async def join(stream: Any) -> None:
-        await rt.consume(tweets_step, stream, size, 0.2)
+    @app.task
+    async def start_consumer() -> None:
+        try:
+            await app.add_runtime_dependency(consumer)
+        except Exception as exc:  # a worker whose consumer did not start must not look alive
+            log.exception("score consumer: not started")
+            rt.fail_stop(f"score consumer not started: {exc!r}")
 
     @app.timer(interval=settings.reload_interval_s)
     async def reload() -> None:
@@ -475,7 +492,7 @@ def register(app: faust.App, topics: Topics, rt: Runtime) -> None:
     @app.timer(interval=settings.join_window_s / 4, on_leader=True)
     async def expire_joins() -> None:
         try:
-            await rt.finish("score", await rt.run("score", scorer.expire))
+            await rt.finish("score", await rt.run("score", scorer.expire), consumer.deliver)
             await rt.run("score", scorer.join_full)  # the gauges
         except Exception:  # a failed round must not stop the timer
             log.exception("join expiry failed")
