@@ -111,12 +111,14 @@ class BatchConsumer(Service):
         self._paused: set[str] = set()
         self._positions: dict[TopicPartition, int] = {}  # next offset to settle, per partition
         self._legacy: dict[TopicPartition, int] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
 
     async def on_start(self) -> None:
         settings = self.rt.settings
         options = settings.aiokafka_options()
+        self._loop = asyncio.get_running_loop()
         self.producer = AIOKafkaProducer(
             bootstrap_servers=settings.broker.split(","),
             client_id=f"{self.group}-producer",
@@ -281,6 +283,16 @@ class BatchConsumer(Service):
                 )
                 self._legacy = {TopicPartition(t, p): n for (t, p), n in found.items() if t in self.steps}
         return self._legacy
+
+    def committed_offset(self, topic: str, partition: int, timeout: float = 30.0) -> int | None:
+        """The group's committed offset of any partition, from another thread (a role's: the
+        join asks whether the record holding a claim is settled)."""
+        assert self.consumer is not None and self._loop is not None
+        future = asyncio.run_coroutine_threadsafe(
+            self.consumer.committed(TopicPartition(topic, partition)), self._loop
+        )
+        committed: int | None = future.result(timeout)
+        return committed
 
     # -- metrics ---------------------------------------------------------------------------
 
