@@ -48,13 +48,13 @@ def read(stack: Stack, topic: str, isolation: str) -> list[dict[str, Any]]:
 
 
 def stream(
-    stack: Stack, batches: list[list[tuple[str, list[tuple[bytes, bytes]]]]], pause: float
+    stack: Stack, chunks: list[list[tuple[str, list[tuple[bytes, bytes]]]]], pause: float
 ) -> threading.Thread:
-    """Send the batches (each a list of (topic, records)) one after the other, ``pause`` apart."""
+    """Send the chunks (each a list of (topic, records)) one after the other, ``pause`` apart."""
 
     def run() -> None:
-        for batch in batches:
-            for topic, records in batch:
+        for chunk in chunks:
+            for topic, records in chunk:
                 stack.send(topic, records)
             time.sleep(pause)
 
@@ -63,9 +63,48 @@ def stream(
     return thread
 
 
+RECOMMENDERS = 16
+
+
+def workload(
+    lines: list[str],
+) -> tuple[list[list[tuple[str, list[tuple[bytes, bytes]]]]], Counter[tuple[str, str]]]:
+    """Events of ``RECOMMENDERS`` recommenders for each hashtagged tweet -- half of the tweets'
+    events with their ground truth, half waiting in the join for the tweet, which comes before
+    them (every fourth such tweet) or after them -- in chunks of ~300 records; and the events."""
+    by_id = {parse_tweet(line).id: line for line in lines}
+    tweets = [t for t in (parse_tweet(line) for line in lines) if t.hashtags]
+    parts: list[tuple[str, list[tuple[bytes, bytes]]]] = []
+    for n, tweet in enumerate(tweets):
+        joined = n % 2 == 1
+        events = []
+        for r in range(RECOMMENDERS):
+            body: dict[str, Any] = {
+                "tweet_id": tweet.id,
+                "recommender": f"rec{r}",
+                "recommended": ["flood", "help", *tweet.hashtags[r % 2 :][:1]],
+            }
+            if not joined:
+                body["ground_truth"] = list(tweet.hashtags)
+            events.append((tweet.id.encode(), json.dumps(body).encode()))
+        tweet_record = ("tweets", [(tweet.id.encode(), by_id[tweet.id].encode())])
+        if joined and n % 4 == 1:
+            parts.append(tweet_record)
+        parts.append(("recommendations", events))
+        if joined and n % 4 == 3:
+            parts.append(tweet_record)
+    chunks = [parts[i : i + 20] for i in range(0, len(parts), 20)]
+    wanted = Counter((t.id, f"rec{r}") for t in tweets for r in range(RECOMMENDERS))
+    return chunks, wanted
+
+
 def test_kill_9_three_times_each_event_scored_exactly_once(
     broker: str, redis_url: str, tiny_bertweet: Path, tmp_path: Path
 ) -> None:
+    """~8,000 events streaming faster than the worker scores them, so each kill -9 lands while
+    batches are in flight: between a transaction's produce and its commit, between the commit
+    and the join's settle, mid-rebalance.  (With ``at_least_once`` the same run repeats scores:
+    the batches delivered and not yet committed.)"""
     stack = Stack(
         broker,
         redis_url,
@@ -75,43 +114,21 @@ def test_kill_9_three_times_each_event_scored_exactly_once(
         extra_env={"REVAL_PROCESSING_GUARANTEE": "exactly_once", "REVAL_JOIN_WINDOW_S": "600"},
     )
     try:
-        lines = plain_tweets(1500)
-        by_id = {parse_tweet(line).id: line for line in lines}
-        tweets = [t for t in (parse_tweet(line) for line in lines) if t.hashtags]
-        batches = []
-        for n, tweet in enumerate(tweets):
-            joined = n % 2 == 1
-            body = {
-                "tweet_id": tweet.id,
-                "recommender": f"rec{n % 3}",
-                "recommended": ["flood", "help", *tweet.hashtags[:1]],
-            }
-            if not joined:
-                body["ground_truth"] = list(tweet.hashtags)
-            event = ("recommendations", [(tweet.id.encode(), json.dumps(body).encode())])
-            tweet_record = ("tweets", [(tweet.id.encode(), by_id[tweet.id].encode())])
-            # A joined event's tweet comes before it (every fourth) or after it.
-            batches.append(
-                [tweet_record, event] if n % 4 == 1 else [event, tweet_record] if joined else [event]
-            )
-        chunks = [
-            [part for batch in batches[i : i + 15] for part in batch] for i in range(0, len(batches), 15)
-        ]
-        wanted = Counter((t.id, f"rec{n % 3}") for n, t in enumerate(tweets))
-
+        chunks, wanted = workload(plain_tweets(1500))
         worker = stack.start("score")
         stack.wait_ready(worker)
-        sender = stream(stack, chunks, pause=1.2)
+        sender = stream(stack, chunks, pause=0.5)
+
+        def scored() -> Counter[tuple[str, str]]:
+            return Counter((r["tweet_id"], r["recommender"]) for r in read(stack, "scores", "read_committed"))
+
         for _ in range(3):  # mid-stream: kill -9, start again (what a supervisor does)
-            wait_for("some scores", lambda: len(read(stack, "scores", "read_committed")) > 0, 120, 1)
-            time.sleep(2.5)
+            before = sum(scored().values())
+            wait_for("the worker scoring", lambda n=before: sum(scored().values()) > n + 300, 180, 0.5)
             worker.kill9()
             worker = stack.start("score")
             stack.wait_ready(worker)
         sender.join(300)
-
-        def scored() -> Counter[tuple[str, str]]:
-            return Counter((r["tweet_id"], r["recommender"]) for r in read(stack, "scores", "read_committed"))
 
         wait_for("every event scored", lambda: set(scored()) >= set(wanted), 300, 2)
         time.sleep(3)  # nothing comes twice afterwards either
@@ -120,12 +137,6 @@ def test_kill_9_three_times_each_event_scored_exactly_once(
         assert set(got.values()) == {1}, [k for k, n in got.items() if n > 1][:10]  # exactly once
         assert read(stack, "dead_letter", "read_committed") == []
         assert worker.proc.poll() is None
-        # The kills interrupted transactions: what a read_uncommitted reader sees includes
-        # their aborted scores (the guarantee is the committed view's).
-        uncommitted = Counter(
-            (r["tweet_id"], r["recommender"]) for r in read(stack, "scores", "read_uncommitted")
-        )
-        assert sum(uncommitted.values()) >= sum(got.values())
     finally:
         stack.close()
 
