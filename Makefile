@@ -3,12 +3,13 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup test lint check demo services bench
+.PHONY: setup test lint check demo services bench docs
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	# torch first and pinned: 2.13.0 is served as a local CPU build (see SPEC / README)
+	# torch first and pinned: 2.13.0 is what pip serves here (its CUDA build, ~3 GB, runs on the
+	# CPU and stays in pip's cache); unpinned, anything depending on torch pulls a newer one
 	$(BIN)/python -m pip install -q torch==2.13.0
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	touch $@
@@ -21,7 +22,7 @@ services:
 lint: setup
 	$(BIN)/ruff check stream workers tests bench deploy
 	$(BIN)/ruff format --check stream workers tests bench deploy
-	$(BIN)/mypy stream workers
+	$(BIN)/mypy stream workers tests bench
 
 test: setup services lint
 	$(BIN)/python -m pytest
@@ -30,6 +31,10 @@ test: setup services lint
 # and is not marked slow -- a broken Scorer or Runtime shows here in minutes.
 check: lint
 	$(BIN)/python -m pytest -q -m "not integration and not slow"
+
+# Generated documentation pages (not committed): the backtest's HTML report from its committed JSON.
+docs: setup
+	$(BIN)/reval report docs/backtest
 
 demo: setup
 	HF_HUB_OFFLINE=1 $(BIN)/reval demo $(ARGS)

@@ -39,6 +39,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from bench.results import publish
+from stream.cleaning import Prepared, prepare
+from stream.records import RecordError, parse_tweet
 from workers.adapters.cpu_fast import cpu_supports_bf16, cpu_supports_int8
 from workers.adapters.encoder import MINILM, Encoder
 from workers.dev.tiny_models import build_bertweet_like, build_tiny_bertweet
@@ -46,6 +49,26 @@ from workers.dev.tiny_models import build_bertweet_like, build_tiny_bertweet
 REPO = Path(__file__).resolve().parents[1]
 
 FEED = REPO / "stream" / "data" / "crisislex-t26.jsonl.gz"
+
+
+def embeddable_tweets(limit: int) -> list[tuple[bytes, bytes, str]]:
+    """(key, raw line, cleaned text) of feed tweets the embed worker will embed."""
+    seen: set[str] = set()
+    out = []
+    with gzip.open(FEED, "rt", encoding="utf-8") as fh:
+        for line in fh:
+            try:
+                tweet = parse_tweet(line)
+            except RecordError:
+                continue
+            prepared = prepare(tweet)
+            if not isinstance(prepared, Prepared) or seen.intersection(prepared.dedup_keys):
+                continue
+            seen.update(prepared.dedup_keys)
+            out.append((tweet.id.encode(), line.strip().encode(), prepared.text))
+            if len(out) >= limit:
+                break
+    return out
 
 
 def load_texts(limit: int | None = None) -> list[str]:
@@ -319,10 +342,7 @@ def main() -> None:
             f"{b16['cos_mean']:.5f} / {b16['cos_min']:.5f} | "
             f"{d['cos_mean']:.5f} / {d['cos_min']:.5f} |"
         )
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        args.out.write_text(text, encoding="utf-8")
+    publish(lines, args.out)
 
 
 if __name__ == "__main__":

@@ -49,19 +49,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import redis
 import torch
-from kafka import KafkaProducer
 
-from bench.bench_encoder import build_base_model, load_texts
-from bench.bench_pipeline import Setting, embeddable_tweets, send_and_wait, start_worker, worker_summary
+# Part (a) needs only these (a GPU machine may have no Kafka or Redis client installed);
+# part (b)'s imports are in bench_worker.
+from bench.bench_encoder import build_base_model, embeddable_tweets, load_texts
+from bench.results import publish
 from workers.adapters.bertweet_tokenizer import FastBertweetTokenizer, fast_for
 from workers.adapters.encoder import Encoder, resolve_device
 from workers.adapters.gpu_batching import DEFAULT_TOKEN_BUDGET
-from workers.adapters.kafka_client import create_topics
-from workers.adapters.redis_means import RedisMeans
-from workers.dev.stack import wait_for
-from workers.dev.tansu import TansuBroker
 from workers.dev.tiny_models import build_tiny_bertweet
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -121,6 +117,87 @@ def tokenize_rates(enc: Encoder, texts: list[str]) -> tuple[float, float]:
             enc.tokenize(texts)
         rates.append(len(texts) / (time.perf_counter() - t0))
     return rates[0], rates[1]
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def matmul_tflops(device: torch.device, dtype: torch.dtype) -> float:
+    """The device's matrix-product ceiling, measured: one square product on random data
+    (8192 on CUDA, 1024 on CPU), median of 10 after 3 warm-ups, in TFLOP/s."""
+    n = 8192 if device.type == "cuda" else 1024
+    gen = torch.Generator(device=device).manual_seed(0)
+    a = torch.randn(n, n, device=device, dtype=dtype, generator=gen)
+    b = torch.randn(n, n, device=device, dtype=dtype, generator=gen)
+    took = []
+    for i in range(13):
+        synchronize(device)
+        t0 = time.perf_counter()
+        torch.matmul(a, b)
+        synchronize(device)
+        if i >= 3:
+            took.append(time.perf_counter() - t0)
+    return 2 * n**3 / float(np.median(took)) / 1e12
+
+
+@dataclass
+class HalvesResult:
+    host_rate: float  # tweets/s of the host half alone (tokenising processes, sorting, layout)
+    device_rate: float  # tweets/s of the device half alone, on batches already in host memory
+    device_rounds: list[float]
+    device_mfu: float
+    batches: int
+    tokens_per_batch: float
+    peak_memory_gib: float
+
+
+def bench_halves(
+    enc: Encoder, texts: list[str], rounds: int, peak: float, profile: Path | None = None
+) -> HalvesResult:
+    """The token-budget path's two halves apart (``Encoder.host_batches``, ``forward_batch``):
+    which of them bounds the whole. With ``profile``, torch.profiler's table of the device
+    half's operators (20 batches) is written there."""
+    config: Any = getattr(enc.model, "config", None)
+    device = enc.device
+    t0 = time.perf_counter()
+    batches = list(enc.host_batches(texts))
+    host_s = time.perf_counter() - t0
+    lengths = np.concatenate([b.lengths.numpy() for b in batches]).astype(np.int64)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    enc.forward_batch(batches[0])  # warm-up
+    took = []
+    for _ in range(rounds):
+        synchronize(device)
+        t0 = time.perf_counter()
+        outs = [enc.forward_batch(b) for b in batches]
+        synchronize(device)
+        took.append(time.perf_counter() - t0)
+        del outs
+    if profile is not None:
+        from torch.profiler import ProfilerActivity
+        from torch.profiler import profile as profiler
+
+        cuda = device.type == "cuda"
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+        with profiler(activities=activities) as prof:
+            outs = [enc.forward_batch(b) for b in batches[:20]]
+            synchronize(device)
+        del outs
+        key = "self_device_time_total" if cuda else "self_cpu_time_total"
+        profile.write_text(prof.key_averages().table(sort_by=key, row_limit=40), encoding="utf-8")
+    flops = forward_flops(config, lengths) if config is not None else 0.0
+    return HalvesResult(
+        host_rate=len(texts) / host_s,
+        device_rate=len(texts) * rounds / sum(took),
+        device_rounds=[len(texts) / t for t in took],
+        device_mfu=flops * rounds / sum(took) / peak,
+        batches=len(batches),
+        tokens_per_batch=float(lengths.sum()) / len(batches),
+        peak_memory_gib=torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else 0.0,
+    )
 
 
 # -- (a) the encoder alone ------------------------------------------------------------
@@ -196,28 +273,6 @@ def bench_encoder(
 
 
 @dataclass
-class GpuSetting(Setting):
-    """bench_pipeline's worker setting, plus the device and the batch wait."""
-
-    device: str = "auto"
-    max_wait_s: float = 0.05
-
-    def env(self, bootstrap: str, model: Path) -> dict[str, str]:
-        return {
-            **super().env(bootstrap, model),
-            "REVAL_DEVICE": self.device,
-            "REVAL_EMBED_MAX_WAIT_S": str(self.max_wait_s),
-        }
-
-
-def clear_claims(client: redis.Redis, prefix: str) -> None:
-    """Forget the retweet claims, so the same tweets are embedded again next round."""
-    keys = list(client.scan_iter(match=f"{prefix}:seen:*", count=1000))
-    for start in range(0, len(keys), 1000):
-        client.unlink(*keys[start : start + 1000])
-
-
-@dataclass
 class WorkerResult:
     rate: float
     best: float
@@ -229,6 +284,13 @@ class WorkerResult:
     log_has_traceback: bool
 
 
+def clear_claims(client: Any, prefix: str) -> None:
+    """Forget the retweet claims, so the same tweets are embedded again next round."""
+    keys = list(client.scan_iter(match=f"{prefix}:seen:*", count=1000))
+    for start in range(0, len(keys), 1000):
+        client.unlink(*keys[start : start + 1000])
+
+
 def bench_worker(
     model: Path,
     device: str,
@@ -236,9 +298,24 @@ def bench_worker(
     tweets: list[tuple[bytes, bytes, str]],
     rounds: int,
     workdir: Path,
+    max_wait_s: float = 0.05,
 ) -> WorkerResult:
+    import redis
+    from kafka import KafkaProducer
+
+    from bench.bench_pipeline import Setting, send_and_wait, start_worker, worker_summary
+    from workers.adapters.kafka_client import create_topics
+    from workers.adapters.redis_means import RedisMeans
+    from workers.dev.stack import wait_for
+    from workers.dev.tansu import TansuBroker
+
     client = redis.Redis.from_url(REDIS_URL)
-    setting = GpuSetting(f"{device}, batch {batch_size}", "auto", batch_size, device=device)
+    setting = Setting(
+        f"{device}, batch {batch_size}",
+        "auto",
+        batch_size,
+        extra_env={"REVAL_DEVICE": device, "REVAL_EMBED_MAX_WAIT_S": str(max_wait_s)},
+    )
     warmup = tweets[: min(len(tweets), 4 * batch_size, 2048)]
     with TansuBroker() as broker:
         producer = KafkaProducer(bootstrap_servers=broker.bootstrap, linger_ms=5, batch_size=1 << 20)
@@ -309,12 +386,14 @@ def main() -> None:
     p.add_argument("--token-budget", type=int, default=DEFAULT_TOKEN_BUDGET, help="tokens per batch")
     p.add_argument("--tokenize-workers", type=int, help="tokenising processes (default: the Encoder's)")
     p.add_argument("--dtype", default="auto", help="the new path's dtype (auto: bf16 on CUDA)")
+    p.add_argument("--attention", default="auto", help="auto, flash, nested, padded")
     p.add_argument("--peak-tflops", type=float, default=989.0, help="peak dense bf16 TFLOP/s for MFU")
     p.add_argument("--worker-batch", type=int, default=4096, help="REVAL_EMBED_BATCH_SIZE of the worker")
     p.add_argument("--worker-tweets", type=int, default=10_000, help="tweets per worker round (<= feed)")
     p.add_argument("--worker-rounds", type=int, default=3)
     p.add_argument("--no-worker", action="store_true", help="skip (b), the embed worker")
     p.add_argument("--out", type=Path, help="also write the markdown section here")
+    p.add_argument("--profile", type=Path, help="torch.profiler table of the device half")
     args = p.parse_args()
     command = "python -m bench.bench_gpu " + " ".join(shlex.quote(x) for x in sys.argv[1:])
     t_start = time.perf_counter()
@@ -344,6 +423,7 @@ def main() -> None:
             dtype=args.dtype,
             token_budget=args.token_budget,
             tokenize_workers=args.tokenize_workers,
+            attention=args.attention,
         )
         load_s = time.perf_counter() - t0
         naive = Encoder(str(model), device=str(device), dtype="float32", token_budget=0)
@@ -352,6 +432,8 @@ def main() -> None:
         lengths = [len(x) for x in new.tokenize(cleaned)]
         tok_cold, tok_warm = tokenize_rates(new, cleaned[:20_000])
         enc = bench_encoder(new, naive, texts, args.rounds, args.naive_tweets, peak)
+        halves = bench_halves(new, texts, 3, peak, args.profile) if new.token_budget else None
+        ceiling = matmul_tflops(device, torch.bfloat16 if device.type == "cuda" else torch.float32)
         new_repr, new_workers = repr(new), new.tokenize_workers
         new_desc = f"{str(new.dtype).removeprefix('torch.')}, {new.packing}"
         new.close()
@@ -424,7 +506,26 @@ def main() -> None:
         "",
         f"Tokenisation alone, one process (FastBertweetTokenizer, up to 20,000 tweets): "
         f"{tok_cold:,.0f} tweets/s with fresh caches, {tok_warm:,.0f} warm.",
+        "",
+        f"Matrix-product ceiling measured now ({'bf16 8192^3' if gpu else 'fp32 1024^3'}, median of "
+        f"10): {ceiling:.0f} TFLOP/s ({ceiling * 1e12 / peak:.0%} of the {args.peak_tflops:.0f} "
+        "used for MFU).",
     ]
+    if halves is not None:
+        lines += [
+            "",
+            "The new path's two halves apart, on the same tweets (`Encoder.host_batches`, "
+            "`Encoder.forward_batch`): which one bounds it.",
+            "",
+            "| half | tweets/s | per round | MFU |",
+            "|---|---:|---|---:|",
+            f"| host: tokenising processes ({new_workers}), sort, layout in pinned memory | "
+            f"{halves.host_rate:,.0f} | | |",
+            f"| device: copy in, forward, pool, on {halves.batches} batches already built "
+            f"({halves.tokens_per_batch:,.0f} tokens each on average; peak memory "
+            f"{halves.peak_memory_gib:.1f} GiB) | {halves.device_rate:,.0f} | "
+            f"{', '.join(f'{x:,.0f}' for x in halves.device_rounds)} | {halves.device_mfu:.1%} |",
+        ]
     if worker is not None:
         s = worker.summary
         batches = max(s["batches"], 1.0)
@@ -456,10 +557,7 @@ def main() -> None:
             f"Every tweet embedded (dropped {s['dropped']:.0f}, rejected {s['rejected']:.0f})"
             + ("; WARNING: the worker logged a traceback." if worker.log_has_traceback else "."),
         ]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        args.out.write_text(text, encoding="utf-8")
+    publish(lines, args.out)
 
 
 if __name__ == "__main__":

@@ -27,9 +27,9 @@ from stream.hubness import METHODS
 from stream.records import Recommendation
 from stream.scoring import DEFAULT_KS, DEFAULT_RS, NeighbourCache, score_event
 from stream.thesaurus import build_neighbour_table
+from workers.adapters.annoy_thesaurus import AnnoyThesaurus
 from workers.adapters.encoder import Encoder
 from workers.adapters.feeds import read_tweets, sample_feed
-from workers.adapters.store import AnnoyThesaurus
 
 
 def timed(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, float]:

@@ -17,34 +17,49 @@ Measures, on synthetic clustered BERT-like vectors (``--hashtags`` x ``--dim``; 
   seconds (``RedisThesauri``), and the same load from the directory store;
 * scoring cold vs warm: the scorer's set-up per version (``neighbour_cache``), then
   ``score_event`` over ``--events`` events with a freshly loaded table (every hashtag looked
-  up for the first time) and again with the same cache, in alternating rounds (the machine
-  is shared and noisy: ratios within one run).
+  up for the first time) and again with the same cache, in rounds (the machine is shared
+  and noisy: ratios within one run), the null model's tables computed on first use (as
+  before issue 27) and in the set-up (``ks=``), alternating.
+
+* with ``--baseline DIR`` (a source tree of the code to compare with, e.g. main exported by
+  ``git -C /work/main archive main | tar -x -C /tmp/main-src``): the same build by both trees,
+  each in a fresh process on the same vectors, alternating (ABBA), with wall and CPU seconds and
+  the load average around each, and the agreement of the two tables over every hashtag
+  (recall@10 / @depth of this tree's table against the baseline's, the largest difference of a
+  neighbour's distance).
 
     python -m bench.bench_index                       # 100,000 x 768: several minutes on 2 cores
     python -m bench.bench_index --hashtags 5000 --dim 64 --queries 100 --events 2000   # smoke
+    python -m bench.bench_index --baseline /tmp/main-src --build-rounds 2 --events 20000
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import shlex
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import redis
 
+from bench.results import publish
 from stream.hubness import DEFAULT_METHOD, candidate_count, centred, exact_candidates, scores
 from stream.records import Recommendation
 from stream.scoring import DEFAULT_KS, NeighbourCache, score_event
+from workers.adapters.annoy_thesaurus import AnnoyThesaurus, neighbour_cache
 from workers.adapters.redis_thesaurus import RedisThesauri
-from workers.adapters.store import AnnoyThesaurus, ThesaurusStore, neighbour_cache
+from workers.adapters.store import ThesaurusStore
 
 
 def vocabulary(n: int, dim: int, seed: int = 0) -> tuple[list[str], np.ndarray, np.ndarray]:
@@ -57,6 +72,17 @@ def vocabulary(n: int, dim: int, seed: int = 0) -> tuple[list[str], np.ndarray, 
     return [f"tag{i}" for i in range(n)], vectors, counts
 
 
+def cpu_model() -> str:
+    """The CPU's model name (``lscpu``'s), else the platform's word for it."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def exact_top(built: AnnoyThesaurus, space: np.ndarray, queries: np.ndarray, k: int) -> np.ndarray:
     """The ``k`` best of every other hashtag by the table's method, for ``queries`` (rows of
     ``space``, the table's order), with the table's own per-hashtag statistics."""
@@ -67,9 +93,94 @@ def exact_top(built: AnnoyThesaurus, space: np.ndarray, queries: np.ndarray, k: 
     return np.argsort(-ranked, axis=1, kind="stable")[:, :k]
 
 
-def timed(call: object, what: str = "") -> tuple[object, float]:
+# One build in a fresh process with the code of the source tree given (sys.argv[1]): the
+# baseline and this tree alike, so that neither pays for the other's imports or memory.
+BUILD_ONCE = """
+import json, os, sys, time
+import numpy as np
+tree, data, out, trees, depth, method = sys.argv[1:7]
+sys.path.insert(0, tree)
+try:  # the module the Annoy thesaurus lives in moved (issue 25); a baseline tree may be older
+    from workers.adapters import annoy_thesaurus as store
+except ImportError:
+    from workers.adapters import store
+d = np.load(data)
+names = [f"tag{i}" for i in range(len(d["vectors"]))]
+load = os.getloadavg()[0]
+wall, cpu = time.perf_counter(), time.process_time()
+built = store.AnnoyThesaurus.build(
+    names, d["vectors"], counts=d["counts"].tolist(), method=method, depth=int(depth),
+    n_trees=int(trees), model_id="bench", n_jobs=-1,
+)
+wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+np.savez(out, ids=built.table.neighbour_ids, distances=built.table.distances)
+search = getattr(built.table.metadata, "search", None)
+print(json.dumps({"wall": wall, "cpu": cpu, "module": store.__file__, "search": search,
+                  "load": [load, os.getloadavg()[0]]}))
+"""
+
+
+def compare_builds(
+    baseline: Path, data: Path, tmp: Path, *, rounds: int, trees: int, depth: int
+) -> tuple[list[str], dict[str, list[dict[str, object]]]]:
+    """The same build by the baseline tree and this one, alternating ABBA, each in a fresh
+    process; report lines and the runs."""
+    here = Path(__file__).resolve().parents[1]
+    runs: dict[str, list[dict[str, object]]] = {"baseline": [], "this": []}
+    for r in range(rounds):
+        for label in ("baseline", "this") if r % 2 == 0 else ("this", "baseline"):
+            tree = baseline if label == "baseline" else here
+            out = tmp / f"{label}-{r}.npz"
+            done = subprocess.run(
+                [sys.executable, "-c", BUILD_ONCE, str(tree), str(data), str(out), str(trees), str(depth),
+                 DEFAULT_METHOD],
+                check=True, capture_output=True, text=True,
+            )  # fmt: skip
+            run = json.loads(done.stdout.strip().splitlines()[-1])
+            run["out"] = str(out)
+            runs[label].append(run)
+            print(f"build ({label}, round {r + 1}): {run['wall']:.1f} s, CPU {run['cpu']:.1f} s, "
+                  f"load {run['load'][0]:.1f}-{run['load'][1]:.1f}", file=sys.stderr, flush=True)  # fmt: skip
+    old = np.load(runs["baseline"][0]["out"])  # type: ignore[arg-type]
+    new = np.load(runs["this"][0]["out"])  # type: ignore[arg-type]
+    agree = {}
+    for k in (10, depth):
+        a, b = old["ids"][:, :k], new["ids"][:, :k]
+        same = sum(len(set(x) & set(y)) for x, y in zip(a.tolist(), b.tolist(), strict=True))
+        agree[k] = same / a.size
+    shared = old["ids"] == new["ids"]
+    distance_gap = float(np.abs(old["distances"][shared] - new["distances"][shared]).max())
+    identical = bool(
+        np.array_equal(old["ids"], new["ids"]) and np.array_equal(old["distances"], new["distances"])
+    )
+    wall = {label: statistics.median(float(x["wall"]) for x in got) for label, got in runs.items()}  # type: ignore[arg-type]
+    cpu = {label: statistics.median(float(x["cpu"]) for x in got) for label, got in runs.items()}  # type: ignore[arg-type]
+
+    def each(label: str) -> str:
+        return ", ".join(
+            f"{x['wall']:.1f} s (CPU {x['cpu']:.1f}, load {x['load'][0]:.1f}-{x['load'][1]:.1f})"  # type: ignore[index]
+            for x in runs[label]
+        )
+
+    lines = [
+        f"| index build, baseline tree (`{baseline}`), each round | {each('baseline')} | |",
+        f"| index build, this tree, each round | {each('this')} | |",
+        f"| this tree vs baseline, median wall / CPU | **{wall['baseline'] / wall['this']:.2f}x** faster / "
+        f"{cpu['baseline'] / cpu['this']:.2f}x less CPU | |",
+        f"| this tree's table vs the baseline's, every hashtag: neighbours shared at 10 / {depth}; "
+        f"largest distance difference of a shared neighbour; identical | {agree[10]:.6f} / "
+        f"{agree[depth]:.6f}; {distance_gap:.1e}; {identical} | |",
+        f"| how this tree searched | `{json.dumps(runs['this'][0]['search'])}` | |",
+    ]
+    return lines, runs
+
+
+T = TypeVar("T")
+
+
+def timed(call: Callable[[], T], what: str = "") -> tuple[T, float]:
     start = time.perf_counter()
-    result = call()  # type: ignore[operator]
+    result = call()
     seconds = time.perf_counter() - start
     if what:  # progress on long runs, on stderr: the report goes to stdout at the end
         print(f"{what}: {seconds:.1f} s", file=sys.stderr, flush=True)
@@ -86,8 +197,16 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--rounds", type=int, default=3, help="cold/warm scoring rounds")
     parser.add_argument("--url", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--baseline", type=Path, help="a source tree whose build is compared (ABBA)")
+    parser.add_argument("--build-rounds", type=int, default=2, help="builds per tree with --baseline")
+    parser.add_argument(
+        "--exact-search",
+        action="store_true",
+        help="also time the exact candidate search alone (the old path)",
+    )
     args = parser.parse_args(argv)
 
+    load_before = os.getloadavg()[0]
     names, vectors, counts = vocabulary(args.hashtags, args.dim)
     depth = max(DEFAULT_KS)
     unit = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
@@ -99,7 +218,19 @@ def main(argv: list[str] | None = None) -> str:
     gflops = 2 * len(block) * space.size / block_s / 1e9
     bound_s = 2 * args.hashtags * space.size / (gflops * 1e9)
     c = candidate_count(depth, DEFAULT_METHOD)
-    _, search_s = timed(lambda: exact_candidates(space, c), f"exact search, {c} candidates")
+    search_s = (
+        timed(lambda: exact_candidates(space, c), f"exact search, {c} candidates")[1]
+        if args.exact_search
+        else 0.0
+    )
+    compared: list[str] = []
+    if args.baseline is not None:
+        with tempfile.TemporaryDirectory() as tmp:
+            data = Path(tmp) / "vocabulary.npz"
+            np.savez(data, vectors=vectors, counts=counts)
+            compared, _ = compare_builds(
+                args.baseline, data, Path(tmp), rounds=args.build_rounds, trees=args.trees, depth=depth
+            )
     built, build_s = timed(
         lambda: AnnoyThesaurus.build(
             names, vectors, counts=list(counts), method=DEFAULT_METHOD, depth=depth, n_trees=args.trees,
@@ -141,23 +272,45 @@ def main(argv: list[str] | None = None) -> str:
         events.append(
             (Recommendation(str(i), tuple(dict.fromkeys(drawn[:10]))), tuple(dict.fromkeys(drawn[10:])))
         )
-    cold_rates: list[float] = []
-    warm_rates: list[float] = []
-    setup_s: list[float] = []
-    for _ in range(args.rounds):
-        # What a scorer does once per version before its first event (null model, bands, the
-        # table's row search), then the same events twice: first cold, then warm.
-        cache, seconds = timed(lambda: neighbour_cache(built.table, depth))
-        assert isinstance(cache, NeighbourCache)
-        setup_s.append(seconds)
-        for rates in (cold_rates, warm_rates):
-            start = time.perf_counter()
-            for event, truth_tags in events:
-                score_event(event, truth_tags, cache)
-            rates.append(len(events) / (time.perf_counter() - start))
+    # Per set-up: "lazy" is the null model as before issue 27 (its tables computed by the first
+    # events that need them), "prepared" is neighbour_cache(..., ks=grid) (computed in the
+    # set-up); alternating within each round. Rates in events per CPU second of this process
+    # (steadier than wall time on a shared machine) and per wall second.
+    modes = ("lazy", "prepared")
+    rates: dict[str, dict[str, list[float]]] = {
+        mode: {pass_: [] for pass_ in ("cold", "warm", "cold_wall", "warm_wall")} for mode in modes
+    }
+    setup_s: dict[str, list[float]] = {mode: [] for mode in modes}
+    for r in range(args.rounds):
+        for mode in modes if r % 2 == 0 else modes[::-1]:
+            # What a scorer does once per version before its first event (null model, bands, the
+            # table's row search), then the same events twice: first cold, then warm.
+            grid = DEFAULT_KS if mode == "prepared" else None
+            cache, seconds = timed(lambda: neighbour_cache(built.table, depth, ks=grid))  # noqa: B023
+            assert isinstance(cache, NeighbourCache)
+            setup_s[mode].append(seconds)
+            for pass_ in ("cold", "warm"):
+                start, cpu = time.perf_counter(), time.process_time()
+                for event, truth_tags in events:
+                    score_event(event, truth_tags, cache)
+                rates[mode][pass_].append(len(events) / (time.process_time() - cpu))
+                rates[mode][f"{pass_}_wall"].append(len(events) / (time.perf_counter() - start))
     client.close()
 
-    cold, warm = statistics.median(cold_rates), statistics.median(warm_rates)
+    def scoring_rows(mode: str, what: str) -> list[str]:
+        got = rates[mode]
+        ratio = statistics.median(c / w for c, w in zip(got["cold"], got["warm"], strict=True))
+        wall = statistics.median(c / w for c, w in zip(got["cold_wall"], got["warm_wall"], strict=True))
+        return [
+            f"| scorer set-up per version, {what} | {statistics.median(setup_s[mode]):.2f} s | |",
+            f"| scoring, {what}: first pass over a fresh table (cold) / the same cache again (warm), "
+            f"events per CPU second, median (range) | {statistics.median(got['cold']):,.0f} "
+            f"({min(got['cold']):,.0f}–{max(got['cold']):,.0f}) / {statistics.median(got['warm']):,.0f} "
+            f"({min(got['warm']):,.0f}–{max(got['warm']):,.0f}) | |",
+            f"| cold/warm, {what}: median of the rounds' ratios, CPU (wall) | **{ratio:.2f}** ({wall:.2f}) "
+            f"| ≥ 0.9 |",
+        ]
+
     command = "python -m bench.bench_index " + shlex.join(argv if argv is not None else sys.argv[1:])
     report = "\n".join(
         [
@@ -165,7 +318,8 @@ def main(argv: list[str] | None = None) -> str:
             "",
             f"Command: `{command.strip()}`",
             "",
-            f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores (shared), "
+            f"{cpu_model()}, {os.cpu_count()} CPU cores (shared), load average {load_before:.1f} / "
+            f"{os.getloadavg()[0]:.1f} before / after, "
             f"Python {platform.python_version()}; {args.hashtags:,} hashtags x {args.dim}-d "
             f"(clustered, BERT-like), {args.trees} Annoy trees, Redis at {args.url} on the same machine.",
             "",
@@ -173,10 +327,18 @@ def main(argv: list[str] | None = None) -> str:
             "|---|---|---|",
             f"| matrix-product rate measured now (one 1,024-row block) | {gflops:.0f} GFLOP/s | |",
             f"| exact search's arithmetic (2 n² d flops) at that rate: the bound | {bound_s:.1f} s | |",
-            f"| exact search for the re-ranking's {c} candidates per hashtag | {search_s:.1f} s "
-            f"({bound_s / search_s:.0%} of the bound's speed) | |",
+            *(
+                [
+                    f"| exact search for the re-ranking's {c} candidates per hashtag | {search_s:.1f} s "
+                    f"({bound_s / search_s:.0%} of the bound's speed) | |"
+                ]
+                if search_s
+                else []
+            ),
             f"| index build, {DEFAULT_METHOD} (the index job's default), depth {depth}, with the Annoy "
-            f"index (all cores) | **{build_s:.1f} s** | ≤ 60 s |",
+            f"index (all cores), in this process | **{build_s:.1f} s** | ≤ 60 s |",
+            f"| how it searched | `{json.dumps(built.table.metadata.search)}` | |",
+            *compared,
             f"| recall@10 / @{depth} of the table vs the same re-ranking over all pairs "
             f"({len(queries)} hashtags) | **{recall[10]:.3f}** / {recall[depth]:.3f} | ≥ 0.95 |",
             f"| neighbour table published to Redis (what scorers load) | {stored / 1e6:.1f} MB "
@@ -185,18 +347,12 @@ def main(argv: list[str] | None = None) -> str:
             f"| save to the directory store / publish to Redis | {save_s:.2f} s / {publish_s:.2f} s | |",
             f"| scorer load from Redis / from the directory (checksums checked) | {redis_load_s:.2f} s / "
             f"{dir_load_s:.2f} s | |",
-            f"| scorer set-up per version (`neighbour_cache`: null model, bands, row search) | "
-            f"{statistics.median(setup_s):.2f} s | |",
-            f"| scoring, first pass over a fresh table (cold) | {cold:,.0f} events/s "
-            f"({min(cold_rates):,.0f}–{max(cold_rates):,.0f}) | cold = warm |",
-            f"| scoring, same cache again (warm) | {warm:,.0f} events/s "
-            f"({min(warm_rates):,.0f}–{max(warm_rates):,.0f}); cold/warm **{cold / warm:.2f}** | |",
+            *scoring_rows("lazy", "null model's tables on first use (as before)"),
+            *scoring_rows("prepared", "`neighbour_cache(..., ks=grid)`: the tables in the set-up"),
             "",
         ]
     )
-    print(report)
-    if args.out:
-        args.out.write_text(report)
+    publish(report, args.out)
     return report
 
 

@@ -59,6 +59,7 @@ import numpy as np
 import torch
 
 from bench.bench_encoder import build_base_model, load_texts
+from bench.results import publish
 from workers.adapters.cpu_fast import cpu_supports_int8, int8_available
 from workers.adapters.encoder import Encoder
 
@@ -107,7 +108,7 @@ def count_int_mm() -> Iterator[list[int]]:
         calls[0] += 1
         return orig(*args, **kw)
 
-    torch._int_mm = counted  # type: ignore[assignment]
+    torch._int_mm = counted
     try:
         yield calls
     finally:
@@ -482,10 +483,7 @@ def main() -> None:
         )
     if notes:
         lines += ["", *(f"- {n}" for n in notes)]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        args.out.write_text(text, encoding="utf-8")
+    publish(lines, args.out)
 
 
 if __name__ == "__main__":

@@ -34,7 +34,6 @@ descheduled partner, so contention inflates them too.
 from __future__ import annotations
 
 import argparse
-import gzip
 import os
 import shlex
 import statistics
@@ -49,9 +48,7 @@ from pathlib import Path
 import redis
 from kafka import KafkaProducer
 
-from bench.bench_encoder import build_base_model, load_texts
-from stream.cleaning import Prepared, prepare
-from stream.records import RecordError, parse_tweet
+from bench.bench_encoder import build_base_model, embeddable_tweets, load_texts
 from workers.adapters.encoder import Encoder
 from workers.adapters.kafka_client import create_topics
 from workers.adapters.redis_means import RedisMeans
@@ -59,30 +56,7 @@ from workers.dev.ports import find_free_port
 from workers.dev.stack import REVAL, Worker, wait_for
 from workers.dev.tansu import TansuBroker
 
-REPO = Path(__file__).resolve().parents[1]
-
-FEED = REPO / "stream" / "data" / "crisislex-t26.jsonl.gz"
 PARTITIONS = 4  # Settings.partitions default
-
-
-def embeddable_tweets(limit: int) -> list[tuple[bytes, bytes, str]]:
-    """(key, raw line, cleaned text) of feed tweets the embed worker will embed."""
-    seen: set[str] = set()
-    out = []
-    with gzip.open(FEED, "rt", encoding="utf-8") as fh:
-        for line in fh:
-            try:
-                tweet = parse_tweet(line)
-            except RecordError:
-                continue
-            prepared = prepare(tweet)
-            if not isinstance(prepared, Prepared) or seen.intersection(prepared.dedup_keys):
-                continue
-            seen.update(prepared.dedup_keys)
-            out.append((tweet.id.encode(), line.strip().encode(), prepared.text))
-            if len(out) >= limit:
-                break
-    return out
 
 
 @dataclass
@@ -99,6 +73,7 @@ class Setting:
     encoder_took: list[float] = field(default_factory=list)
     encoder_cpu: list[float] = field(default_factory=list)
     encoder: Encoder | None = None
+    extra_env: dict[str, str] = field(default_factory=dict)  # e.g. bench_gpu's REVAL_DEVICE
 
     @property
     def prefix(self) -> str:
@@ -125,6 +100,7 @@ class Setting:
             "REVAL_DTYPE": self.dtype,
             "REVAL_EMBED_BATCH_SIZE": str(self.batch_size),
             "REVAL_SESSION_TIMEOUT_S": "6",
+            **self.extra_env,
         }
 
 

@@ -46,6 +46,7 @@ from pathlib import Path
 import numpy as np
 import redis
 
+from bench.results import publish
 from workers.adapters.redis_means import Contribution, RedisMeans
 from workers.service.embed import means_of
 from workers.settings import Settings
@@ -506,9 +507,7 @@ def main(argv: list[str] | None = None) -> str:
             "",
         ]
     )
-    print(report)
-    if args.out:
-        args.out.write_text(report)
+    publish(report, args.out)
     return report
 
 

@@ -43,6 +43,7 @@ import redis
 from redis.cluster import RedisCluster
 
 from bench.bench_redis import workload
+from bench.results import publish
 from workers.adapters.redis_client import Client, Replication, clear_prefix, connect
 from workers.adapters.redis_means import Contribution, RedisMeans
 from workers.adapters.redis_state import RedisSamples, RedisSeen
@@ -255,9 +256,7 @@ def main(argv: list[str] | None = None) -> str:
             "",
         ]
     )
-    print(report)
-    if args.out:
-        args.out.write_text(report)
+    publish(report, args.out)
     return report
 
 

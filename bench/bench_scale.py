@@ -32,9 +32,10 @@ import numpy as np
 
 from bench.bench_score_worker import REDIS_URL, scored, to_kafka
 from bench.bench_scoring import clustered_vectors, make_events
+from bench.results import publish
 from stream.records import Recommendation
+from workers.adapters.annoy_thesaurus import AnnoyThesaurus
 from workers.adapters.redis_client import clear_prefix
-from workers.adapters.store import AnnoyThesaurus
 from workers.dev.stack import Stack, Worker, wait_for
 from workers.dev.tansu import TansuBroker
 
@@ -117,9 +118,7 @@ def main() -> None:
             f"Two workers run at {rate[2] / rate[1]:.2f}x one.",
         ]
     )
-    print(text)
-    if args.out:
-        args.out.write_text(text + "\n", encoding="utf-8")
+    publish(text + "\n", args.out)
 
 
 def make_probe(stack: Stack, n: int) -> list[Recommendation]:

@@ -54,6 +54,7 @@ from typing import Any
 
 import numpy as np
 
+from bench.results import publish
 from stream.metrics import exact_scores, reval_hit_ratio
 from stream.records import Recommendation
 from stream.scoring import (
@@ -64,8 +65,9 @@ from stream.scoring import (
     score_event,
 )
 from stream.thesaurus import Thesaurus
+from workers.adapters.annoy_thesaurus import AnnoyThesaurus
 from workers.adapters.exporter import Exporter, LabelGuard, QualityMetrics
-from workers.adapters.store import AnnoyThesaurus, ThesaurusStore
+from workers.adapters.store import ThesaurusStore
 from workers.service.records import Record
 from workers.service.score import SCORE_BATCH, Scorer, collect_less_often
 from workers.settings import Settings, window_label
@@ -336,10 +338,7 @@ def main() -> None:
         f"Naive vs cached #REval values: {same}/{total} (event, r, k) cells equal "
         "(Annoy is approximate; the cache's single query at max k searches more nodes).",
     ]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        args.out.write_text(text, encoding="utf-8")
+    publish(lines, args.out)
 
 
 def _annoy_query_us(thesaurus: AnnoyThesaurus, names: Sequence[str], max_k: int) -> tuple[float, float]:

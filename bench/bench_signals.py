@@ -43,12 +43,13 @@ from typing import Any
 import numpy as np
 
 from bench.bench_scoring import clustered_vectors, make_events
+from bench.results import publish
 from stream import backtest as bt
 from stream.chance import ChanceModel
 from stream.drift import recent_shift
 from stream.scoring import DEFAULT_KS, DEFAULT_RS, NeighbourCache, score_event
 from stream.slices import Bands
-from workers.adapters.store import AnnoyThesaurus, thesaurus_drift
+from workers.adapters.annoy_thesaurus import AnnoyThesaurus, thesaurus_drift
 
 
 def timed(fn: Callable[[], Any]) -> float:
@@ -114,9 +115,9 @@ def main() -> None:
 
     t = np.arange(0.0, 30 * 86400.0, 60.0)  # an event a minute for 30 days
     n = len(t)
-    series = bt.Series(t, rng.random(n), rng.random(n) - 0.2, rng.random(n), np.full(n, 10.0), np.zeros(n))
-    rules = bt.Rules(15.0, 3600.0, tuple(86400.0 * d for d in range(1, 8)), 0.2, 1800.0, 50, 0.0, 3600.0,
-                     0.2, 0.05, 3600.0, 3600.0, 86400.0, 0.2, 0.1, 1800.0)  # fmt: skip
+    series = bt.Series(t, rng.random(n), 0.2 * rng.random(n), rng.random(n), np.full(n, 10.0), np.zeros(n))
+    rules = bt.Rules(15.0, 3600.0, tuple(86400.0 * d for d in range(1, 8)), 0.2, 1800.0, 50, 0.5, 4.6, 0.0,
+                     3600.0, 0.2, 0.05, 3600.0, 3600.0, 86400.0, 0.2, 0.1, 1800.0)  # fmt: skip
     at = np.arange(t[0], t[-1], rules.step)
     rule_s = timed(lambda: bt.signals(series, at, rules))
 
@@ -146,10 +147,7 @@ def main() -> None:
         f"{rule_s / len(at) * 1e6:.1f} µs per instant.",
         "",
     ]
-    text = "\n".join(lines)
-    print(text)
-    if args.out:
-        args.out.write_text(text)
+    publish(lines, args.out)
 
 
 if __name__ == "__main__":

@@ -25,31 +25,43 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
+from typing import Any, TypedDict
 
 import numpy as np
 import numpy.typing as npt
 
+from stream.chance import MIN_ROOM
+
 __all__ = [
+    "CURVES",
     "KINDS",
     "SIGNALS",
     "Injection",
     "Rules",
     "Series",
+    "Statistics",
     "auto_time_scale",
     "baseline",
+    "conditions",
     "detect",
     "duration_text",
     "enough_events",
     "episodes",
     "evaluable",
     "hold",
+    "holds",
     "inject",
     "mutual_synonym",
+    "operating_curves",
     "parse_injection",
     "signals",
+    "skill_loss",
+    "statistics",
+    "window_kappa",
     "window_mean",
+    "with_threshold",
 ]
 
 Floats = npt.NDArray[np.float64]
@@ -64,12 +76,12 @@ KINDS = {
     "vocab": "a fraction F of the recommended hashtags respelled (unknown to the thesaurus)",
 }
 
-#: Alert signals, each one rule of deploy/prometheus (``exact_drop`` is the quality-drop
-#: rule applied to the exact hit ratio: what a monitor without synonyms would alert on).
+#: Alert signals, each one rule of deploy/prometheus (``exact_drop`` is a fixed-fraction drop
+#: rule on the exact hit ratio: what a monitor without synonyms would alert on).
 SIGNALS = {
-    "reval_drop": "RevalRecommenderQualityDrop (#REval at the alert k, r)",
+    "reval_drop": "RevalRecommenderQualityDrop (sequential test of the chance-corrected #REval sums)",
     "corrected_at_chance": "RevalRecommenderAtChance (chance-corrected #REval)",
-    "exact_drop": "the quality-drop rule on the exact hit ratio at r",
+    "exact_drop": "the exact hit ratio over the quality window falls a fixed fraction below its baseline",
     "semantic_gap": "RevalSemanticGapWidening (exact falls, #REval holds)",
     "unknown_rising": "RevalUnknownHashtagsRising (share of recommended hashtags unknown)",
 }
@@ -225,7 +237,7 @@ def inject(
 @dataclass(frozen=True)
 class Rules:
     """The alert rules' thresholds and durations (seconds of event time), taken from
-    ``deploy/prometheus/render.py``'s parameters and multiplied by the time scale."""
+    :mod:`stream.alert_params` and multiplied by the time scale."""
 
     step: float
     quality_window: float
@@ -233,6 +245,10 @@ class Rules:
     quality_drop_fraction: float
     quality_for: float
     min_events: int
+    #: The #REval alert's sequential test (:func:`skill_loss`): the share of the baseline's
+    #: skill above chance whose loss it tests for, and its bound log(1 / alpha).
+    skill_loss_fraction: float
+    skill_loss_bound: float
     chance_margin: float
     chance_for: float
     gap_exact_drop_fraction: float
@@ -253,7 +269,7 @@ class Series:
 
     t: Floats
     reval: Floats
-    corrected: Floats
+    expected: Floats
     exact: Floats
     recommended: Floats
     unknown: Floats
@@ -281,6 +297,80 @@ def window_mean(t: Floats, values: Floats, at: Floats, window: float) -> Floats:
         return np.where(count > 0, total / np.maximum(count, 1), np.nan)
 
 
+def window_kappa(t: Floats, observed: Floats, expected: Floats, at: Floats, window: float) -> Floats:
+    """The chance-corrected score over ``(at - window, at]`` at each instant: the kappa of the
+    window's sums (:func:`stream.chance.corrected_of_sums`, best = 1 per event) over the events
+    with an expectation; NaN where the window is empty or leaves no room above chance.
+
+    >>> t = np.array([1.0, 2.0, 3.0]); o = np.array([1.0, 0.0, 0.5]); e = np.array([0.2, 0.2, np.nan])
+    >>> window_kappa(t, o, e, np.array([0.0, 2.0, 3.0]), 5.0).round(4).tolist()
+    [nan, 0.375, 0.375]
+    """
+    both = np.where(np.isnan(expected), np.nan, observed)
+    sum_o, n = _window_sums(t, both, at, window)
+    sum_e, _ = _window_sums(t, np.where(np.isnan(observed), np.nan, expected), at, window)
+    room = n - sum_e
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(room > MIN_ROOM, (sum_o - sum_e) / np.where(room > MIN_ROOM, room, 1.0), np.nan)
+
+
+def _offset_sums(t: Floats, values: Floats, at: Floats, window: float, offsets: Sequence[float]) -> Floats:
+    """The mean over the offsets whose window has events of the window sums of ``values``
+    (PromQL ``avg`` over the ``offset`` series of a rate: a missing one is skipped)."""
+    sums, counts = zip(*(_window_sums(t, values, at - o, window) for o in offsets), strict=True)
+    present = np.stack(counts) > 0
+    total = np.where(present, np.stack(sums), 0.0).sum(axis=0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(present.any(axis=0), total / np.maximum(present.sum(axis=0), 1), np.nan)
+
+
+def skill_loss(
+    t: Floats,
+    observed: Floats,
+    expected: Floats,
+    at: Floats,
+    window: float,
+    offsets: Sequence[float],
+    shift: float,
+) -> Floats:
+    """The log-likelihood ratio, over the window ``(at - window, at]``, that the recommender
+    lost ``shift`` of its skill above chance rather than kept its baseline skill.
+
+    Skill is the chance-corrected score, the kappa of the sums (:mod:`stream.chance`): over
+    the window, excess D = sum(observed - expected), room R = sum(1 - expected), n events.
+    The baseline kappa0 is that of the same window at each offset (ratio of the mean sums).
+    Per event, the observed value has mean e + kappa r (r = 1 - e) and, at most, the variance
+    v of a 0/1 outcome with the window's mean.  Testing kappa0 against kappa1 = kappa0 - delta
+    (delta = ``shift`` * kappa0) with these Gaussian terms and a common r gives the
+    log-likelihood ratio  ``delta R / (n v) * ((kappa0 - delta / 2) R - D)``: the CUSUM
+    (Page) increment summed over the window.  An alarm at ``log(1 / alpha)`` is one a
+    recommender at its baseline reaches with probability at most alpha (Wald's bound).
+
+    NaN where there is nothing to test: no events in the window, no baseline, or a baseline
+    without skill above chance (kappa0 <= 0: the at-chance alert speaks for it).
+
+    >>> t = np.arange(400.0); e = np.full(400, 0.2)
+    >>> o = np.where(t < 200, (t % 2 == 0) * 1.0, (t % 10 == 0) * 1.0)  # kappa 0.375, then -0.125
+    >>> llr = skill_loss(t, o, e, np.array([199.0, 399.0]), 100.0, (200.0,), 0.5)
+    >>> [round(float(x), 2) for x in llr]
+    [nan, 19.5]
+    """
+    ok = ~np.isnan(observed) & ~np.isnan(expected)
+    excess = np.where(ok, observed - expected, np.nan)
+    room = np.where(ok, 1.0 - expected, np.nan)
+    d, n = _window_sums(t, excess, at, window)
+    r, _ = _window_sums(t, room, at, window)
+    d0 = _offset_sums(t, excess, at, window, offsets)
+    r0 = _offset_sums(t, room, at, window, offsets)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        kappa0 = np.where(r0 > MIN_ROOM, d0 / r0, np.nan)
+        delta = shift * kappa0
+        mean = (n - r + kappa0 * r) / n  # mean of e + kappa0 r over the window's events
+        v = np.clip(mean * (1.0 - mean), 1e-6, 0.25)
+        llr = delta * r / (n * v) * ((kappa0 - delta / 2.0) * r - d)
+    return np.where((n > 0) & (kappa0 > 0) & (r > MIN_ROOM), llr, np.nan)
+
+
 def baseline(t: Floats, values: Floats, at: Floats, window: float, offsets: Sequence[float]) -> Floats:
     """The mean of the window means at each offset before ``at`` that has events
     (PromQL ``avg`` over the ``offset`` series: a missing one is skipped)."""
@@ -295,16 +385,13 @@ def baseline(t: Floats, values: Floats, at: Floats, window: float, offsets: Sequ
 def hold(condition: Bools, at: Floats, for_s: float) -> Bools:
     """Firing instants of an alert whose ``condition`` must hold for ``for_s`` seconds:
     pending from the first true instant, firing once ``for_s`` has passed since then."""
-    firing = np.zeros(len(condition), dtype=bool)
-    since = math.nan
-    for i, (true, now) in enumerate(zip(condition.tolist(), at.tolist(), strict=True)):
-        if not true:
-            since = math.nan
-            continue
-        if math.isnan(since):
-            since = now
-        firing[i] = now - since >= for_s
-    return firing
+    condition = np.asarray(condition, dtype=bool)
+    if not len(condition):
+        return condition.copy()
+    begins = condition & ~np.concatenate([[False], condition[:-1]])
+    since = np.where(begins, np.arange(len(condition)), 0)
+    np.maximum.accumulate(since, out=since)  # each true instant: the start of its run
+    return condition & (at - at[since] >= for_s)
 
 
 def episodes(firing: Bools) -> int:
@@ -334,15 +421,25 @@ def _below(a: Floats, b: Floats) -> Bools:
         return np.nan_to_num(a, nan=np.inf) < np.nan_to_num(b, nan=-np.inf)
 
 
-def signals(series: Series, at: Floats, rules: Rules) -> dict[str, Bools]:
-    """Every signal's firing instants on one run."""
+@dataclass(frozen=True, eq=False)
+class Statistics:
+    """What the rules compare with their thresholds, at each instant of one run: window
+    means, baselines, the corrected score, the unknown shares and the #REval alert's
+    log-likelihood ratio (they depend on the rules' windows, not on their thresholds)."""
+
+    enough: Bools
+    reval_now: Floats
+    reval_base: Floats
+    exact_now: Floats
+    exact_base: Floats
+    corrected_now: Floats
+    share_now: Floats
+    share_base: Floats
+    llr: Floats
+
+
+def statistics(series: Series, at: Floats, rules: Rules) -> Statistics:
     t, qw, offsets = series.t, rules.quality_window, rules.baseline_offsets
-    enough = enough_events(series, at, rules)
-    reval_now = window_mean(t, series.reval, at, qw)
-    reval_base = baseline(t, series.reval, at, qw, offsets)
-    exact_now = window_mean(t, series.exact, at, qw)
-    exact_base = baseline(t, series.exact, at, qw, offsets)
-    corrected_now = window_mean(t, series.corrected, at, qw)
 
     def share(window: float) -> Floats:
         unknown, _ = _window_sums(t, series.unknown, at, window)
@@ -350,12 +447,41 @@ def signals(series: Series, at: Floats, rules: Rules) -> dict[str, Bools]:
         with np.errstate(invalid="ignore", divide="ignore"):
             return np.where(total > 0, unknown / np.maximum(total, 1), np.nan)
 
-    share_now, share_base = share(rules.unknown_window), share(rules.unknown_baseline_window)
-    share_known = np.nan_to_num(share_now, nan=-np.inf)
+    return Statistics(
+        enough=enough_events(series, at, rules),
+        reval_now=window_mean(t, series.reval, at, qw),
+        reval_base=baseline(t, series.reval, at, qw, offsets),
+        exact_now=window_mean(t, series.exact, at, qw),
+        exact_base=baseline(t, series.exact, at, qw, offsets),
+        corrected_now=window_kappa(t, series.reval, series.expected, at, qw),
+        share_now=share(rules.unknown_window),
+        share_base=share(rules.unknown_baseline_window),
+        llr=skill_loss(t, series.reval, series.expected, at, qw, offsets, rules.skill_loss_fraction),
+    )
+
+
+def conditions(
+    series: Series, at: Floats, rules: Rules, found: Statistics | None = None
+) -> dict[str, tuple[Bools, float]]:
+    """Every signal's condition at each instant, and its hold time (``found``: the run's
+    :func:`statistics` under the same windows, when already computed)."""
+    f = found if found is not None else statistics(series, at, rules)
+    enough, reval_now, reval_base, exact_now, exact_base = (
+        f.enough,
+        f.reval_now,
+        f.reval_base,
+        f.exact_now,
+        f.exact_base,
+    )
+    corrected_now, share_base, llr = f.corrected_now, f.share_base, f.llr
+    share_known = np.nan_to_num(f.share_now, nan=-np.inf)
     drop, gap = 1.0 - rules.quality_drop_fraction, 1.0 - rules.gap_exact_drop_fraction
     with np.errstate(invalid="ignore"):
         conditions = {
-            "reval_drop": (_below(reval_now, drop * reval_base) & enough, rules.quality_for),
+            "reval_drop": (
+                (np.nan_to_num(llr, nan=-np.inf) > rules.skill_loss_bound) & enough,
+                rules.quality_for,
+            ),
             "corrected_at_chance": (
                 (np.nan_to_num(corrected_now, nan=np.inf) <= rules.chance_margin) & enough,
                 rules.chance_for,
@@ -373,19 +499,136 @@ def signals(series: Series, at: Floats, rules: Rules) -> dict[str, Bools]:
                 rules.unknown_for,
             ),
         }
-    return {name: hold(cond, at, for_s) for name, (cond, for_s) in conditions.items()}
+    return conditions
+
+
+def signals(series: Series, at: Floats, rules: Rules) -> dict[str, Bools]:
+    """Every signal's firing instants on one run."""
+    return {name: hold(cond, at, for_s) for name, (cond, for_s) in conditions(series, at, rules).items()}
+
+
+def holds(rules: Rules) -> dict[str, float]:
+    """Each signal's hold time (its rule's ``for``)."""
+    return {
+        "reval_drop": rules.quality_for,
+        "corrected_at_chance": rules.chance_for,
+        "exact_drop": rules.quality_for,
+        "semantic_gap": rules.gap_for,
+        "unknown_rising": rules.unknown_for,
+    }
 
 
 def detect(
-    drifted: Mapping[str, Bools], control: Mapping[str, Bools], at: Floats, start: float
+    drifted: Mapping[str, Bools],
+    control: Mapping[str, Bools],
+    at: Floats,
+    start: float,
+    guard: Mapping[str, float] | None = None,
 ) -> dict[str, float | None]:
     """Seconds from ``start`` to each signal's first alarm at or after it that the control
-    run does not raise at the same instant (None: it never fires)."""
+    run does not raise (None: it never fires).  With ``guard`` (seconds per signal, its hold
+    time), an alarm counts only where the control raises none within ``guard`` either side:
+    the two runs share every event before the drift, so a threshold the control crosses a
+    little later or stops crossing a little earlier is the control's own alarm seen again,
+    not a detection.
+
+    >>> at = np.arange(10.0); control = {"x": np.array([0, 0, 0, 1, 1, 0, 0, 0, 0, 0], bool)}
+    >>> drifted = {"x": np.array([0, 0, 1, 1, 1, 1, 0, 0, 1, 1], bool)}
+    >>> detect(drifted, control, at, 0.0), detect(drifted, control, at, 0.0, {"x": 2.0})
+    ({'x': 2.0}, {'x': 8.0})
+    """
     out: dict[str, float | None] = {}
     after = at >= start
     for name, firing in drifted.items():
-        hits = np.flatnonzero(firing & ~control[name] & after)
+        quiet = ~control[name]
+        margin = (guard or {}).get(name, 0.0)
+        if margin > 0:
+            fired = at[control[name]]
+            lo = np.searchsorted(fired, at - margin, side="left")
+            hi = np.searchsorted(fired, at + margin, side="right")
+            quiet = hi == lo
+        hits = np.flatnonzero(firing & quiet & after)
         out[name] = float(at[hits[0]] - start) if len(hits) else None
+    return out
+
+
+#: The threshold each signal's operating curve sweeps (a Rules field, or the false-alarm
+#: probability alpha of the #REval alert's bound log(1 / alpha)) and the values it takes.
+CURVES: dict[str, tuple[str, tuple[float, ...]]] = {
+    "reval_drop": ("false_alarm_probability", (0.5, 0.2, 0.1, 0.05, 0.01, 1e-3, 1e-4, 1e-6)),
+    "exact_drop": ("quality_drop_fraction", (0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6)),
+    "corrected_at_chance": ("chance_margin", (-0.1, -0.05, 0.0, 0.05, 0.1, 0.2)),
+    "semantic_gap": ("gap_exact_drop_fraction", (0.1, 0.2, 0.3, 0.4, 0.5, 0.6)),
+    "unknown_rising": ("unknown_share_max", (0.05, 0.1, 0.2, 0.3, 0.5)),
+}
+
+
+def with_threshold(rules: Rules, signal: str, value: float) -> Rules:
+    """``rules`` with ``signal``'s swept threshold (:data:`CURVES`) set to ``value``."""
+    name = CURVES[signal][0]
+    if name == "false_alarm_probability":
+        return replace(rules, skill_loss_bound=math.log(1.0 / value))
+    changes: dict[str, Any] = {name: value}
+    return replace(rules, **changes)
+
+
+class CurvePoint(TypedDict):
+    """One threshold of a swept signal: the control's false alarms, each drift's delay."""
+
+    value: float
+    deployed: bool
+    false_alarms_per_day: float
+    delays: dict[str, float | None]
+
+
+class Curve(TypedDict):
+    parameter: str
+    points: list[CurvePoint]
+
+
+def operating_curves(
+    control: Series,
+    drifted: Mapping[str, Series],
+    starts: Mapping[str, float],
+    at: Floats,
+    rules: Rules,
+    days: float,
+) -> dict[str, Curve]:
+    """Per signal, detection delay against false alarms per day as its threshold sweeps
+    :data:`CURVES`: for each value, the control run's alarm episodes per day and each drift's
+    delay (:func:`detect` with the hold guard; None: never), so a user can pick an
+    operating point.  The deployed threshold is among the points (``deployed``)."""
+    out: dict[str, Curve] = {}
+    base_stats = statistics(control, at, rules)
+    drift_stats = {label: statistics(series, at, rules) for label, series in drifted.items()}
+    for signal, (parameter, swept) in CURVES.items():
+        current = (
+            math.exp(-rules.skill_loss_bound)
+            if parameter == "false_alarm_probability"
+            else getattr(rules, parameter)
+        )
+        values = swept if any(math.isclose(v, current) for v in swept) else (*swept, current)
+        points: list[CurvePoint] = []
+        for value in values:
+            changed = with_threshold(rules, signal, value)
+            cond, for_s = conditions(control, at, changed, base_stats)[signal]
+            base = hold(cond, at, for_s)
+            delays: dict[str, float | None] = {}
+            for label, series in drifted.items():
+                cond_d, _ = conditions(series, at, changed, drift_stats[label])[signal]
+                found = detect(
+                    {signal: hold(cond_d, at, for_s)}, {signal: base}, at, starts[label], {signal: for_s}
+                )[signal]
+                delays[label] = None if found is None else round(found, 1)
+            points.append(
+                {
+                    "value": value,
+                    "deployed": math.isclose(value, current),
+                    "false_alarms_per_day": round(episodes(base) / days, 4),
+                    "delays": delays,
+                }
+            )
+        out[signal] = {"parameter": parameter, "points": points}
     return out
 
 

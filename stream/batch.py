@@ -21,6 +21,8 @@ class ModelLoadError(OSError):
 
 
 class TextEncoder(Protocol):
+    """What embedding a feed needs from a model (:class:`workers.adapters.encoder.Encoder`)."""
+
     @property
     def dim(self) -> int: ...
 
@@ -28,6 +30,14 @@ class TextEncoder(Protocol):
     def model_id(self) -> str: ...
 
     def encode(self, texts: Sequence[str]) -> npt.NDArray[np.float32]: ...
+
+
+class TokenEncoder(TextEncoder, Protocol):
+    """An encoder that also gives each text's token embeddings (BERTScore coherence)."""
+
+    def encode_tokens(
+        self, texts: Sequence[str], *, progress: Callable[[int, int], None] | None = None
+    ) -> list[npt.NDArray[np.float32]]: ...
 
 
 @dataclass

@@ -160,7 +160,8 @@ def tfidf_rows(texts: Sequence[str]) -> FloatArray:
     idf = np.log((1.0 + len(docs)) / (1.0 + df)) + 1.0
     weighted = counts * idf
     norms = np.linalg.norm(weighted, axis=1, keepdims=True)
-    return np.divide(weighted, norms, out=np.zeros_like(weighted), where=norms > 0)
+    unit: npt.NDArray[np.float64] = np.divide(weighted, norms, out=np.zeros_like(weighted), where=norms > 0)
+    return unit
 
 
 def mean_pairwise_cosine(rows: FloatArray) -> float:
@@ -206,7 +207,7 @@ def greedy_f1(a: FloatArray, b: FloatArray) -> float:
     return 2.0 * recall * precision / (recall + precision)
 
 
-def bertscore_coherence(tokens: Sequence[FloatArray], block: int = 2048) -> float:
+def bertscore_coherence(tokens: Sequence[npt.NDArray[np.floating]], block: int = 2048) -> float:
     """003's exhaustive BERTScore (F1) coherence of a cluster: the mean of
     :func:`greedy_f1` over every pair of texts, from one token-by-token similarity matrix
     computed ``block`` rows at a time (memory ``block x tokens``).  Texts without tokens
@@ -395,7 +396,11 @@ class Lift:
 
 
 def coherence_lift(
-    synonyms: Sequence[float], random: Sequence[float], *, resamples: int = 2000, seed: int = 0
+    synonyms: Sequence[float] | FloatArray,
+    random: Sequence[float] | FloatArray,
+    *,
+    resamples: int = 2000,
+    seed: int = 0,
 ) -> Lift | None:
     """Paired lift synonyms − random over hashtags (NaN pairs left out), with a percentile
     bootstrap interval over hashtags; None when no hashtag has both.

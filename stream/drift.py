@@ -255,7 +255,9 @@ def compare(
 ) -> ThesaurusDrift:
     """The drift from ``old`` to ``new``: a summary over every shared hashtag and the ``top``
     movers (lowest cosine first, ties by lowest Jaccard, then name) among hashtags with at
-    least ``min_support`` tweets in both versions that moved at all.
+    least ``min_support`` tweets in both versions that moved at all: a hashtag with the same
+    top-10 neighbours and either the same vector or the same number of tweets (a mean of the
+    same tweets, shifted only with the space) is no mover.
 
     >>> same = Snapshot(["a", "b"], np.eye(2), [["b"], ["a"]], counts=[5, 5])
     >>> d = compare(same, same)
@@ -270,9 +272,14 @@ def compare(
     changed = 1.0 - shifts.cosines
     candidates = []
     for i, hashtag in enumerate(shifts.hashtags):
-        if changed[i] <= _SAME and shifts.jaccards[i] == 1.0:
-            continue  # did not move: never a mover, however few remain
         support = (old.support(hashtag), new.support(hashtag))
+        if shifts.jaccards[i] == 1.0 and (
+            changed[i] <= _SAME or (None not in support and support[0] == support[1])
+        ):
+            # Did not move: the same neighbours, and the same vector -- or the same tweets
+            # (its mean is unchanged; what shifted is the space, e.g. the centring of a
+            # hubness method moving every vector a little when other hashtags get tweets).
+            continue
         if any(s is not None and s < min_support for s in support):
             continue
         candidates.append((float(shifts.cosines[i]), float(shifts.jaccards[i]), hashtag, support))

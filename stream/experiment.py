@@ -17,7 +17,9 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
+from stream.chance import MIN_ROOM
 from stream.cleaning import Cleaner, Dropped, Prepared
+from stream.cores import p_core
 from stream.hubness import DEFAULT_METHOD, METHODS
 from stream.means import HashtagMeans
 from stream.recommenders import DEFAULT_THRESHOLD
@@ -51,6 +53,9 @@ class ExperimentConfig:
 
     splits: tuple[Split, ...] = ("time",)
     seeds: tuple[int, ...] = (1, 2, 3)
+    #: Core levels (paper 002, :mod:`stream.cores`): every cell is computed on each p-core of
+    #: the cleaned data; 1 is the data itself.
+    cores: tuple[int, ...] = (1,)
     train_fraction: float = 0.9
     embeddings: tuple[str, ...] = VARIANTS
     recommenders: tuple[str, ...] = RECOMMENDERS
@@ -91,6 +96,10 @@ class ExperimentConfig:
                 raise ValueError(f"{name}: a value is listed twice")
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
             raise ValueError("seeds must be distinct and at least one")
+        if not self.cores or len(set(self.cores)) != len(self.cores) or min(self.cores) < 1:
+            raise ValueError(
+                f"cores must be distinct levels >= 1, got {', '.join(map(str, self.cores)) or 'none'}"
+            )
         if not self.rs or any(r < 1 for r in self.rs):
             raise ValueError("r values must be positive")
         if not self.ks or any(k < 0 for k in self.ks):
@@ -121,6 +130,7 @@ class ExperimentConfig:
         for name in (
             "splits",
             "seeds",
+            "cores",
             "embeddings",
             "recommenders",
             "hubness",
@@ -215,6 +225,26 @@ def split_corpus(
         raise ValueError(f"split must be 'time' or 'random', got {how!r}")
     cut = min(max(int(n * train_fraction), 1), n - 1)
     return [prepared[i] for i in order[:cut]], [prepared[i] for i in order[cut:]]
+
+
+def at_core(prepared: Sequence[Prepared], p: int) -> tuple[list[Prepared], list[int]]:
+    """The p-core of the cleaned tweets (:func:`stream.cores.p_core`, users where the feed
+    names them): the kept tweets with only their kept hashtags, and their positions.
+
+    >>> from stream.records import Tweet
+    >>> tags = [("a", "b"), ("a",), ("c",)]
+    >>> tweets = [Prepared(Tweet(str(i), ""), "", t, t) for i, t in enumerate(tags)]
+    >>> kept, where = at_core(tweets, 2)
+    >>> [(k.tweet.id, k.hashtags, k.dedup_keys) for k in kept], where
+    ([('0', ('a',), ('a',)), ('1', ('a',), ('a',))], [0, 1])
+    """
+    core = p_core([x.hashtags for x in prepared], p, [x.tweet.user_id for x in prepared])
+    out = []
+    for i, tags in zip(core.tweets, core.hashtags, strict=True):
+        x = prepared[i]
+        keys = tuple(key for h, key in zip(x.hashtags, x.dedup_keys, strict=True) if h in tags)
+        out.append(x if tags == x.hashtags else dataclasses.replace(x, hashtags=tags, dedup_keys=keys))
+    return out, list(core.tweets)
 
 
 def labelled(p: Prepared) -> Tweet:
@@ -331,4 +361,82 @@ def bootstrap_difference(
         point = fa[:, j].sum() / sa[:, j].sum() - fb[:, j].sum() / sb[:, j].sum()
         low, high = np.percentile(finite, [2.5, 97.5])
         out.append((float(point), float(low), float(high)))
+    return out
+
+
+def _kappas(
+    observed: npt.NDArray[np.float64], expected: npt.NDArray[np.float64], counts: npt.NDArray[np.float64]
+) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+    """The kappa of the sums (:func:`stream.chance.corrected_of_sums`, best = 1 per event)
+    of each column over the events with both an observed value and an expectation: the
+    point values, the values on each resample of ``counts`` (NaN: no room), and the
+    number of such events per column."""
+    ok = ~np.isnan(observed) & ~np.isnan(expected)
+    o, e, n = np.where(ok, observed, 0.0), np.where(ok, expected, 0.0), ok.astype(np.float64)
+
+    def kappa(
+        sum_o: npt.NDArray[np.float64], sum_e: npt.NDArray[np.float64], best: npt.NDArray[np.float64]
+    ) -> npt.NDArray[np.float64]:
+        room = best - sum_e
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(room > MIN_ROOM, (sum_o - sum_e) / np.where(room > MIN_ROOM, room, 1.0), np.nan)
+
+    point = kappa(o.sum(axis=0), e.sum(axis=0), n.sum(axis=0))
+    return point, kappa(counts @ o, counts @ e, counts @ n), n.sum(axis=0)
+
+
+def bootstrap_kappas(
+    observed: npt.NDArray[np.float64], expected: npt.NDArray[np.float64], counts: npt.NDArray[np.float64]
+) -> list[Estimate]:
+    """The chance-corrected score of each column of ``observed`` (events x cells; NaN =
+    unscorable) against ``expected`` (the null's expectation per event and cell; NaN: none):
+    the kappa of the sums, never a mean of per-event values, with its percentile-bootstrap
+    95% interval on the resamples ``counts`` (the ratio recomputed on each).  The mean is
+    None where the expectations leave no room above chance.
+
+    >>> o = np.array([[1.0], [0.0], [0.5], [np.nan]]); e = np.array([[0.2], [0.2], [0.6], [0.1]])
+    >>> k = bootstrap_kappas(o, e, resample_counts(4, None, 500, seed=1))[0]
+    >>> round(k.mean, 4), k.events, k.unscorable, k.low <= k.mean <= k.high
+    (0.25, 4, 1, True)
+    """
+    point, resampled, n = _kappas(observed, expected, counts)
+    out = []
+    for j in range(observed.shape[1]):
+        finite = resampled[:, j][np.isfinite(resampled[:, j])]
+        if np.isnan(point[j]) or not len(finite):
+            out.append(Estimate(None, None, None, len(observed), int(len(observed) - n[j])))
+            continue
+        low, high = np.percentile(finite, [2.5, 97.5])
+        out.append(
+            Estimate(float(point[j]), float(low), float(high), len(observed), int(len(observed) - n[j]))
+        )
+    return out
+
+
+def bootstrap_kappa_difference(
+    a: tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]],
+    b: tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]],
+    counts: npt.NDArray[np.float64],
+) -> list[tuple[float | None, float | None, float | None]]:
+    """:func:`bootstrap_difference` for the chance-corrected score: ``a`` and ``b`` are
+    (observed, expected) over the same events; the paired difference of their kappas on
+    the same resamples.
+
+    >>> o = np.array([[1.0], [1.0], [0.0], [1.0]]); e = np.full((4, 1), 0.2)
+    >>> counts = resample_counts(4, None, 500, seed=2)
+    >>> d, low, high = bootstrap_kappa_difference((o, e), (1 - o, e), counts)[0]
+    >>> round(d, 4), low <= d <= high
+    (0.625, True)
+    """
+    pa, ra, _ = _kappas(*a, counts)
+    pb, rb, _ = _kappas(*b, counts)
+    out: list[tuple[float | None, float | None, float | None]] = []
+    for j in range(len(pa)):
+        diff = ra[:, j] - rb[:, j]
+        finite = diff[np.isfinite(diff)]
+        if np.isnan(pa[j]) or np.isnan(pb[j]) or not len(finite):
+            out.append((None, None, None))
+            continue
+        low, high = np.percentile(finite, [2.5, 97.5])
+        out.append((float(pa[j] - pb[j]), float(low), float(high)))
     return out

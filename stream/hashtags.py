@@ -48,7 +48,8 @@ def normalise_hashtag(raw: str) -> str | None:
     body = _BODY_RE.match(text)
     if body is None or _is_truncated(text, body.end()):
         return None
-    return body.group().lower()
+    found: str = body.group()  # the regex package is untyped
+    return found.lower()
 
 
 def extract_hashtags(text: str) -> list[str]:

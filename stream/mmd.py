@@ -89,7 +89,10 @@ def mmd_test(
         within_x = np.einsum("pn,pn->p", k_members, members)
         within_y = np.einsum("pn,pn->p", others @ kernel, others)
         across = np.einsum("pn,pn->p", k_members, others)
-        return within_x / (n * (n - 1)) + within_y / (m * (m - 1)) - 2.0 * across / (n * m)
+        mmd2: npt.NDArray[np.float64] = (
+            within_x / (n * (n - 1)) + within_y / (m * (m - 1)) - 2.0 * across / (n * m)
+        )
+        return mmd2
 
     observed = statistic(np.concatenate([np.ones(n), np.zeros(m)])[None, :])[0]
     relabelled = np.zeros((permutations, n + m))

@@ -73,7 +73,8 @@ def pair_weights(a: FloatArray, b: FloatArray, n0: float = N0) -> FloatArray:
     [0.5, 0.5]
     """
     w = top_weight(a, n0) + top_weight(b, n0)
-    return w / w.sum()
+    weights: npt.NDArray[np.float64] = w / w.sum()
+    return weights
 
 
 def _ranks(x: npt.ArrayLike, y: npt.ArrayLike) -> tuple[FloatArray, FloatArray]:

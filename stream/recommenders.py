@@ -28,7 +28,7 @@ import dataclasses
 import warnings
 from abc import ABC, abstractmethod
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, ClassVar, Protocol, Self, runtime_checkable
 
 import numpy as np
@@ -60,7 +60,8 @@ def hide_hashtags(text: str) -> str:
     >>> hide_hashtags("Stay safe #Flood x#y ＃東京 #coron…")
     'Stay safe  x  …'
     """
-    return _HASHTAG_TOKEN_RE.sub("", text)
+    hidden: str = _HASHTAG_TOKEN_RE.sub("", text)  # the regex package is untyped
+    return hidden
 
 
 def masked(tweet: Tweet) -> Tweet:
@@ -249,7 +250,22 @@ class RandomRecommender(BaseRecommender):
         self._weights = np.zeros(0)
 
     def _fit(self, tweets: Sequence[Tweet]) -> None:
-        counts = Counter(h for t in tweets for h in dict.fromkeys(t.hashtags))
+        self._popularity(Counter(h for t in tweets for h in dict.fromkeys(t.hashtags)))
+
+    def fit_popularity(self, counts: Mapping[str, float]) -> Self:
+        """Draw from these popularities instead of training tweets' -- e.g. a thesaurus
+        version's hashtags and counts, which makes this recommender that version's null.
+
+        >>> from stream.records import parse_tweet
+        >>> rec = RandomRecommender(seed=3).fit_popularity({"a": 1, "b": 0, "c": 2})
+        >>> sorted(rec.recommend_many([parse_tweet({"id": "1", "text": "x"})], 5)[0])
+        ['a', 'c']
+        """
+        self._popularity({h: w for h, w in counts.items() if w > 0})
+        self._fitted = True
+        return self
+
+    def _popularity(self, counts: Mapping[str, float]) -> None:
         self.hashtags = sorted(counts)
         self._weights = np.array([counts[h] for h in self.hashtags], dtype=np.float64)
 

@@ -157,6 +157,22 @@ class ReplaySummary:
         """Produced records per wall-clock second."""
         return self.produced / self.wall_s if self.wall_s > 0 else 0.0
 
+    def stop(self, how: str, wall_s: float, error: ReplayError | None = None) -> None:
+        """The run ended ``how`` (``stopped``) after ``wall_s``; a raised ``error`` gets this summary."""
+        self.stopped = how
+        self.wall_s = wall_s
+        if error is not None:
+            self.error = str(error)
+            error.summary = self
+
+    def sent(self, when: datetime | None) -> None:
+        """One record produced, with its event time (None: the record has none)."""
+        self.produced += 1
+        if when is not None:
+            if self.first_event is None:
+                self.first_event = when
+            self.last_event = when
+
     def skip(self, reason: str) -> None:
         self.skipped[reason] = self.skipped.get(reason, 0) + 1
 
@@ -364,6 +380,65 @@ class Pacer:
         return delay
 
 
+def _check_bounds(limit: int | None, start: datetime | None, end: datetime | None) -> None:
+    if limit is not None and limit < 0:
+        raise ValueError(f"limit must be >= 0, not {limit}")
+    if start is not None and end is not None and end <= start:
+        raise ValueError(f"end ({end.isoformat()}) must be after start ({start.isoformat()})")
+
+
+def _outside(when: datetime | None, start: datetime | None, end: datetime | None) -> str | None:
+    """Why a record is outside ``[start, end)`` (a skip reason), or None when it is inside."""
+    if start is None and end is None:
+        return None
+    if when is None:
+        return "no_time"
+    if start is not None and when < start:
+        return "before_start"
+    if end is not None and when >= end:
+        return "after_end"
+    return None
+
+
+def _admit(
+    item: Parsed[Tweet | Recommendation],
+    kind: Kind,
+    summary: ReplaySummary,
+    start: datetime | None,
+    end: datetime | None,
+    strict: bool,
+    now: Callable[[], float],
+) -> tuple[int, datetime | None] | None:
+    """The record's Kafka timestamp (ms) and event time, or None when it is skipped or bad
+    (counted in ``summary``; with ``strict`` a bad one raises :class:`BadLineError`)."""
+    where = f"{item.path}:{item.line}"
+    if item.error is not None:
+        control = _control_message(item.raw) if kind is Kind.tweets else None
+        if control is not None:
+            summary.skip(f"control_message:{control}")
+            return None
+        summary.errors.add(item)
+        if strict:
+            raise BadLineError(where, item.error)
+        return None
+    assert item.value is not None
+    when = time_of(item.value)
+    if when is not None and (summary.position is None or when > summary.position):
+        summary.position = when
+    reason = _outside(when, start, end)
+    if reason is not None:
+        summary.skip(reason)
+        return None
+    stamp = timestamp_ms(when) if when is not None else int(now() * 1000)
+    if stamp < 0:  # Kafka timestamps start at 1970
+        error = RecordError("bad_time", f"event time {when} is before 1970")
+        summary.errors.add(Parsed(item.path, item.line, error=error, raw=item.raw))
+        if strict:
+            raise BadLineError(where, error)
+        return None
+    return stamp, when
+
+
 def replay(
     items: Iterable[Parsed[Tweet | Recommendation]],
     send: Send,
@@ -395,10 +470,7 @@ def replay(
     ``limit``).  ``on_progress`` gets the live summary at the start, about every
     ``progress_every`` clock seconds, and at the end.
     """
-    if limit is not None and limit < 0:
-        raise ValueError(f"limit must be >= 0, not {limit}")
-    if start is not None and end is not None and end <= start:
-        raise ValueError(f"end ({end.isoformat()}) must be after start ({start.isoformat()})")
+    _check_bounds(limit, start, end)
     kind = Kind(kind)
     summary = ReplaySummary(kind=kind)
     began = clock()
@@ -408,11 +480,7 @@ def replay(
         on_progress(summary)
 
     def stop(how: str, error: ReplayError | None = None) -> None:
-        summary.stopped = how
-        summary.wall_s = clock() - began
-        if error is not None:
-            summary.error = str(error)
-            error.summary = summary
+        summary.stop(how, clock() - began, error)
         if on_progress is not None:
             on_progress(summary)
 
@@ -421,55 +489,21 @@ def replay(
             if limit is not None and summary.produced >= limit:
                 break
             summary.lines_read += 1
-            where = f"{item.path}:{item.line}"
-            if item.error is not None:
-                control = _control_message(item.raw) if kind is Kind.tweets else None
-                if control is not None:
-                    summary.skip(f"control_message:{control}")
-                    continue
-                summary.errors.add(item)
-                if strict:
-                    raise BadLineError(where, item.error)
+            admitted = _admit(item, kind, summary, start, end, strict, now)
+            if admitted is None:
                 continue
-            assert item.value is not None
-            when = time_of(item.value)
-            if when is not None and (summary.position is None or when > summary.position):
-                summary.position = when
-            if start is not None or end is not None:
-                if when is None:
-                    summary.skip("no_time")
-                    continue
-                if start is not None and when < start:
-                    summary.skip("before_start")
-                    continue
-                if end is not None and when >= end:
-                    summary.skip("after_end")
-                    continue
-            stamp = timestamp_ms(when) if when is not None else int(now() * 1000)
-            if stamp < 0:  # Kafka timestamps start at 1970
-                error = RecordError("bad_time", f"event time {when} is before 1970")
-                summary.errors.add(Parsed(item.path, item.line, error=error, raw=item.raw))
-                if strict:
-                    raise BadLineError(where, error)
-                continue
-
+            stamp, when = admitted
             if pacer is not None and when is not None:
                 summary.slept_s += pacer.wait(when)
-
-            send(Outgoing(_key_of(item.value), _value_bytes(item.raw), stamp, where))
-            summary.produced += 1
-            if when is not None:
-                if summary.first_event is None:
-                    summary.first_event = when
-                summary.last_event = when
+            assert item.value is not None
+            send(Outgoing(_key_of(item.value), _value_bytes(item.raw), stamp, f"{item.path}:{item.line}"))
+            summary.sent(when)
             if limit is not None and summary.produced >= limit:
                 break  # before reading another line
-            if on_progress is not None:
-                tick = clock()
-                if tick - last_report >= progress_every:
-                    last_report = tick
-                    summary.wall_s = tick - began
-                    on_progress(summary)
+            if on_progress is not None and (tick := clock()) - last_report >= progress_every:
+                last_report = tick
+                summary.wall_s = tick - began
+                on_progress(summary)
         if limit is not None and summary.produced >= limit:
             summary.stopped = "limit"
         if flush is not None:

@@ -10,7 +10,7 @@ thesaurus version; on a neighbour table, read from its rows with nothing to cach
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from itertools import chain
@@ -19,7 +19,7 @@ from typing import Any, cast
 import numpy as np
 import numpy.typing as npt
 
-from stream.chance import ChanceModel, corrected
+from stream.chance import MIN_ROOM, ChanceModel, CorrectedSum, corrected_of_sums
 from stream.metrics import (
     FAR,
     ExactScores,
@@ -86,7 +86,8 @@ class NeighbourCache:
     fast as the next ones.
 
     ``chance`` is the version's null model (:class:`stream.chance.ChanceModel`); with it,
-    scores carry the chance-corrected #REval-hit-ratio too.
+    scores carry the null's expected #REval-hit-ratio too (what the chance correction of
+    any set of events is computed from).
     """
 
     def __init__(
@@ -267,8 +268,10 @@ class EventScore:
     thesaurus_version: str
     unscorable: str | None = None  # empty_recommended | empty_ground_truth
     reval: dict[str, dict[int, float]] = field(default_factory=dict)
-    #: Chance-corrected #REval-hit-ratio (:mod:`stream.chance`), when the thesaurus has a null model.
-    corrected: dict[str, dict[int, float]] = field(default_factory=dict)
+    #: The null recommender's expected #REval-hit-ratio (:mod:`stream.chance`) for this event,
+    #: when the thesaurus has a null model: the chance correction of a set of events is the
+    #: kappa of its sums (:func:`stream.chance.corrected_of_sums`), never a mean of per-event values.
+    expected: dict[str, dict[int, float]] = field(default_factory=dict)
     exact: dict[str, ExactScores] = field(default_factory=dict)
     unknown_recommended: int = 0  # recommended hashtags the thesaurus lacks
     n_recommended: int = 0
@@ -282,6 +285,16 @@ class EventScore:
     #: scores are written out once each, and re-keying every dict for JSON cost more than
     #: making it.  Shared, never modified.
     json_cells: dict[str, Any] | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def corrected(self) -> dict[str, dict[int, float | None]]:
+        """This one event's chance-corrected score, ``(observed - expected) / (1 - expected)``
+        (None where the expectation is 1: no room).  For a single event only: a set of events
+        is corrected from its sums (:class:`stream.chance.CorrectedSum`)."""
+        return {
+            r: {k: corrected_of_sums(self.reval[r][k], e, 1.0) for k, e in by_k.items()}
+            for r, by_k in self.expected.items()
+        }
 
     def to_json(self) -> dict[str, Any]:
         if self.json_cells is not None:
@@ -299,6 +312,7 @@ class EventScore:
                 "n_recommended": self.n_recommended,
                 "reval_hit_ratio_ranked": cells["reval_hit_ratio_ranked"],
                 "reval_hit_ratio_slices": cells["reval_hit_ratio_slices"],
+                "reval_hit_ratio_expected": cells["reval_hit_ratio_expected"],
             }
         return {
             "tweet_id": self.tweet_id,
@@ -317,13 +331,14 @@ class EventScore:
                 r: {name: _str_keys(by_k) for name, by_k in by_slice.items()}
                 for r, by_slice in self.slices.items()
             },
+            "reval_hit_ratio_expected": {r: _str_keys(by_k) for r, by_k in self.expected.items()},
         }
 
 
 _LABELS: dict[tuple[int, ...], tuple[str, ...]] = {}
 
 
-def _str_keys(by_k: dict[int, float]) -> dict[str, float]:
+def _str_keys(by_k: Mapping[int, float | None]) -> dict[str, float | None]:
     """``{k: value}`` with the k as JSON keys (strings; made once per grid of k)."""
     ks = tuple(by_k)
     labels = _LABELS.get(ks)
@@ -366,7 +381,7 @@ def score_event(
     chance, bands = cache.chance, cache.bands
     columns = columns_by_slice(truth, bands) if bands is not None else {}
     reval: dict[str, dict[int, float]] = {}
-    corrected_: dict[str, dict[int, float]] = {}
+    expected_: dict[str, dict[int, float]] = {}
     exact: dict[str, ExactScores] = {}
     ranked: dict[str, dict[int, float]] = {}
     slices: dict[str, dict[str, dict[int, float]]] = {}
@@ -384,13 +399,9 @@ def score_event(
         found = done.get(len(rows))
         if found is None:
             observed = zeros if unreached else reval_by_k(rows, n_truth, ks)
-            against_chance = None
-            if chance is not None:
-                expected = chance.expected(len(rows), truth, ks)
-                against_chance = list(map(corrected, observed, expected))
             found = done[len(rows)] = (
                 observed,
-                against_chance,
+                chance.expected(len(rows), truth, ks) if chance is not None else None,
                 exact_from_ranks(rows, n_truth),
                 zeros if unreached else ranked_by_k(rows, n_truth, ks, weights),
                 {name: zeros for name in columns}
@@ -399,10 +410,10 @@ def score_event(
                 if columns
                 else {},
             )
-        observed, against_chance, exact[label], by_rank, by_slice = found
+        observed, at_chance, exact[label], by_rank, by_slice = found
         reval[label] = dict(zip(ks, observed, strict=True))
-        if against_chance is not None:
-            corrected_[label] = dict(zip(ks, against_chance, strict=True))
+        if at_chance is not None:
+            expected_[label] = dict(zip(ks, at_chance, strict=True))
         ranked[label] = dict(zip(ks, by_rank, strict=True))
         if columns:
             slices[label] = {name: dict(zip(ks, values, strict=True)) for name, values in by_slice.items()}
@@ -410,7 +421,7 @@ def score_event(
     return EventScore(
         **base,  # type: ignore[arg-type]
         reval=reval,
-        corrected=corrected_,
+        expected=expected_,
         exact=exact,
         unknown_recommended=unknown,
         ranked=ranked,
@@ -498,12 +509,13 @@ def _score_group(
     out = []
     for i, event in enumerate(events):
         reval: dict[str, dict[int, float]] = {}
-        corrected_: dict[str, dict[int, float]] = {}
+        expected_: dict[str, dict[int, float]] = {}
         exact: dict[str, ExactScores] = {}
         ranked: dict[str, dict[int, float]] = {}
         slices: dict[str, dict[str, dict[int, float]]] = {}
         reval_json: dict[str, dict[str, float]] = {}
-        corrected_json: dict[str, dict[str, float]] = {}
+        corrected_json: dict[str, dict[str, float | None]] = {}
+        expected_json: dict[str, dict[str, float]] = {}
         exact_json: dict[str, dict[str, float]] = {}
         ranked_json: dict[str, dict[str, float]] = {}
         slices_json: dict[str, dict[str, dict[str, float]]] = {}
@@ -511,10 +523,11 @@ def _score_group(
             values = found.observed[i]
             reval[label] = dict(zip(ks, values, strict=True))
             reval_json[label] = dict(zip(keys, values, strict=True))
-            if found.corrected is not None:
-                values = found.corrected[i]
-                corrected_[label] = dict(zip(ks, values, strict=True))
-                corrected_json[label] = dict(zip(keys, values, strict=True))
+            if found.expected is not None and found.corrected is not None:
+                values = found.expected[i]
+                expected_[label] = dict(zip(ks, values, strict=True))
+                expected_json[label] = dict(zip(keys, values, strict=True))
+                corrected_json[label] = dict(zip(keys, found.corrected[i], strict=True))
             exact[label] = found.exact[i]
             exact_json[label] = _exact_json(found.exact[i])
             values = found.ranked[i]
@@ -532,7 +545,7 @@ def _score_group(
                 thesaurus_version=version,
                 n_recommended=len(recs[i]),
                 reval=reval,
-                corrected=corrected_,
+                expected=expected_,
                 exact=exact,
                 unknown_recommended=sum(1 for h in recs[i] if not known(h)),
                 ranked=ranked,
@@ -543,6 +556,7 @@ def _score_group(
                     "exact": exact_json,
                     "reval_hit_ratio_ranked": ranked_json,
                     "reval_hit_ratio_slices": slices_json,
+                    "reval_hit_ratio_expected": expected_json,
                 },
             )
         )
@@ -581,7 +595,10 @@ class _Lists:
     :class:`EventScore` holds, one per event."""
 
     observed: list[list[float]]
-    corrected: list[list[float]] | None
+    #: The null model's expectations, and the one-event corrected scores made of them
+    #: (:attr:`EventScore.corrected`: None where no room); both None without a null model.
+    expected: list[list[float]] | None
+    corrected: list[list[float | None]] | None
     exact: list[ExactScores]
     ranked: list[list[float]]
     slices: list[list[tuple[str, list[float]]]] | None
@@ -639,12 +656,18 @@ class _Grid:
         """Every cell on the first ``m`` rows of each event's matrix; ``expected``: the null
         model's expectations for them (None: no chance correction)."""
         observed = self.reval(m)
-        corrected_ = None
+        expected_ = corrected_ = None
         if expected is not None:
-            # stream.chance.corrected elementwise: the same operations on the same floats.
+            # stream.chance.corrected_of_sums(observed, expected, 1.0) elementwise: the same
+            # operations on the same floats, None where the room is below MIN_ROOM.
+            room = 1.0 - expected
             with np.errstate(divide="ignore", invalid="ignore"):
-                ratio = (observed - expected) / (1.0 - expected)
-            corrected_ = np.where(expected >= 1.0, observed - 1.0, ratio).tolist()
+                ratio = (observed - expected) / room
+            expected_ = expected.tolist()
+            corrected_ = [
+                [value if ok else None for value, ok in zip(values, oks, strict=True)]
+                for values, oks in zip(ratio.tolist(), (room > MIN_ROOM).tolist(), strict=True)
+            ]
         exact = list(
             map(exact_from_counts, self.zeros[self.batch, m - 1].tolist(), m.tolist(), self.n_truth.tolist())
         )
@@ -657,7 +680,7 @@ class _Grid:
             slices = [
                 [(name, values[i]) for name, present, values in found if present[i]] for i in range(len(m))
             ]
-        return _Lists(observed.tolist(), corrected_, exact, self.ranked(m).tolist(), slices)
+        return _Lists(observed.tolist(), expected_, corrected_, exact, self.ranked(m).tolist(), slices)
 
     def reval(self, m: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
         """Eq. 4 at each k (|B| x K) on the first ``m`` rows: rows that reach G when
@@ -686,7 +709,8 @@ class _Grid:
         for t in range(n_g):
             by_columns += np.where((t < self.n_truth)[:, None], best[:, t], 0.0)
         total = np.where((m <= self.n_truth)[:, None], by_rows, by_columns)
-        return total / self.ideal_total[np.minimum(m, self.n_truth)][:, None]
+        ranked: npt.NDArray[np.float64] = total / self.ideal_total[np.minimum(m, self.n_truth)][:, None]
+        return ranked
 
     def slice_columns(self, bands: Bands) -> list[tuple[str, npt.NDArray[np.bool_]]]:
         """Each slice's columns (|B| x max|G| flags): :func:`stream.slices.columns_by_slice`."""
@@ -715,7 +739,9 @@ class _Grid:
 
 
 class Summary:
-    """Averages over events, per (r, k) and per exact metric, river style.
+    """Averages over events, per (r, k) and per exact metric, river style; the
+    chance-corrected score is the kappa of the events' sums (:class:`stream.chance.CorrectedSum`),
+    with a 95% delta-method interval.
 
     ``get()`` gives the shape ``reval score --json`` prints for one r.
     """
@@ -724,7 +750,7 @@ class Summary:
         self.events = 0
         self.unscorable = 0
         self.reval: dict[str, dict[int, Mean]] = {}
-        self.corrected: dict[str, dict[int, Mean]] = {}
+        self.corrected: dict[str, dict[int, CorrectedSum]] = {}
         self.ranked: dict[str, dict[int, Mean]] = {}
         self.exact: dict[str, dict[str, Mean]] = {}
 
@@ -733,15 +759,16 @@ class Summary:
         if score.unscorable is not None:
             self.unscorable += 1
             return
-        for table, values in (
-            (self.reval, score.reval),
-            (self.corrected, score.corrected),
-            (self.ranked, score.ranked),
-        ):
+        for table, values in ((self.reval, score.reval), (self.ranked, score.ranked)):
             for r, by_k in values.items():
                 means = table.setdefault(r, {})
                 for k, value in by_k.items():
                     means.setdefault(k, Mean()).update(value)
+        for r, by_k in score.expected.items():
+            sums = self.corrected.setdefault(r, {})
+            observed = score.reval[r]
+            for k, expected in by_k.items():
+                sums.setdefault(k, CorrectedSum()).update(observed[k], expected)
         for r, scores in score.exact.items():
             exact = self.exact.setdefault(r, {})
             for name, value in scores.as_dict().items():
@@ -752,6 +779,24 @@ class Summary:
             self.update(score)
         return self
 
+    def _corrected(self, label: str, k: int) -> dict[str, Any]:
+        found = self.corrected.get(label, {}).get(k)
+        interval = None if found is None else found.interval()
+        value = None if found is None else found.get()
+        return {
+            "reval_hit_ratio_corrected": value,
+            # why the corrected score is null: no null model (a thesaurus without popularity),
+            # or an expectation that leaves no room above chance
+            "corrected_null_reason": None
+            if value is not None
+            else "no_null_model"
+            if found is None
+            else "no_room",
+            "corrected_ci_low": None if interval is None else interval[0],
+            "corrected_ci_high": None if interval is None else interval[1],
+            "reval_hit_ratio_expected": None if found is None else found.expected / found.count,
+        }
+
     def get(self, r: int | None = ALL) -> dict[str, Any]:
         label = r_label(r)
         return {
@@ -760,9 +805,7 @@ class Summary:
             "by_k": {
                 str(k): {
                     "reval_hit_ratio": mean.get(),
-                    "reval_hit_ratio_corrected": (
-                        self.corrected[label][k].get() if k in self.corrected.get(label, {}) else None
-                    ),
+                    **self._corrected(label, k),
                     "reval_hit_ratio_ranked": (
                         self.ranked[label][k].get() if k in self.ranked.get(label, {}) else None
                     ),

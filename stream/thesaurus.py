@@ -10,8 +10,8 @@ This module is the thesaurus *concept*, free of I/O:
 * :class:`JsonThesaurus` -- a user's own ``{"hashtag": ["nearest", ...]}`` mapping.
 
 Annoy indexes and the versioned on-disk store are adapters
-(:mod:`workers.adapters.store`).  All distances are *cosine* distances,
-``1 - cos``, in ``[0, 2]``.  Hashtags are expected to be normalised already
+(:mod:`workers.adapters.annoy_thesaurus`, :mod:`workers.adapters.store`).  All distances
+are *cosine* distances, ``1 - cos``, in ``[0, 2]``.  Hashtags are expected to be normalised already
 (lower case, no ``#``); lookups do not normalise, so ``"#Covid"`` is simply a
 hashtag the thesaurus has never seen.
 
@@ -27,10 +27,10 @@ import hashlib
 import json
 import unicodedata
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from datetime import UTC, datetime
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -38,12 +38,16 @@ import numpy.typing as npt
 from stream.hashtags import normalise_hashtag
 from stream.hubness import (
     Candidates,
+    ReRanked,
     candidate_count,
     centred,
     check_method,
+    clustered_candidates,
+    exact_candidates,
     exact_rerank,
     hubness_report,
     rerank,
+    sampled_recall,
 )
 
 
@@ -96,6 +100,11 @@ class ThesaurusMetadata:
     #: synonym sets (:mod:`stream.coherence`) and its agreement with people's votes
     #: (:mod:`stream.audit`); None when not audited.
     audit: dict[str, Any] | None = None
+    #: How the table's neighbours were searched (:func:`build_neighbour_table`): ``kind``
+    #: ``exact`` (every pair), ``nearest`` (each hashtag's nearest by cosine, found exactly,
+    #: re-ranked) or ``clustered`` (found among nearby clusters, with the table's recall
+    #: against the exact re-ranking measured on a sample of hashtags); None when not recorded.
+    search: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -110,7 +119,9 @@ class ThesaurusMetadata:
             raise ThesaurusFormatError(
                 f"thesaurus metadata: expected a JSON object, got {type(data).__name__}"
             )
-        optional = {"max_distance", "hubness_method", "depth", "hubness", "format", "checksums", "drift"}
+        optional = {
+            "max_distance", "hubness_method", "depth", "hubness", "format", "checksums", "drift", "search",
+        }  # fmt: skip
         missing = [f.name for f in fields(cls) if f.name not in data and f.name not in optional]
         if missing:
             raise ThesaurusFormatError(f"thesaurus metadata: missing key(s) {', '.join(missing)}")
@@ -130,6 +141,8 @@ class ThesaurusMetadata:
         values["hubness"] = None if hubness is None else dict(_expect(hubness, Mapping, "hubness"))
         drift = data.get("drift")
         values["drift"] = None if drift is None else dict(_expect(drift, Mapping, "drift"))
+        search = data.get("search")
+        values["search"] = None if search is None else dict(_expect(search, Mapping, "search"))
         values["format"] = _expect(data.get("format", ""), str, "format")
         checksums = data.get("checksums")
         if checksums is not None:
@@ -190,6 +203,24 @@ class Thesaurus(Protocol):
     def __len__(self) -> int: ...
 
 
+class ThesaurusSource(Protocol):
+    """Where a scorer finds the published thesaurus versions: the directory store
+    (:class:`workers.adapters.store.ThesaurusStore`) or Redis
+    (:class:`workers.adapters.redis_thesaurus.RedisThesauri`)."""
+
+    def versions(self) -> list[str]:
+        """Published version names, oldest first."""
+        ...
+
+    def current_version(self) -> str | None:
+        """The version to serve; ``None`` before the first publish."""
+        ...
+
+    def load(self, version: str, *, index: bool = ...) -> Thesaurus:
+        """One version (``index=False``: the neighbour table only, all a scorer needs)."""
+        ...
+
+
 def check_k(k: int) -> None:
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 0:
         raise ValueError(f"k must be a non-negative integer, got {k!r}")
@@ -238,6 +269,7 @@ def unit_rows(
     min_count: int,
 ) -> tuple[list[str], npt.NDArray[np.float64]]:
     """Validate the inputs, drop hashtags below ``min_count``, scale vectors to unit length."""
+    given = vectors
     matrix = np.asarray(vectors, dtype=np.float64)
     if matrix.ndim != 2:
         raise ValueError(f"vectors must be a 2-D array (hashtags x dimensions), got {matrix.shape}")
@@ -261,14 +293,16 @@ def unit_rows(
         np.ones(len(names), dtype=bool) if counts is None else np.asarray(counts, dtype=np.int64) >= min_count
     )
     kept_names = [name for name, k in zip(names, keep, strict=True) if k]
-    matrix = matrix[keep]
+    # A copy of the kept rows, scaled in place (one 600 MB array at 100,000 x 768, not three).
+    matrix = matrix[keep] if not keep.all() else matrix.copy() if matrix is given else matrix
     norms = np.linalg.norm(matrix, axis=1)
     bad = ~np.isfinite(norms) | (norms == 0.0)
     if bad.any():
         name = kept_names[int(np.flatnonzero(bad)[0])]
         # A zero vector has no direction: every cosine with it is undefined.
         raise ValueError(f"vector for hashtag {name!r} is zero or not finite")
-    return kept_names, matrix / norms[:, None]
+    matrix /= norms[:, None]
+    return kept_names, matrix
 
 
 def content_version(names: Sequence[str], unit: npt.NDArray[np.float64], params: Mapping[str, Any]) -> str:
@@ -511,6 +545,77 @@ class JsonThesaurus(BaseThesaurus):
 # --------------------------------------------------------------------------- neighbour table
 
 
+def _rank_neighbours(
+    method: str,
+    space: npt.NDArray[np.float32],
+    depth: int,
+    name_rank: npt.NDArray[np.int64],
+    candidates: Candidates | Literal["clustered"] | None,
+    seed: int,
+) -> tuple[ReRanked, dict[str, Any]]:
+    """The re-ranked table and how its candidates were found (``build_neighbour_table``)."""
+    n = space.shape[0]
+    if candidates is None:
+        return exact_rerank(method, space, depth, name_rank, seed=seed), {"kind": "exact"}
+    want = min(candidate_count(depth, method), max(n - 1, 0))
+    if candidates == "clustered":
+        found = clustered_candidates(space, want, cover=depth, seed=seed) if want else None
+        if found is not None:
+            ranked = rerank(method, space, found.ids, found.sims, depth, name_rank, seed=seed)
+            recall = sampled_recall(method, ranked, found, name_rank, (10, depth))
+            bound = recall[10].mean() - 2.33 * recall[10].std() / np.sqrt(len(recall[10]))
+            report = {
+                **found.report(),
+                "recall_at_10": round(float(recall[10].mean()), 6),
+                f"recall_at_{depth}": round(float(recall[depth].mean()), 6),
+                "recall_at_10_lower_bound": round(float(bound), 6),
+            }
+            if bound >= RECALL_TARGET:
+                return ranked, report
+            search: dict[str, Any] = {"kind": "nearest", "clustered_fell_short": report}
+        else:
+            search = {"kind": "nearest", "clustered_fell_short": None}
+        candidates = exact_candidates
+    else:
+        search = {"kind": "nearest" if candidates is exact_candidates else "candidates"}
+    empty = (np.zeros((n, 0), np.int64), np.zeros((n, 0), np.float32))
+    ids, sims = candidates(space, want) if want else empty
+    return rerank(method, space, ids, sims, depth, name_rank, seed=seed), search
+
+
+def embedding_cosines(
+    unit: npt.NDArray[np.float64],
+    was_centred: bool,
+    ids: npt.NDArray[np.int64],
+    sims: npt.NDArray[np.float32],
+) -> npt.NDArray[np.float64]:
+    """The cosines of the unit rows ``unit[i]`` and ``unit[ids[i, j]]`` from their cosines
+    ``sims`` in the space they were ranked in: ``unit`` itself, or (``was_centred``) the
+    centred space of :func:`stream.hubness.centred`, where x = a_x x' + m with m the mean row,
+    so x.y = a_x a_y x'.y' + b_x + b_y + m.m with b_x = (x - m).m -- a few operations per
+    neighbour instead of gathering its 768 floats (19% of a 100,000 build).  Equal to the
+    direct dot products within float32 rounding (~1e-7).
+
+    >>> unit = np.array([[1.0, 0.0], [0.6, 0.8], [0.0, 1.0]])
+    >>> space = centred(unit)
+    >>> ids = np.array([[1], [2], [1]])
+    >>> sims = np.einsum("ij,ikj->ik", space, space[ids]).astype(np.float32)
+    >>> np.round(embedding_cosines(unit, True, ids, sims), 6).tolist()
+    [[0.6], [0.8], [0.8]]
+    """
+    if not was_centred:
+        return sims.astype(np.float64)
+    mean = unit.mean(axis=0)
+    shifted = unit - mean
+    a = np.linalg.norm(shifted, axis=1)
+    b = shifted @ mean
+    safe = np.maximum(ids, 0)
+    cosines: npt.NDArray[np.float64] = (
+        a[:, None] * a[safe] * sims.astype(np.float64) + b[:, None] + b[safe] + mean @ mean
+    )
+    return cosines
+
+
 class NeighbourTable(BaseThesaurus):
     """Every hashtag's ``depth`` nearest hashtags, precomputed: what a scorer needs.
 
@@ -609,6 +714,12 @@ class NeighbourTable(BaseThesaurus):
         return len(self._names)
 
 
+#: The recall@10 against the exact re-ranking that a clustered search must show on its
+#: sampled hashtags (a one-sided 99% lower confidence bound) for the build to keep its table;
+#: below it the build searches again, exactly (issue 27 §2: recall@10 >= 0.99).
+RECALL_TARGET = 0.99
+
+
 def build_neighbour_table(
     names: Sequence[str],
     vectors: npt.ArrayLike,
@@ -616,7 +727,7 @@ def build_neighbour_table(
     *,
     depth: int,
     method: str = "center+csls",
-    candidates: Candidates | None = None,
+    candidates: Candidates | Literal["clustered"] | None = None,
     max_distance: float | None = None,
     min_count: int = 1,
     model_id: str = "",
@@ -624,16 +735,24 @@ def build_neighbour_table(
     metric: str = "cosine",
     version: str | None = None,
     seed: int = 0,
+    on_space: Callable[[npt.NDArray[np.float32]], None] | None = None,
 ) -> NeighbourTable:
     """The neighbour table of hashtags ``names`` with embeddings ``vectors``.
 
     Hashtags seen fewer than ``min_count`` times (``counts``) are left out; the counts
     are also the popularity the null model weighs by (all 1 when not given).  ``method`` ranks the
     neighbours (:mod:`stream.hubness`), exactly over all pairs by default; for large
-    vocabularies ``candidates(unit, c)`` (an approximate index) supplies each hashtag's
-    c nearest by cosine in the (possibly centred) space and only those are re-ranked.  Neighbours farther than
-    ``max_distance`` (cosine distance of the embeddings) are cut off.  The version is a
-    hash of the content and the parameters.
+    vocabularies ``candidates(unit, c)`` supplies each hashtag's c nearest by cosine in the
+    (possibly centred) space and only those are re-ranked.  ``candidates="clustered"``
+    finds them among nearby clusters (:func:`stream.hubness.clustered_candidates`) and keeps
+    that table only if its recall@10 against the exact re-ranking, measured on a sample of
+    hashtags, reaches :data:`RECALL_TARGET` (a lower confidence bound); otherwise, or where
+    the space has no clusters to use, the c nearest are found exactly
+    (:func:`stream.hubness.exact_candidates`).  How is recorded in the metadata's ``search``.
+    Neighbours farther than ``max_distance`` (cosine distance of the embeddings) are cut off.
+    The version is a hash of the content and the parameters.  ``on_space`` is called with
+    the space the hashtags are ranked in (row i = the table's hashtag i; not to be modified)
+    before the search, so that a caller can index it meanwhile.
     """
     check_method(method)
     if depth < 1:
@@ -647,22 +766,24 @@ def build_neighbour_table(
     space = centred(unit) if method.startswith("center") and n else unit.astype(np.float32)
     name_rank = np.empty(n, dtype=np.int64)
     name_rank[sorted(range(n), key=kept.__getitem__)] = np.arange(n)
-    if candidates is None:
-        ranked = exact_rerank(method, space, depth, name_rank, seed=seed)
-    else:
-        want = min(candidate_count(depth, method), max(n - 1, 0))
-        empty = (np.zeros((n, 0), np.int64), np.zeros((n, 0), np.float32))
-        ids, sims = candidates(space, want) if want else empty
-        ranked = rerank(method, space, ids, sims, depth, name_rank, seed=seed)
+    if on_space is not None:
+        on_space(space)
+    ranked, search = _rank_neighbours(method, space, depth, name_rank, candidates, seed)
     neighbours = ranked.ids
     valid = neighbours >= 0
-    # In blocks of rows: gathering every neighbour's vector at once is n x depth x d floats
-    # (43 GB at 100,000 x 70 x 768).
-    cosines = np.empty(neighbours.shape, dtype=np.float64)
-    for start in range(0, n, 1024):
-        rows = slice(start, start + 1024)
-        gathered = unit[np.where(valid[rows], neighbours[rows], 0)]
-        cosines[rows] = np.einsum("ij,ikj->ik", unit[rows], gathered)
+    if ranked.sims is not None:
+        cosines = embedding_cosines(unit, method.startswith("center"), ranked.ids, ranked.sims)
+    else:
+        # In blocks of rows: gathering every neighbour's vector at once is n x depth x d floats
+        # (43 GB at 100,000 x 70 x 768). Small blocks (64 rows: ~20 MB of gathered rows at depth
+        # 100 x 768) stay in cache; 1,024-row blocks (300 MB) took 2-3x longer, 43 s of a 230-s
+        # build at 100,000 (BENCHMARKS.md, issue 27 §5). Each cosine is the same dot product
+        # whatever the block, so the values are the same to the bit.
+        cosines = np.empty(neighbours.shape, dtype=np.float64)
+        for start in range(0, n, 64):
+            rows = slice(start, start + 64)
+            gathered = unit[np.where(valid[rows], neighbours[rows], 0)]
+            cosines[rows] = np.einsum("ij,ikj->ik", unit[rows], gathered)
     distances = np.where(valid, np.clip(1.0 - cosines, 0.0, 2.0), np.inf).astype(np.float32)
     if max_distance is not None:
         # Cut each list at the first neighbour beyond the limit (ranks stay contiguous).
@@ -691,5 +812,6 @@ def build_neighbour_table(
         hubness_method=method,
         depth=depth,
         hubness=hubness_report(kept, neighbours).to_dict(),
+        search=search,
     )
     return NeighbourTable(kept, neighbours.astype(np.int32), distances, kept_counts, metadata, ranked.stats)

@@ -13,10 +13,10 @@ import pytest
 from typer.testing import CliRunner
 
 from stream import backtest as bt
+from stream.alert_params import rule_params
 from tests.test_deploy import require_binary
 from tests.test_prometheus import Prometheus
 from workers.adapters.feeds import sample_feed
-from workers.adapters.rules import rule_params
 from workers.commands.backtest import EMBEDDING_SIGNAL, rules_for
 from workers.commands.cli import app
 
@@ -26,8 +26,8 @@ STEP = 30.0  # one event every 30 s: 120 in the 1 h quality window, above min_ev
 
 
 def steady(days: float = 12.0) -> bt.Series:
-    """A recommender that never changes: #REval 0.5, exact 0.4, corrected 0.3, 10
-    recommended hashtags of which none unknown."""
+    """A recommender that never changes: #REval 0.5 against a chance expectation of 0.3
+    (corrected: 0.2 / 0.7), exact 0.4, 10 recommended hashtags of which none unknown."""
     t = np.arange(0.0, days * DAY, STEP)
     n = len(t)
     return bt.Series(t, np.full(n, 0.5), np.full(n, 0.3), np.full(n, 0.4), np.full(n, 10.0), np.zeros(n))
@@ -36,7 +36,7 @@ def steady(days: float = 12.0) -> bt.Series:
 def drifted(start: float, **after: float) -> bt.Series:
     """:func:`steady` with the named columns set to new values from ``start`` on."""
     base = steady()
-    columns = {name: getattr(base, name).copy() for name in ("reval", "corrected", "exact", "recommended")}
+    columns = {name: getattr(base, name).copy() for name in ("reval", "expected", "exact", "recommended")}
     columns["unknown"] = base.unknown.copy()
     for name, value in after.items():
         columns[name][base.t >= start] = value
@@ -63,20 +63,49 @@ def test_the_steady_run_raises_no_alarm(rules: bt.Rules) -> None:
     )
 
 
-def test_a_quality_drop_fires_when_the_window_mean_crosses_then_holds(rules: bt.Rules) -> None:
+def reference_llr(o0: float, o1: float, e: float, x: float, n: int, shift: float) -> float:
+    """The #REval alert's log-likelihood ratio, written out for a window of ``n`` events of
+    which a share ``x`` scores ``o1`` and the rest ``o0``, every expectation ``e``, against a
+    baseline of ``o0`` (stream.backtest.skill_loss, docstring)."""
+    room = n * (1 - e)
+    excess = n * ((1 - x) * (o0 - e) + x * (o1 - e))
+    kappa0 = (o0 - e) / (1 - e)
+    delta = shift * kappa0
+    mean = e + kappa0 * (1 - e)
+    return delta * room / (n * mean * (1 - mean)) * ((kappa0 - delta / 2) * room - excess)
+
+
+def test_a_quality_drop_fires_when_the_statistics_cross_then_holds(rules: bt.Rules) -> None:
     start = 10 * DAY
-    found = delays(drifted(start, reval=0.2, exact=0.1, corrected=0.1), rules, start)
-    # The 1 h mean of v0 before / v1 after falls below 0.8 v0 once a share
-    # x = 0.2 v0 / (v0 - v1) of the window has drifted (#REval 0.5 -> 0.2: a third, 20 min),
-    # then the rule holds for quality_for (30 min).
-    for signal, v0, v1 in (("reval_drop", 0.5, 0.2), ("exact_drop", 0.4, 0.1)):
-        expected = rules.quality_window * 0.2 * v0 / (v0 - v1) + rules.quality_for
-        delay = found[signal]
-        # (events come every STEP seconds: the crossing is exact to one event)
-        assert delay is not None and abs(delay - expected) <= 2 * STEP, (signal, delay, expected)
+    found = delays(drifted(start, reval=0.2, exact=0.1), rules, start)
+    # #REval: the sequential test crosses log(1 / alpha) once a share x of the 1 h window
+    # (120 events) has drifted, then the rule holds for quality_for (30 min).
+    n = int(rules.quality_window / STEP)
+    shares = np.linspace(0.0, 1.0, 100_001)
+    llr = np.array([reference_llr(0.5, 0.2, 0.3, x, n, rules.skill_loss_fraction) for x in shares])
+    x = shares[np.argmax(llr > rules.skill_loss_bound)]
+    expected = rules.quality_window * x + rules.quality_for
+    assert found["reval_drop"] is not None and abs(found["reval_drop"] - expected) <= 2 * STEP
+    # exact: the 1 h mean of v0 before / v1 after falls below 0.8 v0 once a share
+    # x = 0.2 v0 / (v0 - v1) of the window has drifted, then holds for quality_for.
+    v0, v1 = 0.4, 0.1
+    expected = rules.quality_window * 0.2 * v0 / (v0 - v1) + rules.quality_for
+    delay = found["exact_drop"]
+    # (events come every STEP seconds: the crossing is exact to one event)
+    assert delay is not None and abs(delay - expected) <= 2 * STEP, (delay, expected)
     assert found["semantic_gap"] is None  # #REval fell too: not a move to synonyms
-    assert found["corrected_at_chance"] is None  # 0.1 is still above chance
+    assert found["corrected_at_chance"] is not None  # 0.2 against an expectation of 0.3: below chance
     assert found["unknown_rising"] is None
+
+
+def test_a_small_drop_within_the_noise_is_no_alarm(rules: bt.Rules) -> None:
+    """A loss of a tenth of the skill: far below the tested half, the statistic never
+    crosses; the fixed-fraction rule on exact match fires on a 25% drop."""
+    start = 10 * DAY
+    kappa0 = 0.2 / 0.7
+    found = delays(drifted(start, reval=0.3 + 0.9 * kappa0 * 0.7, exact=0.3), rules, start)
+    assert found["reval_drop"] is None
+    assert found["exact_drop"] is not None
 
 
 def test_synonyms_open_the_semantic_gap_and_leave_reval_quiet(rules: bt.Rules) -> None:
@@ -90,12 +119,11 @@ def test_synonyms_open_the_semantic_gap_and_leave_reval_quiet(rules: bt.Rules) -
 
 def test_at_chance_and_unknown_hashtags(rules: bt.Rules) -> None:
     start = 10 * DAY
-    found = delays(drifted(start, corrected=-0.05), rules, start)
+    found = delays(drifted(start, reval=0.25), rules, start)
     chance = found["corrected_at_chance"]
-    # corrected <= 0 once 0.3 (1 - x) - 0.05 x <= 0 (x >= 6/7 of the window), held chance_for.
-    expected = rules.quality_window * 6 / 7 + rules.chance_for
+    # The window's kappa, (0.2 (1 - x) - 0.05 x) / 0.7, is <= 0 once x >= 0.8, held chance_for.
+    expected = rules.quality_window * 0.8 + rules.chance_for
     assert chance is not None and abs(chance - expected) <= 2 * STEP, (chance, expected)
-    assert found["reval_drop"] is None
     found = delays(drifted(start, unknown=5.0), rules, start)
     assert found["unknown_rising"] is not None and found["unknown_rising"] >= rules.unknown_for
     assert {k: v for k, v in found.items() if k != "unknown_rising"} == dict.fromkeys(
@@ -103,9 +131,29 @@ def test_at_chance_and_unknown_hashtags(rules: bt.Rules) -> None:
     )
 
 
+def test_operating_curves_trade_delay_for_false_alarms(rules: bt.Rules) -> None:
+    start = 10 * DAY
+    control, drift = steady(), drifted(start, reval=0.2, exact=0.1)
+    at = np.arange(control.t[0], control.t[-1], rules.step)  # instants every 15 s: 69,000
+    curves = bt.operating_curves(control, {"d": drift}, {"d": start}, at, rules, days=12.0)
+    assert set(curves) == set(bt.SIGNALS)
+    points = curves["reval_drop"]["points"]
+    deployed = [p for p in points if p["deployed"]]
+    assert len(deployed) == 1 and deployed[0]["value"] == pytest.approx(0.01)
+    assert deployed[0]["delays"]["d"] == pytest.approx(delays(drift, rules, start)["reval_drop"], abs=0.1)
+    assert all(p["false_alarms_per_day"] == 0 for p in points)  # a steady control never alarms
+    # A smaller false-alarm probability is a higher bound: never an earlier alarm (None: never).
+    by_alpha = sorted(points, key=lambda p: -p["value"])
+    found = [np.inf if p["delays"]["d"] is None else p["delays"]["d"] for p in by_alpha]
+    assert found == sorted(found) and found[0] < np.inf and found[-1] == np.inf
+    exact = {p["value"]: p["delays"]["d"] for p in curves["exact_drop"]["points"]}
+    early, late = exact[0.05], exact[0.5]
+    assert early is not None and late is not None and early < late  # a 5% drop is crossed first
+
+
 def test_too_few_events_never_alert(rules: bt.Rules) -> None:
-    sparse = bt.Series(*(getattr(steady(), n)[::200] for n in ("t", "reval", "corrected", "exact")),
-                       steady().recommended[::200], steady().unknown[::200])  # fmt: skip
+    full = steady()
+    sparse = bt.Series(**{name: getattr(full, name)[::200] for name in bt.Series.__dataclass_fields__})
     sparse.reval[sparse.t >= 10 * DAY] = 0.0
     at = np.arange(sparse.t[0], sparse.t[-1], rules.step)
     assert bt.episodes(bt.signals(sparse, at, rules)["reval_drop"]) == 0  # 1.2 events an hour < 50

@@ -208,17 +208,18 @@ def test_agreement_of_a_thesaurus_that_ranks_like_the_voters() -> None:
                 }
             )
             n += 1
-    (area,), overall = agreement(state, [truth], resamples=200)
+    (only,), overall = agreement(state, [truth], resamples=200)
     assert (
         overall.tau_w is not None
         and overall.tau_w > 0.6
         and overall.rho_w is not None
         and overall.rho_w > 0.8
     )
-    assert overall.tau_w_ci[0] is not None and overall.tau_w_ci[0] <= overall.tau_w <= overall.tau_w_ci[1]
+    low, high = overall.tau_w_ci
+    assert low is not None and high is not None and low <= overall.tau_w <= high
     (_, reverse) = agreement(state, [truth[::-1].copy()], resamples=50)
     assert reverse.tau_w is not None and reverse.tau_w < -0.6
-    assert area.votes == plan.comparisons and not area.extra["provisional"]
+    assert only.votes == plan.comparisons and not only.extra["provisional"]
 
 
 def test_voters_follow_the_stochastic_transitivity_model() -> None:

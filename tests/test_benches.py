@@ -89,3 +89,28 @@ def test_bench_redis_barrier_runs_on_a_tiny_workload(tmp_path: Path, redis_url: 
     text = out.read_text()
     assert "| cluster 3+3 | barrier: WAIT 1 (cluster default) |" in text
     assert "| single Redis | check only (single-Redis default) |" in text
+
+
+def test_bench_cost_curves_runs_and_plots(tmp_path: Path) -> None:
+    out = tmp_path / "curves.md"
+    workload = ["--sizes", "300,600", "--dim", "32", "--events", "100", "--grid-size", "600", "--trees", "5"]
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.bench_cost_curves",
+            *workload,
+            "--out",
+            str(out),
+            "--plots",
+            str(tmp_path),
+        ],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    text = out.read_text()
+    assert "| 600 |" in text and "| largest k | events/s |" in text and "| 100 |" in text
+    for png in ("cost_build_vs_vocabulary.png", "cost_scoring_vs_vocabulary.png", "cost_scoring_vs_k.png"):
+        assert (tmp_path / png).read_bytes().startswith(b"\x89PNG")

@@ -28,10 +28,12 @@ import redis
 
 from stream.records import parse_tweet
 from tests.live import assert_means_equal, batch_means, counts_reach, means_of, plain_tweets
+from workers.adapters.annoy_thesaurus import AnnoyThesaurus
 from workers.adapters.feeds import sample_feed
 from workers.adapters.kafka_client import _admin, create_topics
 from workers.adapters.redis_thesaurus import RedisThesauri
-from workers.adapters.store import TABLE_FILE, AnnoyThesaurus, ThesaurusStore
+from workers.adapters.store import ThesaurusStore
+from workers.adapters.thesaurus_files import TABLE_FILE
 from workers.dev.ports import find_free_port
 from workers.dev.stack import REVAL, Stack, keyed, tweet_lines, wait_for
 
@@ -317,6 +319,7 @@ def test_a_damaged_thesaurus_version_is_refused_and_the_last_good_one_used(stack
     store = ThesaurusStore(stack.index_dir)
     wait_for("a version", store.current_version, 90)
     good = store.current_version()
+    assert good is not None
     wait_for("the scorer on it", lambda: score.metric("reval_scoring_thesaurus_version") == int(good[1:]), 30)
     index.stop()  # no new version from here on but ours
     damaged = store.publish(store.load(good))

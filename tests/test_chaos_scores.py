@@ -200,7 +200,7 @@ def small_thesaurus() -> Any:
     each: the scorer's REVAL_KS must stop at 5)."""
     import numpy as np
 
-    from workers.adapters.store import AnnoyThesaurus
+    from workers.adapters.annoy_thesaurus import AnnoyThesaurus
 
     rng = np.random.default_rng(4)
     base = rng.normal(size=(5, 16))
@@ -226,7 +226,8 @@ def publish_damaged(stack: Stack, thesaurus: Any) -> str:
     import redis
 
     from workers.adapters.redis_thesaurus import RedisThesauri
-    from workers.adapters.store import TABLE_FILE, ThesaurusStore
+    from workers.adapters.store import ThesaurusStore
+    from workers.adapters.thesaurus_files import TABLE_FILE
 
     version = ThesaurusStore(stack.index_dir).publish(thesaurus)
     path = stack.index_dir / version / TABLE_FILE

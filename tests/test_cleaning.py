@@ -10,7 +10,7 @@ from stream.cleaning import (
     detect_language,
     prepare,
 )
-from stream.records import parse_tweet
+from stream.records import Tweet, parse_tweet
 
 
 def test_clean_text_steps() -> None:
@@ -29,7 +29,7 @@ def test_language() -> None:
     assert detect_language("Dov'è il piano di ricostruzione? Siamo ancora qui") != "en"
 
 
-def _tweet(i: int, text: str, lang: str | None = None) -> object:
+def _tweet(i: int, text: str, lang: str | None = None) -> Tweet:
     return parse_tweet({"id": str(i), "text": text, **({"lang": lang} if lang else {})})
 
 
@@ -55,7 +55,7 @@ def test_retweets_of_seen_content_with_the_same_hashtag_are_removed() -> None:
 
 
 def test_partial_duplicate_keeps_only_new_hashtags() -> None:
-    prepared = prepare(_tweet(2, "RT @x: Bridge closed by water #flood #roads", "en"))  # type: ignore[arg-type]
+    prepared = prepare(_tweet(2, "RT @x: Bridge closed by water #flood #roads", "en"))
     assert isinstance(prepared, Prepared) and prepared.hashtags == ("flood", "roads")
     kept = dedup(prepared, [False, True])
     assert isinstance(kept, Prepared)

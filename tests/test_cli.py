@@ -11,11 +11,20 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from workers.adapters.annoy_thesaurus import AnnoyThesaurus
 from workers.adapters.feeds import sample_feed
-from workers.adapters.store import AnnoyThesaurus, load_thesaurus
+from workers.adapters.store import load_thesaurus
 from workers.commands.cli import app
 
 runner = CliRunner()
+
+#: The chance-corrected fields of a summary without a null model (a JSON thesaurus).
+NO_CHANCE = {
+    **dict.fromkeys(
+        ("reval_hit_ratio_corrected", "corrected_ci_low", "corrected_ci_high", "reval_hit_ratio_expected")
+    ),
+    "corrected_null_reason": "no_null_model",
+}
 
 
 @pytest.fixture(scope="module")
@@ -106,10 +115,10 @@ def test_score_json_contract(tmp_path: Path) -> None:
     # A JSON thesaurus has no popularity to weigh a null recommender by: no chance correction.
     # Rank-aware (DCG): event 1's one hit is sport at synonym rank 3, w_syn(3) = 1/log2(5).
     assert payload["by_k"] == {
-        "0": {"reval_hit_ratio": 0.5, "reval_hit_ratio_corrected": None, "reval_hit_ratio_ranked": 0.5},
+        "0": {"reval_hit_ratio": 0.5, **NO_CHANCE, "reval_hit_ratio_ranked": 0.5},
         "3": {
             "reval_hit_ratio": 1.0,
-            "reval_hit_ratio_corrected": None,
+            **NO_CHANCE,
             "reval_hit_ratio_ranked": pytest.approx((1 / math.log2(5) + 1.0) / 2),
         },
     }
@@ -130,6 +139,46 @@ def test_score_json_contract(tmp_path: Path) -> None:
         app, ["score", str(recs), "--thesaurus", str(thesaurus), "-k", "0,3", "-r", "1,all"]
     )
     assert table.exit_code == 0 and "k=3" in table.output and "hit_ratio" in table.output
+
+
+def test_score_corrects_for_chance_from_the_sums(tmp_path: Path) -> None:
+    """A thesaurus with popularity: the summary's corrected score is the kappa of the events'
+    sums with its interval, and the table prints it."""
+    import numpy as np
+
+    from stream.chance import CorrectedSum
+
+    rng = np.random.default_rng(2)
+    names = [f"h{i}" for i in range(30)]
+    thesaurus = tmp_path / "th"
+    AnnoyThesaurus.build(
+        names, rng.normal(size=(30, 8)), counts=list(range(30, 0, -1)), depth=5, method="raw"
+    ).save(thesaurus)
+    events = [
+        {
+            "tweet_id": str(i),
+            "recommended": list(rng.choice(names, 3, replace=False)),
+            "ground_truth": [names[i % 30]],
+        }
+        for i in range(60)
+    ]
+    recs = tmp_path / "recs.jsonl"
+    recs.write_text("".join(json.dumps(e) + "\n" for e in events))
+    out = tmp_path / "events.jsonl"
+    result = runner.invoke(
+        app, ["score", str(recs), "-t", str(thesaurus), "-k", "0,5", "--json", "--events", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    by_k = json.loads(result.stdout)["by_k"]["5"]
+    sums = CorrectedSum()
+    for line in out.read_text().splitlines():
+        event = json.loads(line)
+        sums.update(event["reval_hit_ratio"]["all"]["5"], event["reval_hit_ratio_expected"]["all"]["5"])
+    assert by_k["reval_hit_ratio_corrected"] == pytest.approx(sums.get())
+    assert by_k["corrected_ci_low"] < by_k["reval_hit_ratio_corrected"] < by_k["corrected_ci_high"]
+    table = runner.invoke(app, ["score", str(recs), "-t", str(thesaurus), "-k", "0,5"])
+    assert table.exit_code == 0 and "chance-corrected" in table.output
+    assert f"{by_k['reval_hit_ratio_corrected']:.4f}" in table.output
 
 
 def test_score_rejects_bad_k(tmp_path: Path) -> None:

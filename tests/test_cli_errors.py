@@ -145,9 +145,13 @@ CASES = [
     Case("worker-unknown-role", ("worker", "scorer"), 2, "scorer"),
     Case("replay-bad-speed", ("replay", "feed.jsonl", "--topic", "t", "--speed", "fast"), 2, "fast"),
     Case("demo-bad-duration", ("demo", "--duration", "0"), 2, "--duration"),
+    Case("demo-bad-rate", ("demo", "--rate", "0"), 2, "--rate"),
+    Case("evaluate-bad-cores", ("evaluate", "feed.jsonl", "--out", "out", "--cores", "0,2"), 2, "cores"),
     # runtime failures: exit 1
     Case("score-random-bytes", ("score", "random.jsonl", "-t", "th"), 1, "all "),
-    Case("score-nothing-scorable", ("score", "no-truth.jsonl", "-t", "th"), 1, "no_ground_truth"),
+    Case(
+        "score-nothing-scorable", ("score", "no-truth.jsonl", "-t", "th"), 1, "reval recommend --with-truth"
+    ),
     Case(
         "recommend-feed-random-bytes",
         ("recommend", "-m", "popular", "--train", "feed.jsonl", "--feed", "random.jsonl", "--out", "o.jsonl"),

@@ -6,7 +6,6 @@ Specification's JSON schema (vendored in deploy/compose/, no network needed)."""
 
 from __future__ import annotations
 
-import doctest
 import json
 import os
 import re
@@ -20,14 +19,14 @@ from typing import Any
 import pytest
 import yaml
 
-from workers.adapters.rules import load_render
+from stream.alert_params import DEFAULTS, TEST, parse_set
+from workers.adapters.prometheus_alerts import ALERTS, JOBS
+from workers.adapters.prometheus_rules import render_config, render_rules
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
 PROM = DEPLOY / "prometheus"
 
-
-render = load_render()
 
 DEBIAN_PACKAGE = {
     "promtool": "prometheus",
@@ -82,10 +81,10 @@ def ok(done: subprocess.CompletedProcess[str]) -> str:
 
 
 def test_committed_rules_and_config_are_the_generator_defaults() -> None:
-    assert (PROM / "rules.yml").read_text() == render.render_rules(render.DEFAULTS), (
+    assert (PROM / "rules.yml").read_text() == render_rules(DEFAULTS), (
         "deploy/prometheus/rules.yml differs from render.py's defaults: run `python deploy/prometheus/render.py`"
     )
-    assert (PROM / "prometheus.yml").read_text() == render.render_config(), (
+    assert (PROM / "prometheus.yml").read_text() == render_config(), (
         "deploy/prometheus/prometheus.yml differs: run `python deploy/prometheus/render.py --config`"
     )
 
@@ -97,21 +96,21 @@ def test_promtool_check_config_and_rules(tmp_path: Path) -> None:
     assert "SUCCESS" in ok(run(promtool, "check", "rules", PROM / "rules.yml"))
     # the short-window profile the integration test uses, and a custom rendering
     for name, params in {
-        "test": render.TEST,
-        "custom": render.parse_set(
-            render.DEFAULTS,
+        "test": TEST,
+        "custom": parse_set(
+            DEFAULTS,
             ["alert_k=5", "quality_drop_fraction=0.3", "baseline_offsets=1d,1w", "windows=15m,1h,6h,1d"],
         ),
     }.items():
         path = tmp_path / f"{name}.yml"
-        path.write_text(render.render_rules(params.check()))
+        path.write_text(render_rules(params.check()))
         assert "SUCCESS" in ok(run(promtool, "check", "rules", path)), name
 
 
 def test_every_alert_has_a_runbook_and_unit_tests() -> None:
     rules = yaml.safe_load((PROM / "rules.yml").read_text())
     alerts = [r for g in rules["groups"] for r in g["rules"] if "alert" in r]
-    assert [a["alert"] for a in alerts] == list(render.ALERTS)
+    assert [a["alert"] for a in alerts] == list(ALERTS)
     readme = (DEPLOY / "README.md").read_text()
     headings = {h.strip().lower() for h in re.findall(r"^#{2,4} (.+)$", readme, re.M)}
     tests = yaml.safe_load((PROM / "tests" / "rules_test.yml").read_text())["tests"]
@@ -125,7 +124,7 @@ def test_every_alert_has_a_runbook_and_unit_tests() -> None:
 
     # every recording rule (per window: one window of each family) has a value test
     def family(name: str) -> str:
-        return re.sub(r"(mean|rate|ratio)\d+[smhd]$", r"\1", name)
+        return re.sub(r"(mean|rate|ratio|kappa|llr)\d+[smhd]$", r"\1", name)
 
     recorded = {family(r["record"]) for g in rules["groups"] for r in g["rules"] if "record" in r}
     tested = {
@@ -162,19 +161,18 @@ def _mutated(tmp_path: Path, expr: str) -> str:
 def test_unit_tests_catch_alerts_that_never_fire_or_always_fire(tmp_path: Path) -> None:
     never = _mutated(tmp_path / "never", "vector(1) == 2")
     always = _mutated(tmp_path / "always", "vector(1)")
-    for name in render.ALERTS:
+    for name in ALERTS:
         assert f"alertname: {name}," in never, f"{name}: no unit test notices it never fires"
         assert f"alertname: {name}," in always, f"{name}: no unit test notices it fires on stable series"
 
 
 def test_render_cli_and_parameter_checks(tmp_path: Path) -> None:
-    assert doctest.testmod(render).failed == 0
     out = tmp_path / "rules.yml"
     done = run(
         sys.executable,
         PROM / "render.py",
         "--set",
-        "quality_drop_fraction=0.5",
+        "false_alarm_probability=0.001",
         "--set",
         "alert_k=20",
         "-o",
@@ -182,15 +180,20 @@ def test_render_cli_and_parameter_checks(tmp_path: Path) -> None:
     )
     ok(done)
     text = out.read_text()
-    assert 'reval:hit_ratio:mean1h{k="20", r="10"}\n      < 0.5 * reval:hit_ratio:baseline' in text
-    assert "quality_drop_fraction=0.5" in text.splitlines()[1]
+    # the #REval alert's bound is log(1 / alpha)
+    assert 'reval:skill_loss:llr{k="20", r="10"}\n      > 6.90776' in text
+    assert "false_alarm_probability=0.001" in text.splitlines()[1]
     assert run(sys.executable, PROM / "render.py", "--set", "nope=1").returncode != 0
     with pytest.raises(ValueError, match="quality_window"):
-        render.render_rules(render.parse_set(render.DEFAULTS, ["quality_window=2h"]))
+        render_rules(parse_set(DEFAULTS, ["quality_window=2h"]))
     with pytest.raises(ValueError, match="duration"):
-        render.render_rules(render.parse_set(render.DEFAULTS, ["quality_for=soon"]))
+        render_rules(parse_set(DEFAULTS, ["quality_for=soon"]))
     with pytest.raises(ValueError, match=r"\[0, 1\]"):
-        render.render_rules(render.parse_set(render.DEFAULTS, ["quality_drop_fraction=1.5"]))
+        render_rules(parse_set(DEFAULTS, ["quality_drop_fraction=1.5"]))
+    with pytest.raises(ValueError, match="false_alarm_probability"):
+        render_rules(parse_set(DEFAULTS, ["false_alarm_probability=0"]))
+    with pytest.raises(ValueError, match="skill_loss_fraction"):
+        render_rules(parse_set(DEFAULTS, ["skill_loss_fraction=1.5"]))
 
 
 def test_alertmanager_config() -> None:
@@ -216,7 +219,7 @@ def test_dashboard_structure() -> None:
     variables = {v["name"]: v for v in board["templating"]["list"]}
     assert {"datasource", "recommender", "k", "r", "window"} <= set(variables)
     assert variables["recommender"]["multi"] and variables["recommender"]["includeAll"]
-    assert variables["window"]["query"].split(",") == list(render.DEFAULTS.windows)
+    assert variables["window"]["query"].split(",") == list(DEFAULTS.windows)
     panels = [p for p in board["panels"] if p["type"] != "row"]
     assert len({p["id"] for p in board["panels"]}) == len(board["panels"])
     for panel in panels:
@@ -250,7 +253,7 @@ def test_dashboard_structure() -> None:
     }
     for title, expr in panel_queries(board):
         for name in re.findall(r"reval:[a-z_]+:[a-z_0-9]+(?:\$\{window\})?", expr):
-            options = [name.replace("${window}", w) for w in render.DEFAULTS.windows]
+            options = [name.replace("${window}", w) for w in DEFAULTS.windows]
             assert any(o in recorded for o in options), f"{title}: {name} is not recorded"
 
 
@@ -381,7 +384,7 @@ def test_compose_services_and_wiring() -> None:
     config = yaml.safe_load((PROM / "prometheus.yml").read_text())
     jobs = {c["job_name"]: c for c in config["scrape_configs"]}
     for role, port in ports.items():  # found by DNS: every replica of a scaled service is scraped
-        assert jobs[render.JOBS[role]]["dns_sd_configs"] == [
+        assert jobs[JOBS[role]]["dns_sd_configs"] == [
             {"names": [role], "type": "A", "port": port, "refresh_interval": "30s"}
         ]
     mounts = " ".join(services["prometheus"]["volumes"])
@@ -415,10 +418,10 @@ def test_dockerfile_installs_cpu_torch_first_and_bakes_the_model() -> None:
 def test_docker_compose_v2_accepts_the_file_when_available() -> None:
     """The real Compose v2 parser (`docker-compose config`, needs no engine), where installed."""
     candidates = []
-    if shutil.which("docker-compose"):
-        candidates.append([shutil.which("docker-compose")])
-    if shutil.which("docker"):
-        candidates.append([shutil.which("docker"), "compose"])
+    if compose := shutil.which("docker-compose"):
+        candidates.append([compose])
+    if docker := shutil.which("docker"):
+        candidates.append([docker, "compose"])
     for base in candidates:
         if subprocess.run([*base, "version"], capture_output=True, timeout=60).returncode == 0:
             ok(

@@ -1,5 +1,5 @@
 """Tests for meaning drift between thesaurus versions: the core (stream.drift), the store
-adapter (workers.adapters.store.thesaurus_drift) and ``reval thesaurus diff`` (its function)."""
+adapter (workers.adapters.annoy_thesaurus.thesaurus_drift) and ``reval thesaurus diff`` (its function)."""
 
 from __future__ import annotations
 
@@ -17,9 +17,10 @@ from typer.testing import CliRunner
 from stream.drift import IncomparableVersionsError, Snapshot, compare, hashtag_shifts, jaccard, recent_shift
 from stream.hubness import DEFAULT_METHOD
 from stream.means import HashtagMeans
+from workers.adapters.annoy_thesaurus import AnnoyThesaurus, build_from_means, thesaurus_drift
 from workers.adapters.exporter import Exporter
 from workers.adapters.redis_means import Contribution, RedisMeans
-from workers.adapters.store import AnnoyThesaurus, ThesaurusStore, build_from_means, thesaurus_drift
+from workers.adapters.store import ThesaurusStore
 from workers.commands.cli import app
 from workers.commands.drift import thesaurus_diff
 from workers.service.embed import means_of
@@ -237,6 +238,27 @@ def test_thesaurus_drift_finds_the_moved_hashtag(method: str) -> None:
     assert drift.compared == len(_names()) + 1 and drift.only_old == drift.only_new == 0
     same = thesaurus_drift(old, old)
     assert same.movers == () and same.share_top10_changed_over_half == 0.0
+
+
+def test_hashtags_that_got_no_tweets_and_kept_their_neighbours_are_no_movers() -> None:
+    """With a centring hubness method every vector shifts a little when any hashtag gets
+    tweets (the mean of the vocabulary moves): only hashtags that got tweets, or whose
+    neighbours changed, are movers (the sample feed's backtest listed 20 hashtags with
+    cosine 1.000 and identical neighbours)."""
+    old = _build(False)
+    means = _means(False)
+    rng = np.random.default_rng(11)
+    for _ in range(3):
+        means.update(["flood1"], _centres(np.random.default_rng(7))["flood"] + 0.3 * rng.normal(size=DIM))
+    new = build_from_means(means, model_id="test-model", method=DEFAULT_METHOD, depth=10, n_trees=10)
+    assert new is not None
+    drift = thesaurus_drift(old, new, min_support=5, top=50)
+    assert drift.shift_quantiles is not None and drift.shift_quantiles.p50 > 0  # every vector moved a bit
+    for mover in drift.movers:
+        assert mover.support_old != mover.support_new or set(mover.old_neighbours) != set(
+            mover.new_neighbours
+        )
+    assert "flood1" in {m.hashtag for m in drift.movers}
 
 
 def test_thesaurus_drift_refuses_other_models() -> None:

@@ -248,7 +248,8 @@ def test_packed_forward_matches_transformers(which: str, tiny32: Encoder, minilm
     # it must give what the transformers forward pass gives on those tokens.
     enc = tiny32 if which == "tiny" else minilm32
     layers = packable_layers(enc.model)
-    assert layers is not None and len(layers) == enc.model.config.num_hidden_layers
+    config = enc.model.config  # a PretrainedConfig, which nn.Module's __getattr__ cannot type
+    assert layers is not None and len(layers) == config.num_hidden_layers  # type: ignore[union-attr]
     for texts in (TWEETS, TWEETS[:1], [TWEETS[0]] * 3):  # padded, single, no padding at all
         input_ids, mask = enc._pad(enc.tokenize(texts))
         with torch.inference_mode():
@@ -261,7 +262,7 @@ def test_packed_forward_matches_transformers(which: str, tiny32: Encoder, minilm
 
 def test_unusual_models_use_the_transformers_forward(tiny_dir: Path) -> None:
     enc = Encoder(str(tiny_dir), dtype="float32")
-    enc.model.config.position_embedding_type = "relative_key"
+    enc.model.config.position_embedding_type = "relative_key"  # type: ignore[union-attr]
     assert packable_layers(enc.model) is None
     assert packable_layers(torch.nn.Linear(2, 2)) is None
 
@@ -679,3 +680,28 @@ def test_tokenizing_processes_give_the_same_embeddings(tiny_dir: Path, tiny32: E
         np.testing.assert_allclose(enc.encode(texts), tiny32.encode(texts), atol=2e-6)
     finally:
         enc.close()
+
+
+def test_host_batches_and_forward_batch_are_encode_in_two_halves(
+    tiny_dir: Path, budget_texts: list[str]
+) -> None:
+    # bench_gpu times the two halves apart: together they must be exactly what encode gives.
+    enc = Encoder(str(tiny_dir), dtype="float32", token_budget=300)
+    want = enc.encode(budget_texts)
+    got = np.zeros_like(want)
+    batches = list(enc.host_batches(budget_texts))
+    assert len(batches) > 1
+    for batch in batches:
+        got[batch.index] = enc.forward_batch(batch).numpy()
+    np.testing.assert_array_equal(got, want)
+    with pytest.raises(ValueError, match="token-budget path"):
+        Encoder(str(tiny_dir), dtype="float32").host_batches(TWEETS)
+
+
+def test_tiny_model_keeps_its_fastbpe_files(tiny_dir: Path) -> None:
+    # transformers 5's save_vocabulary rewrites bpe.codes without fastBPE's counts, and its
+    # loader then drops each merge's second half; the files must stay as written.
+    lines = (tiny_dir / "bpe.codes").read_text(encoding="utf-8").splitlines()
+    assert lines and all(len(line.split()) == 3 for line in lines)
+    ranks = Encoder(str(tiny_dir), dtype="float32").tokenizer.bpe_ranks
+    assert all(len(pair) == 2 for pair in ranks)

@@ -91,6 +91,9 @@ CELL_KEYS = {
     "ci_low",
     "ci_high",
     "reval_hit_ratio_corrected",
+    "corrected_ci_low",
+    "corrected_ci_high",
+    "corrected_null_reason",
     "events",
     "unscorable",
 }
@@ -153,6 +156,9 @@ def test_evaluate_writes_outputs_deterministically(
         if c["reval_hit_ratio"] is not None:
             assert c["ci_low"] <= c["reval_hit_ratio"] <= c["ci_high"]
             assert c["events"] == data["test_tweets"] and c["reval_hit_ratio_corrected"] is not None
+            # the kappa of the cell's sums, inside its bootstrap interval
+            assert c["corrected_ci_low"] <= c["reval_hit_ratio_corrected"] <= c["corrected_ci_high"]
+            assert c["corrected_null_reason"] is None
     for r in (1, 5, 10):
         # k = 0 is exact match: the same for every thesaurus, and what `exact` reports.
         assert by["bertag", r, 0] == by["word2vec", r, 0] == by["fasttext", r, 0]
@@ -254,3 +260,42 @@ def test_evaluate_random_split_and_options(small_feed: Path, tmp_path: Path) -> 
     # an earlier run's results are replaced only on request, before any work
     result = runner.invoke(app, ["evaluate", str(small_feed), "--out", str(out), "--limit", "120"])
     assert result.exit_code == 2 and "--force" in result.output
+
+
+def test_evaluate_reruns_every_cell_on_each_core(small_feed: Path, tmp_path: Path) -> None:
+    """--cores 1,2,5: the 1-core's cells are the plain run's, each core's cells are computed on
+    fewer tweets, and cores.md / core_flips say where the recommenders' order changes."""
+    common = ["--embeddings", "word2vec", "--recommenders", "popular,least-popular,random"]
+    common += ["--seeds", "1", "-r", "5", "-k", "0,5,10", "--bootstrap", "200", "--fasttext-bucket", "20000"]
+    plain, cored = tmp_path / "plain", tmp_path / "cores"
+    result = runner.invoke(app, ["evaluate", str(small_feed), "--out", str(plain), *common])
+    assert result.exit_code == 0, result.output
+    result = runner.invoke(
+        app, ["evaluate", str(small_feed), "--out", str(cored), "--cores", "5,1,2", *common]
+    )
+    assert result.exit_code == 0, result.output
+    assert "p-cores 1, 2, 5: the ranking of recommenders flips in" in result.output
+    base = json.loads((plain / "results.json").read_text())
+    results = json.loads((cored / "results.json").read_text())
+    assert results["config"]["cores"] == [1, 2, 5] and base["config"]["cores"] == [1]
+    assert {c["core"] for c in base["cells"]} == {1}
+    assert [c for c in results["cells"] if c["core"] == 1] == base["cells"]  # the 1-core is the data
+    sizes = results["data"]["cores"]
+    assert sizes["1"]["tweets"] == results["data"]["tweets_kept"]
+    assert sizes["1"]["tweets"] > sizes["2"]["tweets"] > sizes["5"]["tweets"] > 1
+    assert sizes["1"]["hashtags"] > sizes["2"]["hashtags"] > sizes["5"]["hashtags"]
+    events = {c["core"]: c["events"] for c in results["cells"] if c["seed"] == "all"}
+    assert events[1] > events[2] > events[5]
+    with open(cored / "results.csv", encoding="utf-8") as fh:
+        assert {row["core"] for row in csv.DictReader(fh)} == {"1", "2", "5"}
+    for flip in results["core_flips"]:
+        assert flip["from_core"] == 1 and flip["to_core"] in (2, 5) and flip["flips"]
+        before, after = (flip["ranking"][str(flip[key])] for key in ("from_core", "to_core"))
+        for pair in flip["flips"]:
+            assert before.index(pair["above"]) < before.index(pair["below"])
+            assert after.index(pair["above"]) > after.index(pair["below"])
+    report = (cored / "cores.md").read_text()
+    assert "| 5 |" in report and ("flip" in report)
+    assert not (plain / "cores.md").exists()
+    result = runner.invoke(app, ["evaluate", str(small_feed), "--out", str(tmp_path / "x"), "--cores", "0"])
+    assert result.exit_code == 2

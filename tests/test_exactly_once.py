@@ -123,8 +123,8 @@ def test_kill_9_three_times_each_event_scored_exactly_once(
             return Counter((r["tweet_id"], r["recommender"]) for r in read(stack, "scores", "read_committed"))
 
         for _ in range(3):  # mid-stream: kill -9, start again (what a supervisor does)
-            before = sum(scored().values())
-            wait_for("the worker scoring", lambda n=before: sum(scored().values()) > n + 300, 180, 0.5)
+            target = sum(scored().values()) + 300
+            wait_for("the worker scoring", lambda: sum(scored().values()) > target, 180, 0.5)  # noqa: B023
             worker.kill9()
             worker = stack.start("score")
             stack.wait_ready(worker)

@@ -7,17 +7,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from stream.hubness import METHODS, exact_candidates, hubness_report, k_occurrence
-from stream.thesaurus import ExactThesaurus, NeighbourTable, build_neighbour_table
-from workers.adapters.store import (
-    INDEX_FILE,
-    TABLE_FILE,
-    AnnoyThesaurus,
-    ThesaurusCorruptError,
-    ThesaurusStore,
-    load_thesaurus,
-)
+import stream.thesaurus as thesaurus_module
+from stream.hubness import METHODS, best_first, centred, exact_candidates, hubness_report, k_occurrence
+from stream.thesaurus import ExactThesaurus, NeighbourTable, build_neighbour_table, embedding_cosines
+from workers.adapters.annoy_thesaurus import AnnoyThesaurus
+from workers.adapters.store import ThesaurusStore, load_thesaurus
+from workers.adapters.thesaurus_files import INDEX_FILE, TABLE_FILE, ThesaurusCorruptError
 
 
 def hub_space(n: int = 400, dim: int = 32, seed: int = 0) -> tuple[list[str], np.ndarray, list[int]]:
@@ -114,6 +112,113 @@ def test_nearest_candidates_give_the_table_high_recall_against_exact() -> None:
         assert recall >= 0.95, (k, recall)
 
 
+def topic_space(
+    n: int, dim: int, topics: int, noise: float, seed: int = 0
+) -> tuple[list[str], np.ndarray, list[int]]:
+    """Means around ``topics`` topics with a shared direction (BERT-like, as bench_index's
+    vocabulary), ``noise`` per dimension against 1 for the topics; Zipf counts."""
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(size=(topics, dim))
+    vectors = (
+        0.5 * rng.normal(size=dim) + centres[rng.integers(0, topics, n)] + noise * rng.normal(size=(n, dim))
+    )
+    counts = np.maximum(1, 2000 / np.arange(1, n + 1) ** 1.1).astype(int).tolist()
+    return [f"t{i:05d}" for i in range(n)], vectors, counts
+
+
+def recall_at(exact: NeighbourTable, other: NeighbourTable, k: int) -> float:
+    pairs = zip(exact.neighbour_ids[:, :k].tolist(), other.neighbour_ids[:, :k].tolist(), strict=True)
+    return float(np.mean([len(set(a) & set(b)) / k for a, b in pairs]))
+
+
+def test_a_clustered_search_keeps_recall_against_the_exact_reranking() -> None:
+    """Topics with noise (~100 hashtags a topic): the clustered search is used, compares a
+    few % of the pairs, and its table keeps recall@10 >= 0.99 against the re-ranking over
+    every pair -- on every hashtag, not only the sample the build checked."""
+    names, vectors, counts = topic_space(6000, 64, 60, 0.6)
+    exact = build_neighbour_table(names, vectors, counts, depth=20, method="center+csls")
+    found = build_neighbour_table(
+        names, vectors, counts, depth=20, method="center+csls", candidates="clustered"
+    )
+    search = found.metadata.search
+    assert search is not None and search["kind"] == "clustered", search
+    assert search["pairs_share"] < 0.1 and search["recall_at_10_lower_bound"] >= 0.99
+    assert recall_at(exact, found, 10) >= 0.99 and recall_at(exact, found, 20) >= 0.99
+    # The distances are the embeddings' cosine distances, whichever search found the neighbours.
+    unit = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+    for i in range(0, 6000, 97):
+        row = found.neighbour_ids[i]
+        assert np.allclose(found.distances[i], 1.0 - unit[row] @ unit[i], atol=1e-6)
+
+
+@pytest.mark.parametrize("space", ["noisy clusters", "hubs"])
+def test_where_clusters_do_not_help_the_build_searches_exactly(space: str) -> None:
+    """A space whose clusters overlap (noise 1.5 against 1 for the centres) or one made of
+    hubs: probing a few clusters would miss true neighbours, so the build takes each
+    hashtag's nearest exactly -- the same table as candidates=exact_candidates -- and says so."""
+    if space == "hubs":
+        names, vectors, counts = hub_space(2000, 48, seed=2)
+    else:
+        names, vectors, counts = topic_space(4000, 64, 80, 1.5, seed=1)
+    nearest = build_neighbour_table(
+        names, vectors, counts, depth=20, method="center+csls", candidates=exact_candidates
+    )
+    found = build_neighbour_table(
+        names, vectors, counts, depth=20, method="center+csls", candidates="clustered"
+    )
+    assert found.metadata.search is not None and found.metadata.search["kind"] == "nearest"
+    assert np.array_equal(found.neighbour_ids, nearest.neighbour_ids)
+    assert np.array_equal(found.distances, nearest.distances)
+
+
+def test_a_clustered_table_below_the_recall_target_is_searched_again_exactly(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The sampled recall decides: with a target no table can reach, the clustered table is
+    dropped for the exact search's, and the metadata keeps what the clustered one measured."""
+    names, vectors, counts = topic_space(3000, 32, 30, 0.6)
+    monkeypatch.setattr(thesaurus_module, "RECALL_TARGET", 1.01)
+    found = build_neighbour_table(names, vectors, counts, depth=10, method="csls", candidates="clustered")
+    nearest = build_neighbour_table(
+        names, vectors, counts, depth=10, method="csls", candidates=exact_candidates
+    )
+    search = found.metadata.search
+    assert search is not None and search["kind"] == "nearest"
+    assert search["clustered_fell_short"]["kind"] == "clustered"
+    assert search["clustered_fell_short"]["recall_at_10"] <= 1.0
+    assert np.array_equal(found.neighbour_ids, nearest.neighbour_ids)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    rows=st.integers(1, 6),
+    m=st.integers(1, 40),
+    levels=st.integers(1, 6),
+    keep=st.integers(0, 40),
+    seed=st.integers(0, 2**16),
+)
+def test_best_first_is_the_lexsort(rows: int, m: int, levels: int, keep: int, seed: int) -> None:
+    """Few distinct values (ties everywhere), -inf entries: the same positions as a lexsort."""
+    rng = np.random.default_rng(seed)
+    ranked = rng.integers(0, levels, size=(rows, m)).astype(float)
+    ranked[rng.random((rows, m)) < 0.2] = -np.inf
+    ties = np.array([rng.permutation(m) for _ in range(rows)])
+    expected = np.lexsort((ties, -ranked), axis=1)[:, : min(keep, m)]
+    assert best_first(ranked, ties, keep).tolist() == expected.tolist()
+
+
+@pytest.mark.parametrize("was_centred", [True, False])
+def test_embedding_cosines_from_the_ranking_space(was_centred: bool) -> None:
+    rng = np.random.default_rng(4)
+    unit = rng.normal(size=(50, 16)) + 0.7
+    unit /= np.linalg.norm(unit, axis=1, keepdims=True)
+    space = centred(unit) if was_centred else unit.astype(np.float32)
+    ids = rng.integers(0, 50, size=(50, 6))
+    sims = np.einsum("ij,ikj->ik", space, space[ids]).astype(np.float32)
+    direct = np.einsum("ij,ikj->ik", unit, unit[ids])
+    assert np.allclose(embedding_cosines(unit, was_centred, ids, sims), direct, atol=1e-6)
+
+
 def test_the_directory_round_trips_the_table_and_answers_deeper_queries(tmp_path: Path) -> None:
     names, vectors, counts = hub_space(300)
     th = AnnoyThesaurus.build(names, vectors, counts=counts, depth=10, n_trees=20)
@@ -121,6 +226,7 @@ def test_the_directory_round_trips_the_table_and_answers_deeper_queries(tmp_path
     loaded = load_thesaurus(target)
     assert isinstance(loaded, AnnoyThesaurus)
     assert loaded.metadata.hubness == th.metadata.hubness and loaded.depth == 10
+    assert loaded.metadata.search == th.metadata.search == {"kind": "exact"}
     for h in names[:50]:
         assert loaded.neighbours_with_distances(h, 10) == th.neighbours_with_distances(h, 10)
         deep = loaded.neighbours(h, 30)  # beyond the table: Annoy, re-ranked the same way

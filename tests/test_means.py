@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import numpy.typing as npt
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -27,7 +28,7 @@ tweets = st.lists(
 
 @settings(max_examples=150, deadline=None)
 @given(tweets, st.randoms(use_true_random=False), st.integers(1, 7))
-def test_any_order_and_batching_gives_the_batch_definition(data, rnd, batch) -> None:  # type: ignore[no-untyped-def]
+def test_any_order_and_batching_gives_the_batch_definition(data, rnd, batch) -> None:
     data = [(tags, np.array(vec)) for tags, vec in data]
     shuffled = list(data)
     rnd.shuffle(shuffled)
@@ -45,7 +46,7 @@ def test_any_order_and_batching_gives_the_batch_definition(data, rnd, batch) -> 
 
 @settings(max_examples=100, deadline=None)
 @given(tweets, st.integers(0, 40))
-def test_two_partial_states_merge_exactly(data, cut) -> None:  # type: ignore[no-untyped-def]
+def test_two_partial_states_merge_exactly(data, cut) -> None:
     data = [(tags, np.array(vec)) for tags, vec in data]
     whole, left, right = HashtagMeans(4), HashtagMeans(4), HashtagMeans(4)
     for tags, vec in data:
@@ -70,7 +71,7 @@ def test_a_tweet_counts_once_per_distinct_hashtag() -> None:
 def test_eq1_renormalising_each_step_is_not_the_batch_mean() -> None:
     """Why we keep (count, sum): the paper's Eq. 1 as printed drifts with arrival order."""
     vs = [np.array([1.0, 0.0]), np.array([0.0, 1.0]), np.array([0.0, 1.0])]
-    v = unit(vs[0]).astype(np.float64)
+    v: npt.NDArray[np.floating] = unit(vs[0]).astype(np.float64)
     for n, x in enumerate(vs[1:], start=1):
         v = unit((n * v + x) / (n + 1))
     state = RunningMean.empty(2)

@@ -80,8 +80,8 @@ thesauri = st.fixed_dictionaries({h: st.permutations([v for v in VOCAB if v != h
 
 @settings(max_examples=200, deadline=None)
 @given(tags, tags, thesauri, st.integers(0, 11))
-def test_properties(recommended, truth, thesaurus, k) -> None:  # type: ignore[no-untyped-def]
-    def syn_k(kk: int):  # type: ignore[no-untyped-def]
+def test_properties(recommended, truth, thesaurus, k) -> None:
+    def syn_k(kk: int):
         return lambda h: [h, *thesaurus[h][:kk]]
 
     value = reval_hit_ratio(recommended, truth, syn_k(k))

@@ -7,6 +7,7 @@ import base64
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -39,9 +40,9 @@ def test_end_to_end_scores_equal_offline_and_metrics(stack: Stack) -> None:
 
     tweets = [parse_tweet(line) for line in lines]
     tagged = [t for t in tweets if t.hashtags][:60]
-    events = []
+    events: list[dict[str, Any]] = []
     for i, tweet in enumerate(tagged):
-        event = {
+        event: dict[str, Any] = {
             "tweet_id": tweet.id,
             "recommender": f"rec{i % 2}",
             "recommended": ["terremoto", "sisma", "news", "emilia"],
@@ -60,12 +61,12 @@ def test_end_to_end_scores_equal_offline_and_metrics(stack: Stack) -> None:
     truth = {t.id: t.hashtags for t in tweets}
     for raw in events:
         got = by_id[raw["tweet_id"]]
-        event = parse_recommendation(json.dumps(raw))
+        parsed = parse_recommendation(json.dumps(raw))
         thesaurus = store.load(got["index_version"]) if got["index_version"] is not None else None
         assert thesaurus is not None, "scored before any index version"
         offline = score_event(
-            event,
-            event.ground_truth if event.ground_truth is not None else truth[event.tweet_id],
+            parsed,
+            parsed.ground_truth if parsed.ground_truth is not None else truth[parsed.tweet_id],
             NeighbourCache(thesaurus, max_k=70),
             ks=(0, 5, 10, 20, 30, 40, 50, 60, 70),
             rs=(1, 5, 10),
@@ -82,6 +83,17 @@ def test_end_to_end_scores_equal_offline_and_metrics(stack: Stack) -> None:
         total = sum(r["reval_hit_ratio"]["5"]["5"] for r in mine)
         assert score.metric("reval_hit_ratio_sum", recommender=rec, k="5", r="5") == pytest.approx(total)
         assert score.metric("reval_exact_match_count", recommender=rec, metric="f1", r="1") == len(mine)
+        # The chance-corrected score's sums: what each event's score and expectation add up to.
+        corrected = [r for r in mine if r["reval_hit_ratio_expected"]]
+        assert corrected, "a published thesaurus has a null model: every event has an expectation"
+        sums = {
+            "observed": sum(r["reval_hit_ratio"]["5"]["5"] for r in corrected),
+            "expected": sum(r["reval_hit_ratio_expected"]["5"]["5"] for r in corrected),
+            "events": len(corrected),
+        }
+        for what, want in sums.items():
+            got = score.metric(f"reval_corrected_{what}_total", recommender=rec, k="5", r="5")
+            assert got == pytest.approx(want), what
     assert score.metric("reval_events_total", recommender="default", outcome="unscorable") == 1
     assert score.metric("reval_join_total", outcome="matched") == sum(
         1 for e in events if "ground_truth" not in e
@@ -105,6 +117,7 @@ def test_end_to_end_scores_equal_offline_and_metrics(stack: Stack) -> None:
     stack.send("tweets", keyed(tweet_lines(sample_feed(), 400, start=600)))
     wait_for("a new index version", lambda: store.current_version() != first, timeout=60)
     newest = store.current_version()
+    assert newest is not None
     again = {
         "tweet_id": tagged[0].id,
         "recommender": "rec0-late",  # rec0's key (tweet id, recommender) was scored: a duplicate

@@ -4,13 +4,14 @@ a recommender that degrades mid-run while the steady one stays quiet, Alertmanag
 receives it, and every query of the Grafana dashboard returns data.
 
 Prometheus scrapes and evaluates every second with the rules rendered from the ``test``
-profile of ``deploy/prometheus/render.py`` (10 s quality window, baseline = the same
+profile of ``stream/alert_params.py`` (10 s quality window, baseline = the same
 window 30/40/50 s earlier, 3 s hold), so the whole run takes a few minutes.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import random
 import re
 import subprocess
@@ -24,17 +25,19 @@ from typing import Any
 
 import pytest
 
+from stream.alert_params import TEST
 from stream.records import parse_tweet
-from tests.test_deploy import DEPLOY, dashboard, panel_queries, render, require_binary
+from tests.test_deploy import DEPLOY, dashboard, panel_queries, require_binary
 from workers.adapters.feeds import sample_feed
+from workers.adapters.prometheus_rules import render_config, render_rules
 from workers.adapters.store import ThesaurusStore
 from workers.dev.ports import find_free_port
 from workers.dev.stack import REVAL, Stack, terminate, tweet_lines, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-K, R = str(render.TEST.alert_k), render.TEST.alert_r
-QW = render.TEST.quality_window
+K, R = str(TEST.alert_k), TEST.alert_r
+QW = TEST.quality_window
 ALERT = "RevalRecommenderQualityDrop"
 
 
@@ -200,21 +203,22 @@ def substitute(expr: str, variables: dict[str, str]) -> str:
     return expr
 
 
-def test_rules_alerts_and_dashboard_against_real_prometheus(stack: Stack, tmp_path: Path) -> None:
+# One real Prometheus (minutes to set up) checked phase by phase, in order:
+def test_rules_alerts_and_dashboard_against_real_prometheus(stack: Stack, tmp_path: Path) -> None:  # noqa: PLR0915
     started = time.monotonic()
     prometheus_bin = require_binary("prometheus")
     alertmanager_bin = require_binary("prometheus-alertmanager")
     embed, index, score = stack.start("embed"), stack.start("index"), stack.start("score")
 
     rules = tmp_path / "rules.yml"
-    rules.write_text(render.render_rules(render.TEST))
+    rules.write_text(render_rules(TEST))
     alertmanager = Alertmanager(alertmanager_bin, tmp_path)
     targets = {
         "embed": [f"127.0.0.1:{embed.port}"],
         "index": [f"127.0.0.1:{index.port}"],
         "score": [f"127.0.0.1:{score.port}"],
     }
-    config = render.render_config(
+    config = render_config(
         targets,
         rule_files=(str(rules),),
         scrape_interval="1s",
@@ -249,7 +253,9 @@ def test_rules_alerts_and_dashboard_against_real_prometheus(stack: Stack, tmp_pa
         )
         version = store.current_version()
         time.sleep(3)  # the index catches up with the last embedded tweets
-        thesaurus = store.load(store.current_version() or version)
+        current = store.current_version() or version
+        assert current is not None
+        thesaurus = store.load(current)
         tweets = [
             (t.id, list(t.hashtags))
             for t in map(parse_tweet, tweet_lines(sample_feed(), 1500))
@@ -300,22 +306,36 @@ def test_rules_alerts_and_dashboard_against_real_prometheus(stack: Stack, tmp_pa
         assert after["flaky"] < 0.8 * prometheus.value(baseline)["flaky"] and after["steady"] > 0.7, after
 
         # The recording rules have values (every window; k=0 is the exact hit ratio).
-        for window in render.TEST.windows:
+        for window in TEST.windows:
             for expr in (
                 f"reval:hit_ratio:mean{window}",
                 f"reval:exact_match:mean{window}",
                 f"reval:semantic_gap:mean{window}",
                 f"reval:scored_events:rate{window}",
                 f"reval:unknown_hashtag_share:ratio{window}",
+                f"reval:corrected_excess:rate{window}",
+                f"reval:corrected_room:rate{window}",
+                f"reval:hit_ratio_corrected:kappa{window}",
             ):
                 assert {"steady", "flaky"} <= set(prometheus.value(expr)), expr
+        # The #REval alert's statistic, from the workers' corrected sums: flaky lost its skill
+        # above chance (far past the bound), steady did not.
+        kappa = prometheus.value(f'reval:hit_ratio_corrected:kappa{QW}{{k="{K}", r="{R}"}}')
+        skill = prometheus.value(f'reval:hit_ratio_corrected:baseline{{k="{K}", r="{R}"}}')
+        assert kappa["flaky"] < 0.5 * skill["flaky"] and kappa["steady"] > 0.5 * skill["steady"], (
+            kappa,
+            skill,
+        )
+        llr = prometheus.value(f'reval:skill_loss:llr{{k="{K}", r="{R}"}}')
+        bound = math.log(1 / TEST.false_alarm_probability)
+        assert llr["flaky"] > bound > llr["steady"], llr
         gap0 = prometheus.value(f'reval:semantic_gap:mean5m{{k="0", r="{R}"}}')
         assert all(abs(v) < 1e-9 for v in gap0.values()), gap0
         assert prometheus.value(f'reval:semantic_gap:mean5m{{k="{K}", r="{R}"}}')["flaky"] >= 0
         for expr in (
             "reval:consumer_lag:sum",
-            f"reval:tweets_embedded:rate{render.TEST.embed_window}",
-            f"reval:dead_letter_ratio:ratio{render.TEST.dead_letter_window}",
+            f"reval:tweets_embedded:rate{TEST.embed_window}",
+            f"reval:dead_letter_ratio:ratio{TEST.dead_letter_window}",
             "reval:exact_match:baseline",
         ):
             assert prometheus.query(expr), f"{expr}: no data"

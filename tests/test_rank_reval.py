@@ -207,9 +207,7 @@ VOCAB = [f"h{i}" for i in range(10)]
     st.lists(st.sampled_from([*VOCAB, "unknown2"]), min_size=1, max_size=5, unique=True),
     st.fixed_dictionaries({h: st.permutations([v for v in VOCAB if v != h]) for h in VOCAB}),
 )
-def test_scorer_equals_the_definitional_entry_point(  # type: ignore[no-untyped-def]
-    recommended, truth, table
-) -> None:
+def test_scorer_equals_the_definitional_entry_point(recommended, truth, table) -> None:
     """score_event's grid (cached ranks, top-r rows) gives reval_ranked, and with flat
     weights Eq. 4, on random events."""
     cache = NeighbourCache(JsonThesaurus({h: list(n) for h, n in table.items()}), max_k=9)

@@ -439,7 +439,8 @@ class Consumer:
         return batch
 
 
-def simulate(client: redis.Redis | RedisCluster, log: list[Contribution], data: st.DataObject):
+# One Hypothesis model of crashes and rebalances: every step of a run in one loop.
+def simulate(client: redis.Redis | RedisCluster, log: list[Contribution], data: st.DataObject):  # noqa: PLR0915
     prefix = _prefix()
     committed: dict[tuple[str, int], int] = {}
     fold_after = data.draw(st.sampled_from([1, 2, 50]))

@@ -7,15 +7,18 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import pytest
 import redis
 
-from stream.thesaurus import ThesaurusFormatError
+from stream.thesaurus import ThesaurusFormatError, ThesaurusSource
+from workers.adapters.annoy_thesaurus import AnnoyThesaurus
 from workers.adapters.exporter import Exporter
 from workers.adapters.redis_thesaurus import SCORER_FILES, RedisThesauri
-from workers.adapters.store import TABLE_FILE, AnnoyThesaurus, ThesaurusStore
+from workers.adapters.store import ThesaurusStore
+from workers.adapters.thesaurus_files import TABLE_FILE
 from workers.service.score import Scorer
 from workers.settings import Settings
 
@@ -51,7 +54,9 @@ def test_a_published_version_loads_from_redis_as_from_its_directory(
     version = store.publish(_thesaurus(1))
     thesauri = RedisThesauri(client, redis_prefix)
     stored = thesauri.publish(store.root / version, version)
-    assert thesauri.current_version() == version and thesauri.versions() == [version]
+    # Either is a scorer's source of versions (stream.thesaurus.ThesaurusSource), to the letter.
+    sources: list[ThesaurusSource] = [store, thesauri]
+    assert [(s.current_version(), s.versions()) for s in sources] == [(version, [version])] * 2
     on_disk = store.load(version, index=False)
     table = thesauri.load(version)
     assert table.hashtags == on_disk.hashtags and table.metadata == on_disk.metadata
@@ -60,7 +65,7 @@ def test_a_published_version_loads_from_redis_as_from_its_directory(
     np.testing.assert_array_equal(table.counts, on_disk.table.counts)
     # Only what a scorer needs travels: no Annoy file.
     assert stored == sum((store.root / version / name).stat().st_size for name in SCORER_FILES)
-    assert {k.decode() for k in client.hkeys(thesauri.key(version))} == set(SCORER_FILES)
+    assert {k.decode() for k in cast(list[bytes], client.hkeys(thesauri.key(version)))} == set(SCORER_FILES)
     with pytest.raises(ValueError, match="neighbour tables only"):
         thesauri.load(version, index=True)
 
@@ -72,7 +77,7 @@ def test_a_damaged_or_missing_version_is_refused(
     version = store.publish(_thesaurus(2))
     thesauri = RedisThesauri(client, redis_prefix)
     thesauri.publish(store.root / version, version)
-    data = bytearray(client.hget(thesauri.key(version), TABLE_FILE) or b"")
+    data = bytearray(cast(bytes | None, client.hget(thesauri.key(version), TABLE_FILE)) or b"")
     data[len(data) // 2] ^= 0xFF
     client.hset(thesauri.key(version), TABLE_FILE, bytes(data))
     with pytest.raises(ThesaurusFormatError, match=r"table\.npz does not match its checksum"):

@@ -36,7 +36,7 @@ def stack(broker: str, redis_url: str, tiny_bertweet: Path, tmp_path: Path) -> I
 def popular_events(lines: list[str], r: int = 10) -> list[dict[str, object]]:
     """A simple recommender's events: the globally most used hashtags so far."""
     counts: Counter[str] = Counter()
-    events = []
+    events: list[dict[str, object]] = []
     for line in lines:
         tweet = parse_tweet(line)
         if tweet.hashtags and counts:

@@ -27,6 +27,7 @@ EXAMPLE_PLOTS = [
     "metric-vocab:0.5",
     "k-curve-last-window",
     "k-curve-after-injection",
+    "curves",
     "thesaurus",
 ]
 FIGURE = re.compile(r'<figure class="plot" data-plot="([^"]*)">(.*?)</figure>', re.S)
@@ -85,6 +86,25 @@ def small_run(tmp_path: Path, *, slices: bool = True) -> Path:
             }
         },
         "goal": {"random": True, "stale": False},
+        "curves": {
+            "reval_drop": {
+                "parameter": "false_alarm_probability",
+                "points": [
+                    {
+                        "value": 0.1,
+                        "false_alarms_per_day": 0.5,
+                        "delays": {HOSTILE: 3600.0, "stale:60": None},
+                    },
+                    {
+                        "value": 0.01,
+                        "deployed": True,
+                        "false_alarms_per_day": None,
+                        "delays": {HOSTILE: None},
+                    },
+                ],
+            },
+            "exact_drop": {"parameter": "quality_drop_fraction", "points": None},
+        },
         "k_curve": {
             "ks": [0, 5, 10],
             "last_window": {"from": t[2], "events": 8},
@@ -175,9 +195,12 @@ def test_the_example_has_one_inline_svg_plot_per_expected_figure(example_report:
     # Self-contained: nothing to fetch, nothing to run.
     assert not re.search(r"<script|<link|<img|<iframe|\bsrc=|url\(\s*['\"]?(https?:|//)", page, re.I)
     # What was run, readable without having run it.
-    for text in ("mowe", "crisislex-t26", "2013-02-15", "k=10", "×113.128", "43%", "28.0 d (555 events)"):
+    for text in ("mowe", "crisislex-t26", "2013-02-15", "k=10", "×113.128", "43%", "30.2 d (676 events)"):
         assert text in page, text
     assert "Movers at the last refit" in page and "helicopter" in page
+    # Only hashtags that moved: got tweets, or changed neighbours (issue 26).
+    movers = json.loads((EXAMPLE / "detection.json").read_text())["thesaurus"]["movers"]
+    assert movers and all(m["support_old"] != m["support_new"] or m["jaccard"] < 1 for m in movers)
 
 
 def test_the_small_run_escapes_text_and_survives_nulls(tmp_path: Path) -> None:
@@ -190,6 +213,7 @@ def test_the_small_run_escapes_text_and_survives_nulls(tmp_path: Path) -> None:
         "metric-stale:60",
         "k-curve-last-window",
         "k-curve-after-injection",
+        "curves",
         "thesaurus",
     ]
     assert list(plots) == names

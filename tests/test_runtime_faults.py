@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
@@ -253,7 +253,7 @@ class Process:
         return cls(runtime, scorer, step)
 
     def counters(self) -> dict[str, float]:
-        out: Counter[str] = Counter()
+        out: defaultdict[str, float] = defaultdict(float)
         for family in self.runtime.exporter.registry.collect():
             for sample in family.samples:
                 if sample.name == "reval_events_total":
@@ -280,7 +280,8 @@ def redis_client(redis_url: str) -> Iterator[redis.Redis]:
     crash_before_commit=st.lists(st.booleans(), max_size=6),
     flaky=st.sampled_from([0, 0, 3, 7]),
 )
-def test_every_record_is_settled_once_whatever_the_input_and_the_crashes(
+# One Hypothesis run of inputs and crashes against the model of what must be settled.
+def test_every_record_is_settled_once_whatever_the_input_and_the_crashes(  # noqa: PLR0915
     redis_url: str,
     redis_client: redis.Redis,
     kinds: list[tuple[str, Any]],

@@ -14,6 +14,14 @@ from stream.thesaurus import JsonThesaurus, NeighbourTable, ThesaurusMetadata
 
 from .test_metrics import TABLE2_SYN
 
+#: The chance-corrected fields of a summary without a null model (a JSON thesaurus).
+NO_CHANCE = {
+    **dict.fromkeys(
+        ("reval_hit_ratio_corrected", "corrected_ci_low", "corrected_ci_high", "reval_hit_ratio_expected")
+    ),
+    "corrected_null_reason": "no_null_model",
+}
+
 
 class CountingThesaurus(JsonThesaurus):
     calls: list[tuple[str, int]]
@@ -65,10 +73,10 @@ def test_summary_means_and_unknown_hashtags() -> None:
     # w_syn(3) / (w_rec(1) + w_rec(2)); event 2 is an exact hit at rank 1 (1.0).
     ranked_1 = (1 / math.log2(5)) / (1 + 1 / math.log2(3))
     assert got["by_k"] == {  # a JSON thesaurus: no null model, no chance correction
-        "0": {"reval_hit_ratio": 0.5, "reval_hit_ratio_corrected": None, "reval_hit_ratio_ranked": 0.5},
+        "0": {"reval_hit_ratio": 0.5, **NO_CHANCE, "reval_hit_ratio_ranked": 0.5},
         "3": {
             "reval_hit_ratio": 0.75,
-            "reval_hit_ratio_corrected": None,
+            **NO_CHANCE,
             "reval_hit_ratio_ranked": pytest.approx((ranked_1 + 1.0) / 2),
         },
     }
@@ -93,7 +101,7 @@ VOCAB = [f"h{i}" for i in range(10)]
     st.lists(st.sampled_from([*VOCAB, "unknown3"]), min_size=0, max_size=5),
     st.fixed_dictionaries({h: st.permutations([v for v in VOCAB if v != h]) for h in VOCAB}),
 )
-def test_fast_grid_equals_the_reference_definition(recommended, truth, table) -> None:  # type: ignore[no-untyped-def]
+def test_fast_grid_equals_the_reference_definition(recommended, truth, table) -> None:
     """score_event's rank-matrix shortcut gives exactly reval_hit_ratio / exact_scores."""
     thesaurus = JsonThesaurus({h: list(n) for h, n in table.items()})
     cache = NeighbourCache(thesaurus, max_k=9)
@@ -103,7 +111,11 @@ def test_fast_grid_equals_the_reference_definition(recommended, truth, table) ->
     for r in rs:
         top = list(event.recommended[:r] if r is not None else event.recommended)
         for k in ks:
-            expected = reval_hit_ratio(top, list(truth), lambda h, k=k: [h, *table.get(h, [])[:k]])
+
+            def syn_k(h: str, k: int = k) -> list[str]:
+                return [h, *table.get(h, [])[:k]]
+
+            expected = reval_hit_ratio(top, list(truth), syn_k)
             got = None if result.unscorable else result.reval[r_label(r)][k]
             assert got == expected
         exact = exact_scores(top, list(truth))
@@ -208,9 +220,7 @@ def _batches(draw: st.DrawFn) -> tuple[NeighbourTable, list[tuple[Recommendation
     st.booleans(),
     st.sampled_from(["dcg", "top", "flat"]),
 )
-def test_a_batch_scores_exactly_as_one_event_at_a_time(  # type: ignore[no-untyped-def]
-    batch, ks, rs, huge_k, scheme
-) -> None:
+def test_a_batch_scores_exactly_as_one_event_at_a_time(batch, ks, rs, huge_k, scheme) -> None:
     """score_events (the rank matrices of the whole batch in one array, every signal in numpy
     passes) gives score_event's results to the last bit: every field, and the JSON written."""
     import orjson
@@ -247,7 +257,7 @@ def test_a_batch_scores_exactly_as_one_event_at_a_time(  # type: ignore[no-untyp
     ),
     st.fixed_dictionaries({h: st.permutations([v for v in VOCAB if v != h]) for h in VOCAB}),
 )
-def test_a_batch_on_a_thesaurus_without_a_table_scores_as_one_at_a_time(pairs, table) -> None:  # type: ignore[no-untyped-def]
+def test_a_batch_on_a_thesaurus_without_a_table_scores_as_one_at_a_time(pairs, table) -> None:
     """The rank-dictionary path (a JSON thesaurus: no table, no null model, no slices)."""
     thesaurus = JsonThesaurus({h: list(n) for h, n in table.items()})
     events = [(Recommendation(str(i), tuple(r)), tuple(g)) for i, (r, g) in enumerate(pairs)]

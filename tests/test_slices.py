@@ -11,15 +11,15 @@ from stream.metrics import reval_hit_ratio
 from stream.records import Recommendation
 from stream.scoring import NeighbourCache, score_event
 from stream.slices import SLICES, Bands, columns_by_slice, slice_scores
-from stream.thesaurus import build_neighbour_table
+from stream.thesaurus import NeighbourTable, build_neighbour_table
+from workers.adapters.annoy_thesaurus import neighbour_cache
 from workers.adapters.exporter import Exporter, LabelGuard, QualityMetrics
-from workers.adapters.store import neighbour_cache
 
 NAMES = ["flood", "floods", "rain", "fire", "smoke", "hail"]
 COUNTS = [50, 20, 10, 10, 6, 4]  # 100 uses: flood carries 50%, then floods 20%, ...
 
 
-def table() -> object:
+def table() -> NeighbourTable:
     rng = np.random.default_rng(0)
     unit = rng.normal(size=(len(NAMES), 8))
     unit /= np.linalg.norm(unit, axis=1, keepdims=True)
@@ -43,7 +43,7 @@ def test_bands_follow_cumulative_shares() -> None:
 
 def test_a_slice_is_eq4_on_its_ground_truths() -> None:
     th = table()
-    cache = NeighbourCache(th, max_k=3)  # type: ignore[arg-type]
+    cache = NeighbourCache(th, max_k=3)
     bands = Bands(NAMES, COUNTS)
     recommended, truth = ["flood", "hail", "fire"], ["flood", "floods", "rain", "hail", "sharknado"]
     from stream.metrics import rank_matrix
@@ -57,7 +57,7 @@ def test_a_slice_is_eq4_on_its_ground_truths() -> None:
         for k, value in zip(ks, got[label], strict=True):
 
             def synonyms(h: str, k: int = k) -> list[str]:
-                return [h, *th.neighbours(h, k)] if h in th else [h]  # type: ignore[attr-defined]
+                return [h, *th.neighbours(h, k)] if h in th else [h]
 
             assert value == pytest.approx(reval_hit_ratio(recommended, cut, synonyms)), (label, k)
     assert got["novel"] == [0.0, 0.0, 0.0]  # unknown: nothing recommended is it
@@ -65,7 +65,7 @@ def test_a_slice_is_eq4_on_its_ground_truths() -> None:
 
 
 def test_scorer_and_metrics_carry_the_slices() -> None:
-    cache = neighbour_cache(table(), 3)  # type: ignore[arg-type]
+    cache = neighbour_cache(table(), 3)
     assert cache.bands is not None
     event = Recommendation("1", ("flood", "smoke"), ("flood", "sharknado"), recommender="mowe")
     result = score_event(event, ("flood", "sharknado"), cache, ks=(0, 3), rs=(None,))
@@ -95,7 +95,7 @@ def test_scorer_and_metrics_carry_the_slices() -> None:
 def test_metrics_of_a_batch_are_the_metrics_one_event_at_a_time() -> None:
     """observe_many: the same counters, sums and rolling windows whatever the batches (one
     event at a time or uneven batches; every sum a running sum in event order)."""
-    cache = neighbour_cache(table(), 3)  # type: ignore[arg-type]
+    cache = neighbour_cache(table(), 3)
     rng = np.random.default_rng(1)
     scores, times = [], []
     for i in range(200):

@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 import numpy.typing as npt
@@ -20,21 +21,19 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import workers.adapters.store as thesaurus_module
+import workers.adapters.thesaurus_files as thesaurus_files
 from stream.thesaurus import ExactThesaurus, JsonThesaurus, Thesaurus, ThesaurusFormatError, ThesaurusMetadata
-from workers.adapters.store import (
+from workers.adapters import annoy_thesaurus
+from workers.adapters import store as store_module
+from workers.adapters.annoy_thesaurus import AnnoyThesaurus, angular_to_cosine, cosine_to_angular
+from workers.adapters.store import ThesaurusStore, load_thesaurus, read_json_thesaurus
+from workers.adapters.thesaurus_files import (
     HASHTAGS_FILE,
     INDEX_FILE,
     METADATA_FILE,
     THESAURUS_FILES,
-    AnnoyThesaurus,
     ThesaurusCorruptError,
     ThesaurusOverwriteError,
-    ThesaurusStore,
-    angular_to_cosine,
-    cosine_to_angular,
-    load_thesaurus,
-    read_json_thesaurus,
 )
 
 Builder = Callable[..., AnnoyThesaurus | ExactThesaurus]
@@ -336,16 +335,7 @@ def test_metadata_json_round_trip_and_errors() -> None:
         ThesaurusMetadata.from_json("{")
 
 
-@pytest.fixture(params=["exchange", "rename-aside"])
-def replace_mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Run a test with the atomic exchange (Linux) and with the portable fallback."""
-    if request.param == "rename-aside":
-        monkeypatch.setattr(thesaurus_module, "_exchange", lambda a, b: False)
-    mode: str = request.param
-    return mode
-
-
-def test_save_over_an_existing_thesaurus_replaces_it_whole(tmp_path: Path, replace_mode: str) -> None:
+def test_save_over_an_existing_thesaurus_replaces_it_whole(tmp_path: Path) -> None:
     target = tmp_path / "th"
     _sports_annoy(version="old").save(target)
     new = AnnoyThesaurus.build(["a", "b"], np.eye(2) + 0.1, version="new")
@@ -384,21 +374,21 @@ def test_failed_save_leaves_the_old_thesaurus_and_no_temp_dirs(
 ) -> None:
     target = tmp_path / "th"
     _sports_annoy(version="old").save(target)
-    real_write = thesaurus_module._write_json
+    real_write = thesaurus_files.write_json
 
     def failing_write(path: Path, obj: object) -> None:
         if path.name == METADATA_FILE:
             raise OSError("disk full")
         real_write(path, obj)
 
-    monkeypatch.setattr(thesaurus_module, "_write_json", failing_write)
+    monkeypatch.setattr(thesaurus_files, "write_json", failing_write)
     with pytest.raises(OSError, match="disk full"):
         _sports_annoy(version="new").save(target, replace=True)
     assert [p.name for p in tmp_path.iterdir()] == ["th"]
     assert AnnoyThesaurus.load(target).version == "old"
 
 
-def test_readers_never_see_a_half_written_thesaurus(tmp_path: Path, replace_mode: str) -> None:
+def test_readers_never_see_a_half_written_thesaurus(tmp_path: Path) -> None:
     target = tmp_path / "th"
     versions = {}
     for i in range(2):
@@ -414,13 +404,9 @@ def test_readers_never_see_a_half_written_thesaurus(tmp_path: Path, replace_mode
     def reader() -> None:
         while not stop.is_set():
             try:
+                # Between a save's two renames the path names nothing for an instant
+                # (workers.adapters.atomic_files): load waits for the new one.
                 th = AnnoyThesaurus.load(target)
-            except FileNotFoundError:
-                # Only the fallback has an instant between moving the old one aside
-                # and the new one in; the exchange always leaves a whole thesaurus.
-                if replace_mode == "exchange":
-                    problems.append("not found")
-                continue
             except Exception as exc:
                 problems.append(repr(exc))
                 continue
@@ -719,7 +705,8 @@ def test_reader_in_another_process_sees_whole_versions(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- docs
 
 
-def test_docstring_examples_run() -> None:
-    result = doctest.testmod(thesaurus_module, optionflags=doctest.ELLIPSIS)
+@pytest.mark.parametrize("module", [annoy_thesaurus, store_module])
+def test_docstring_examples_run(module: ModuleType) -> None:
+    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0
     assert result.failed == 0

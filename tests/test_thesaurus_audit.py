@@ -69,7 +69,8 @@ def _feed(seed: int = 0) -> tuple[list[Contribution], list[tuple[tuple[str, ...]
     """Hashtags of 4 topics: tweet vectors near their topic's centre, texts in its words."""
     rng = np.random.default_rng(seed)
     centres = {t: rng.normal(size=24) for t in TOPICS}
-    contributions, texts = [], []
+    contributions: list[Contribution] = []
+    texts: list[tuple[tuple[str, ...], str]] = []
     offset = 0
     for topic, words in TOPICS.items():
         for j in range(12):

@@ -602,6 +602,25 @@ class Encoder:
             pin=self._device.type == "cuda",
         )
 
+    def host_batches(self, texts: Sequence[str]) -> Iterator[Batch]:
+        """The host half of the token-budget path alone: ``texts`` tokenised (in the
+        tokenising processes, if any), sorted, cut by the budget and laid out in (pinned)
+        host memory -- what the feeder thread of :meth:`encode` produces. With
+        :meth:`forward_batch`, the two halves can be measured apart (``bench/bench_gpu.py``)."""
+        if self._budget is None:
+            raise ValueError("host_batches needs the token-budget path (token_budget > 0)")
+        return self._host_batches(texts)
+
+    @torch.no_grad()  # not inference_mode: nested tensors need version counters
+    def forward_batch(self, batch: Batch) -> torch.Tensor:
+        """The device half: one host batch copied to the device (``non_blocking``) and
+        through the model; its unit-length float32 embeddings ``(tweets, dim)``, on the
+        device, in the batch's order (``batch.index`` gives the input positions). On CUDA
+        the work is queued, not waited for."""
+        on_device = batch.to(self._device)
+        hidden = batch_hidden(self.model, self._layers, on_device, self._attention)
+        return pool(hidden, on_device, self.pooling)
+
     def _host_batches(self, texts: Sequence[str]) -> Iterator[Batch]:
         """Tokenised, sorted, cut by the budget and laid out: what the feeder thread produces."""
         assert self._budget is not None
@@ -686,9 +705,7 @@ class Encoder:
         done = 0
         with prefetch(self._host_batches(texts), self.prefetch_batches) as batches:
             for host_batch in batches:
-                batch = host_batch.to(self._device)  # non_blocking from pinned memory
-                hidden = batch_hidden(self.model, self._layers, batch, self._attention)
-                pooled = pool(hidden, batch, self.pooling)
+                pooled = self.forward_batch(host_batch)  # non_blocking copies from pinned memory
                 if cuda:  # back the same way; read after the one synchronisation below
                     host = torch.empty(pooled.shape, dtype=torch.float32, pin_memory=True)
                     host.copy_(pooled, non_blocking=True)

@@ -8,6 +8,14 @@ Quality metrics are exported two ways:
 * ``reval_hit_ratio_rolling`` per (recommender, k, r, window): means over the
   last window of *event* time, so a replay at 100x shows what a live run would.
 
+The chance-corrected score (:mod:`stream.chance`) is a kappa of sums, so its counters are
+the sums: ``reval_corrected_observed_total`` (the #REval-hit-ratio of the events scored
+with a null model), ``reval_corrected_expected_total`` (the null's expectation for them)
+and ``reval_corrected_events_total`` (their number, the best possible sum) per
+(recommender, k, r); the recording rule ``reval:hit_ratio_corrected:kappa<w>`` is
+``(rate(observed) - rate(expected)) / (rate(events) - rate(expected))`` over any window,
+and ``reval_hit_ratio_corrected_rolling`` is the same kappa over a window of event time.
+
 The rank-aware #REval-hit-ratio (:mod:`stream.rank`) has the same two shapes,
 ``reval_hit_ratio_ranked`` and ``reval_hit_ratio_ranked_rolling``.  The popularity
 slices (:mod:`stream.slices`: head, torso, tail, novel) are ``reval_hit_ratio_slice``
@@ -37,8 +45,9 @@ from prometheus_client import (
     Histogram,
     start_http_server,
 )
-from prometheus_client.core import GaugeMetricFamily, Metric, SummaryMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric, SummaryMetricFamily
 
+from stream.chance import corrected_of_sums
 from stream.drift import QUANTILES, RecentShift, ThesaurusDrift
 from stream.metrics import ExactScores
 from stream.mmd import MmdResult
@@ -46,6 +55,13 @@ from stream.scoring import EventScore, r_label
 from stream.windows import RollingMean
 
 OTHER = "other"
+#: The counters of the chance-corrected score (``reval_corrected_<key>_total``): the sums whose
+#: kappa is the corrected score over any window (:func:`stream.chance.corrected_of_sums`).
+CORRECTED_COUNTERS = {
+    "observed": "Sum of the #REval-hit-ratio of the events scored with a null model (chance correction)",
+    "expected": "Sum of the null recommender's expected #REval-hit-ratio over the same events",
+    "events": "Events scored with a null model (the best possible sum: 1 per event)",
+}
 
 
 _LABEL_RE = re.compile(r"[A-Za-z0-9_.:@/+-]+")
@@ -437,12 +453,13 @@ class QualityMetrics:
     """Feeds scored events into the quality metrics, at thousands of events per second.
 
     Every scorable event adds to every (k, r) cell of its recommender, so a count and a
-    vector of sums per recommender are the whole state of the ``reval_hit_ratio``,
-    ``reval_hit_ratio_corrected`` and ``reval_exact_match`` summaries; they and the
+    vector of sums per recommender are the whole state of the ``reval_hit_ratio`` and
+    ``reval_exact_match`` summaries and the ``reval_corrected_*`` counters; they and the
     event-time rolling means are turned into metric families only when Prometheus
     scrapes (this object is a custom collector), not on every event.  The corrected
     families count only events scored with a null model (every published thesaurus
-    has one; the empty thesaurus before the first version has none).
+    has one; the empty thesaurus before the first version has none): per event, the
+    observed value and the null's expectation at each (r, k).
     """
 
     def __init__(
@@ -474,7 +491,8 @@ class QualityMetrics:
         self.guard = guard
         self.window_label = window_label
         # main layout: for each r, the k values, the exact metrics, then the rank-aware k values
-        # (every scorable event has all three); corrected: k values per r
+        # (every scorable event has all three); corrected: the observed k values per r, then
+        # the expected ones (the sums whose kappa is the corrected score)
         self.width = len(self.rs) * (2 * len(self.ks) + len(ExactScores.NAMES))
         self._main: dict[str, _Accumulator] = {}
         self._corrected: dict[str, _Accumulator] = {}
@@ -513,11 +531,13 @@ class QualityMetrics:
                 main += _exact_values(score.exact[r])
                 main += score.ranked[r].values()
             _fixed_width(main, width * (len(scored) + 1))
-            if score.corrected:
+            if score.expected:
                 for r in rs:
-                    corrected += score.corrected[r].values()
+                    corrected += list(score.reval[r].values())[: len(self.ks)]
+                for r in rs:
+                    corrected += list(score.expected[r].values())[: len(self.ks)]
                 corrected_events.append(len(scored))
-                _fixed_width(corrected, n_k * len(corrected_events))
+                _fixed_width(corrected, 2 * n_k * len(corrected_events))
             if score.slices and rs:
                 by_r = [score.slices[r] for r in rs]
                 for label in by_r[0]:
@@ -534,7 +554,7 @@ class QualityMetrics:
         if not scored:
             return
         main_values = np.array(main, dtype=np.float64).reshape(-1, width)
-        corrected_values = np.array(corrected, dtype=np.float64).reshape(-1, n_k)
+        corrected_values = np.array(corrected, dtype=np.float64).reshape(-1, 2 * n_k)
         slice_values = np.array(sliced, dtype=np.float64).reshape(-1, n_k)
         with self._lock:
             admitted = [self._admit_time(event_time) for _, event_time in scored]
@@ -546,7 +566,7 @@ class QualityMetrics:
             for name, rows in _by_key([scored[i][0] for i in corrected_events]).items():
                 acc = self._corrected.get(name)
                 if acc is None:
-                    acc = self._corrected[name] = _Accumulator(n_k, self.windows)
+                    acc = self._corrected[name] = _Accumulator(2 * n_k, self.windows)
                 events = [corrected_events[row] for row in rows]
                 acc.update_many(
                     corrected_values[rows], [scored[i][1] for i in events], [admitted[i] for i in events]
@@ -579,13 +599,11 @@ class QualityMetrics:
         hit_ratio = SummaryMetricFamily(
             "reval_hit_ratio", "#REval-hit-ratio of scored events", labels=["recommender", "k", "r"]
         )
-        # The corrected value can be negative, and a Summary's _sum must only grow (rate()
-        # reads a fall as a counter reset): export 1 - corrected, which is >= 0; the mean is
-        # 1 - rate(_sum) / rate(_count) (recording rule reval:hit_ratio_corrected:mean<w>).
-        hit_corrected = SummaryMetricFamily(
-            "reval_hit_ratio_corrected_shortfall",
-            "1 - chance-corrected #REval-hit-ratio of scored events (0 = popularity-weighted random)",
-            labels=["recommender", "k", "r"],
+        # The corrected score is a kappa of sums: the three sums are exported as counters, and
+        # the recording rules take the kappa of their rates over any window.
+        corrected_observed, corrected_expected, corrected_events = (
+            CounterMetricFamily(f"reval_corrected_{what}", text, labels=["recommender", "k", "r"])
+            for what, text in CORRECTED_COUNTERS.items()
         )
         exact_match = SummaryMetricFamily(
             "reval_exact_match", "Exact-match metric of scored events", labels=["recommender", "metric", "r"]
@@ -607,7 +625,7 @@ class QualityMetrics:
         )
         reval_corrected = GaugeMetricFamily(
             "reval_hit_ratio_corrected_rolling",
-            "Chance-corrected #REval-hit-ratio mean over a window of event time",
+            "Chance-corrected #REval-hit-ratio over a window of event time: the kappa of the window's sums",
             labels=["recommender", "k", "r", "window"],
         )
         exact = GaugeMetricFamily(
@@ -644,16 +662,20 @@ class QualityMetrics:
                         if window is not None:
                             ranked_rolling.add_metric([name, k, r, label], float(window[i]))
                     i += 1
+        n_k = len(self.rs) * len(self.ks)
         for name, (count, total, means, _) in corrected.items():
             i = 0
             for r in self.rs:
                 for k in self.ks:
-                    hit_corrected.add_metric(
-                        [name, k, r], count_value=count, sum_value=float(count - total[i])
-                    )
+                    labels_ = [name, k, r]
+                    corrected_observed.add_metric(labels_, float(total[i]))
+                    corrected_expected.add_metric(labels_, float(total[n_k + i]))
+                    corrected_events.add_metric(labels_, float(count))
                     for label, window in zip(labels, means, strict=True):
-                        if window is not None:
-                            reval_corrected.add_metric([name, k, r, label], float(window[i]))
+                        # window means: the kappa of the window's sums is that of its means
+                        value = None if window is None else corrected_of_sums(window[i], window[n_k + i], 1.0)
+                        if value is not None:  # none: an empty window, or no room above chance
+                            reval_corrected.add_metric([name, k, r, label], value)
                     i += 1
         by_slice = SummaryMetricFamily(
             "reval_hit_ratio_slice",
@@ -669,7 +691,9 @@ class QualityMetrics:
         yield from (
             by_slice,
             hit_ratio,
-            hit_corrected,
+            corrected_observed,
+            corrected_expected,
+            corrected_events,
             exact_match,
             ranked,
             reval,

@@ -260,9 +260,15 @@ class Replication:
         return self._markers[name]
 
     def _refresh(self, key: str) -> None:
-        """Let the cluster client learn the topology anew: a command routed by slot, which
-        follows MOVED and reinitialises on connection errors (redis-py's own recovery)."""
+        """Let the cluster client learn the whole topology anew.  A MOVED on a marker (sent on a
+        node's own connection, which redis-py's cluster routing never sees) means a failover:
+        the client's map still gives the old master's slots to it, and patching it one slot per
+        MOVED (what a routed command does) took a retry per slot -- thousands after a failover.
+        So reload the map from the cluster (``NodesManager.initialize``, what redis-py itself
+        does after ``reinitialize_steps`` redirections), then route one command by slot."""
         if isinstance(self.client, RedisCluster):
+            with suppress(RedisError, SlotNotCoveredError):
+                self.client.nodes_manager.initialize()
             with suppress(RedisError, SlotNotCoveredError):
                 self.client.exists(key)
 

@@ -32,7 +32,8 @@ from typing import Any, cast
 
 from stream.thesaurus import NeighbourTable, ThesaurusFormatError, ThesaurusMetadata
 from workers.adapters.redis_client import Client, Replication, replicated
-from workers.adapters.store import HASHTAGS_FILE, METADATA_FILE, TABLE_FILE, parse_table, version_number
+from workers.adapters.store import version_number
+from workers.adapters.thesaurus_files import HASHTAGS_FILE, METADATA_FILE, TABLE_FILE, parse_table
 
 #: What a scorer needs of a version directory.
 SCORER_FILES = (METADATA_FILE, HASHTAGS_FILE, TABLE_FILE)

@@ -30,7 +30,7 @@ def _cli() -> Any:
 
 def _annoy(path: Path) -> Any:
     """A thesaurus directory (or a store's current version) with its index."""
-    from workers.adapters.store import AnnoyThesaurus
+    from workers.adapters.annoy_thesaurus import AnnoyThesaurus
 
     thesaurus = _cli()._load(str(path))
     if not isinstance(thesaurus, AnnoyThesaurus):
@@ -264,7 +264,8 @@ def report_cmd(
     cli = _cli()
     from stream.audit import replay
     from workers.adapters.kafka_client import BrokerError
-    from workers.adapters.store import ThesaurusStore, is_our_thesaurus
+    from workers.adapters.store import ThesaurusStore
+    from workers.adapters.thesaurus_files import is_our_thesaurus
     from workers.service.thesaurus_audit import VoteLog, latest_audit
     from workers.settings import Settings
 

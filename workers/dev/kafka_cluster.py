@@ -613,6 +613,11 @@ class KafkaCluster:
 
     # -- faults -------------------------------------------------------------------------
 
+    @property
+    def pids(self) -> list[int]:
+        """Every running node's JVM, for CPU accounting."""
+        return [pid for i in self.node_ids if (pid := self.pid(i)) is not None]
+
     def pid(self, node_id: int) -> int | None:
         proc = self._nodes[node_id].proc
         return proc.pid if proc is not None and proc.poll() is None else None

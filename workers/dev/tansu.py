@@ -179,6 +179,11 @@ class TansuBroker:
         return self._proc.pid if self._proc is not None else None
 
     @property
+    def pids(self) -> list[int]:
+        """The broker's process, for CPU accounting (empty when not running)."""
+        return [self._proc.pid] if self.running and self._proc is not None else []
+
+    @property
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 

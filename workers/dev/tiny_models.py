@@ -176,7 +176,13 @@ def build_bertweet_like(
         normalization=False,
         model_max_length=128,
     )
+    written = {path: path.read_bytes() for path in (vocab_file, merges_file)}
     tokenizer.save_pretrained(str(directory))
+    # transformers 5's save_vocabulary rewrites bpe.codes without fastBPE's counts, which its
+    # own loader then misreads (it drops each line's last field: merges lose their second
+    # half, and words fall apart into characters). Keep the files as written, as 4.x does.
+    for path, data in written.items():
+        path.write_bytes(data)
 
     config = RobertaConfig(
         vocab_size=max(vocab_size or 0, len(tokenizer)),

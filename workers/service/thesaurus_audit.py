@@ -32,11 +32,11 @@ from stream.coherence import (
     tfidf_coherence,
 )
 from stream.replay import Outgoing
+from workers.adapters.annoy_thesaurus import AnnoyThesaurus
 from workers.adapters.exporter import Exporter
 from workers.adapters.kafka_client import BrokerError, KafkaSink, ensure_topic, read_topic
 from workers.adapters.redis_client import Client, with_retry
 from workers.adapters.redis_reservoir import RedisReservoir
-from workers.adapters.store import AnnoyThesaurus
 from workers.settings import Settings
 
 log = logging.getLogger("reval.workers")

@@ -1,0 +1,23 @@
+"""What every bench script does with its results: print them (the Markdown that goes into
+BENCHMARKS.md) and, with ``--out FILE``, write the same text there."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+
+def publish(lines: Sequence[str] | str, out: Path | None) -> str:
+    """Print the results (``lines`` joined, one per line) and write them to ``out`` when
+    given; return the text.
+
+    >>> text = publish(["| a | b |", "|---|---|"], None)
+    | a | b |
+    |---|---|
+    <BLANKLINE>
+    """
+    text = lines if isinstance(lines, str) else "\n".join(lines) + "\n"
+    print(text)
+    if out:
+        out.write_text(text, encoding="utf-8")
+    return text

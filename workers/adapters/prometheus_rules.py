@@ -1,0 +1,260 @@
+"""The Prometheus rules and scrape config of reval-stream, rendered from
+:mod:`stream.alert_params`.
+
+``deploy/prometheus/render.py`` is the command that writes them; the committed
+``rules.yml`` and ``prometheus.yml`` beside it are the output with the defaults
+(``tests/test_deploy.py`` fails when they drift from it).
+
+Naming: recording rules are ``reval:<quantity>:<aggregation><window>``, e.g.
+``reval:hit_ratio:mean1h`` = the mean #REval-hit-ratio of the events scored in
+the last hour, per (recommender, k, r), computed from the workers' monotonic
+``reval_hit_ratio_sum`` / ``reval_hit_ratio_count`` (so it is exact across any
+number of scoring replicas and survives restarts).  The alerts are
+:mod:`workers.adapters.prometheus_alerts`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+import yaml
+
+from stream.alert_params import DEFAULTS, EVALUATION_INTERVAL, Params, seconds
+from stream.chance import MIN_ROOM
+from workers.adapters.prometheus_alerts import JOBS, ROLES, Rule, alert_rules, fmt
+
+__all__ = ["DEFAULT_PORTS", "recording_rules", "render_config", "render_rules"]
+
+DEFAULT_PORTS = {"embed": 9101, "index": 9102, "score": 9103}
+
+
+def _by_offsets(metric: str, offsets: tuple[str, ...], by: str) -> str:
+    """Mean of ``metric`` at each offset; a missing offset (young deployment) is skipped."""
+    parts = [f'label_replace({metric} offset {o}, "baseline_offset", "{o}", "", "")' for o in offsets]
+    joined = "\n  or\n  ".join(parts)
+    return f"avg by ({by}) (\n  {joined}\n)"
+
+
+# --------------------------------------------------------------------------- recording rules
+
+
+def _window_rules(w: str) -> list[Rule]:
+    """The quality series recorded for one window."""
+    return [
+        {
+            "record": f"reval:hit_ratio:mean{w}",
+            "expr": (
+                f"sum by (recommender, k, r) (rate(reval_hit_ratio_sum[{w}]))\n"
+                f"/\n(sum by (recommender, k, r) (rate(reval_hit_ratio_count[{w}])) > 0)"
+            ),
+        },
+        # The chance-corrected score is the kappa of the sums (stream.chance): the excess
+        # of the observed over the expected and the room above the expected, as rates,
+        # then their ratio (null where the expectation leaves no room).
+        {
+            "record": f"reval:corrected_excess:rate{w}",
+            "expr": (
+                f"sum by (recommender, k, r) (rate(reval_corrected_observed_total[{w}]))\n"
+                f"- sum by (recommender, k, r) (rate(reval_corrected_expected_total[{w}]))"
+            ),
+        },
+        {
+            "record": f"reval:corrected_room:rate{w}",
+            "expr": (
+                f"sum by (recommender, k, r) (rate(reval_corrected_events_total[{w}]))\n"
+                f"- sum by (recommender, k, r) (rate(reval_corrected_expected_total[{w}]))"
+            ),
+        },
+        {
+            "record": f"reval:hit_ratio_corrected:kappa{w}",
+            "expr": (
+                f"reval:corrected_excess:rate{w}\n/\n"
+                f"(reval:corrected_room:rate{w} > {fmt(MIN_ROOM / seconds(w))})"
+            ),
+        },
+        {
+            "record": f"reval:exact_match:mean{w}",
+            "expr": (
+                f"sum by (recommender, metric, r) (rate(reval_exact_match_sum[{w}]))\n"
+                f"/\n(sum by (recommender, metric, r) (rate(reval_exact_match_count[{w}])) > 0)"
+            ),
+        },
+        {
+            # #REval-hit-ratio at each k minus the exact hit ratio (= #REval at k=0).
+            "record": f"reval:semantic_gap:mean{w}",
+            "expr": (
+                f"reval:hit_ratio:mean{w}\n"
+                f"- on (recommender, r) group_left\n"
+                f'reval:exact_match:mean{w}{{metric="hit_ratio"}}'
+            ),
+        },
+        {
+            "record": f"reval:scored_events:rate{w}",
+            "expr": f'sum by (recommender) (rate(reval_events_total{{outcome="scored"}}[{w}]))',
+        },
+        {
+            "record": f"reval:unknown_hashtag_share:ratio{w}",
+            "expr": (
+                f"sum by (recommender) (rate(reval_recommended_unknown_hashtags_total[{w}]))\n"
+                f"/\n(sum by (recommender) (rate(reval_recommended_hashtags_total[{w}])) > 0)"
+            ),
+        },
+    ]
+
+
+def _baseline_rules(p: Params) -> list[Rule]:
+    """The baselines of the quality window and the #REval alert's statistic."""
+    qw = p.quality_window
+    by = "recommender, k, r"
+    return [
+        {
+            "record": "reval:hit_ratio:baseline",
+            "expr": _by_offsets(f"reval:hit_ratio:mean{qw}", p.baseline_offsets, by),
+        },
+        {
+            # The baseline skill: the kappa of the mean sums of the window at each offset.
+            "record": "reval:hit_ratio_corrected:baseline",
+            "expr": (
+                _by_offsets(f"reval:corrected_excess:rate{qw}", p.baseline_offsets, by)
+                + "\n/\n("
+                + _by_offsets(f"reval:corrected_room:rate{qw}", p.baseline_offsets, by)
+                + f" > {fmt(MIN_ROOM / seconds(qw))})"
+            ),
+        },
+        {
+            "record": f"reval:corrected_events:rate{qw}",
+            "expr": f"sum by ({by}) (rate(reval_corrected_events_total[{qw}]))",
+        },
+        {
+            # The #REval alert's statistic (stream.backtest.skill_loss): with D, R, n the excess,
+            # room and events of the window and kappa0 > 0 the baseline skill, delta =
+            # skill_loss_fraction * kappa0 and v = m (1 - m), m = 1 - (1 - kappa0) R / n:
+            # delta R / (n v) * ((kappa0 - delta / 2) R - D), the rates times the window.
+            "record": "reval:skill_loss:llr",
+            "expr": _skill_loss(p),
+        },
+        {
+            "record": "reval:exact_match:baseline",
+            "expr": _by_offsets(f"reval:exact_match:mean{qw}", p.baseline_offsets, "recommender, metric, r"),
+        },
+    ]
+
+
+def _operations_rules(p: Params) -> list[Rule]:
+    return [
+        {
+            # max over duplicates: a replica that lost a partition in a rebalance may keep
+            # reporting its last value for it.
+            "record": "reval:consumer_lag:sum",
+            "expr": "sum by (job, topic) (max by (job, topic, partition) (reval_consumer_lag))",
+        },
+        {
+            "record": f"reval:tweets_embedded:rate{p.embed_window}",
+            "expr": f'sum(rate(reval_tweets_embedded_total{{job="{JOBS["embed"]}"}}[{p.embed_window}]))',
+        },
+        {
+            "record": f"reval:dead_letter_ratio:ratio{p.dead_letter_window}",
+            "expr": (
+                f"sum by (topic) (rate(reval_records_rejected_total[{p.dead_letter_window}]))\n"
+                f"/ sum by (topic) (rate(reval_records_consumed_total[{p.dead_letter_window}]))"
+            ),
+        },
+    ]
+
+
+def recording_rules(p: Params) -> list[Rule]:
+    quality = [rule for w in p.windows for rule in _window_rules(w)] + _baseline_rules(p)
+    return [
+        {"name": "reval-quality-recording", "rules": quality},
+        {"name": "reval-operations-recording", "rules": _operations_rules(p)},
+    ]
+
+
+def _skill_loss(p: Params) -> str:
+    qw = p.quality_window
+    kappa0 = "(reval:hit_ratio_corrected:baseline > 0)"  # no skill above chance: nothing to lose
+    room, excess, events = (f"reval:corrected_{x}:rate{qw}" for x in ("room", "excess", "events"))
+    share = f"((1 - reval:hit_ratio_corrected:baseline) * {room} / {events})"  # 1 - m
+    f = p.skill_loss_fraction
+    return (
+        f"{fmt(f)} * {kappa0} * {room}\n"
+        f"/ ({events} * clamp((1 - {share}) * {share}, 1e-06, 0.25))\n"
+        f"* ({fmt(1 - f / 2)} * reval:hit_ratio_corrected:baseline * {room} - {excess})\n"
+        f"* {fmt(seconds(qw))}"
+    )
+
+
+# --------------------------------------------------------------------------- files
+
+
+class _Dumper(yaml.SafeDumper):
+    pass
+
+
+def _str(dumper: yaml.SafeDumper, data: str) -> yaml.Node:
+    style = "|" if "\n" in data else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", data, style=style)
+
+
+_Dumper.add_representer(str, _str)
+
+
+def _dump(data: Any, header: str) -> str:
+    body = yaml.dump(data, Dumper=_Dumper, sort_keys=False, width=120, allow_unicode=True)
+    return header + body
+
+
+def render_rules(params: Params = DEFAULTS) -> str:
+    """``rules.yml`` for ``params`` (checked); its header names the non-default ones."""
+    params.check()
+    changed = {k: v for k, v in asdict(params).items() if v != getattr(DEFAULTS, k)}
+    note = "defaults" if not changed else ", ".join(f"{k}={v}" for k, v in changed.items())
+    header = (
+        "# Generated by deploy/prometheus/render.py -- edit the parameters there, not this file.\n"
+        f"# Parameters: {note}\n"
+    )
+    return _dump({"groups": recording_rules(params) + alert_rules(params)}, header)
+
+
+def render_config(
+    targets: dict[str, list[str]] | None = None,
+    *,
+    rule_files: tuple[str, ...] = ("rules.yml",),
+    scrape_interval: str = "15s",
+    evaluation_interval: str = EVALUATION_INTERVAL,
+    alertmanagers: tuple[str, ...] = ("alertmanager:9093",),
+) -> str:
+    """The scrape config.
+
+    By default every worker role is found by DNS under its docker-compose service name
+    (``embed``, ``index``, ``score``): Docker's DNS answers with one A record per
+    replica, so ``docker compose up --scale embed=3`` is scraped without a change.
+    ``targets`` (role -> ["host:port", ...]) gives static targets instead.
+    """
+    jobs: list[dict[str, Any]] = []
+    for role in ROLES:
+        job: dict[str, Any] = {"job_name": JOBS[role]}
+        if targets is None:
+            job["dns_sd_configs"] = [
+                {"names": [role], "type": "A", "port": DEFAULT_PORTS[role], "refresh_interval": "30s"}
+            ]
+            job["relabel_configs"] = [{"target_label": "role", "replacement": role}]
+        elif role in targets:
+            job["static_configs"] = [{"targets": targets[role], "labels": {"role": role}}]
+        else:
+            continue
+        jobs.append(job)
+    jobs.append({"job_name": "prometheus", "static_configs": [{"targets": ["localhost:9090"]}]})
+    config: dict[str, Any] = {
+        "global": {
+            "scrape_interval": scrape_interval,
+            "evaluation_interval": evaluation_interval,
+            "external_labels": {"system": "reval-stream"},
+        },
+        "rule_files": list(rule_files),
+    }
+    if alertmanagers:
+        config["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": list(alertmanagers)}]}]}
+    config["scrape_configs"] = jobs
+    return _dump(config, "# Generated by deploy/prometheus/render.py --config (render_config).\n")
