@@ -178,8 +178,11 @@ class BatchConsumer(Service):
                 generation = self._generation
                 batch = await self.consumer.getmany(timeout_ms=int(self.within * 1000), max_records=self.size)
                 async with self._busy:
-                    if self._closing or generation != self._generation:
-                        continue  # fetched before a rebalance or the shutdown: redelivered
+                    if self._closing:
+                        continue  # the shutdown: redelivered to the next owner
+                    if generation != self._generation:
+                        self._rewind(batch)  # fetched across a rebalance: read again
+                        continue
                     if batch:
                         await self._settle(batch)
                     self._report_lag()
@@ -188,6 +191,16 @@ class BatchConsumer(Service):
         except Exception as exc:  # a bug in the loop itself: never sit in a worker consuming nothing
             log.exception("score consumer: unexpected error")
             self.rt.fail_stop(f"score consumer: unexpected {exc!r}")
+
+    def _rewind(self, batch: Mapping[TopicPartition, list[ConsumerRecord[bytes, bytes]]]) -> None:
+        """Drop a batch: its partitions still held go back to their settled positions (the
+        committed offsets :meth:`assigned` read after fencing), else to the batch's first
+        record -- getmany moved them past it, and a dropped record must be read again."""
+        assert self.consumer is not None
+        held = self.consumer.assignment()
+        for tp, messages in batch.items():
+            if messages and tp in held:
+                self.consumer.seek(tp, self._positions.get(tp, messages[0].offset))
 
     async def _settle(self, batch: Mapping[TopicPartition, list[ConsumerRecord[bytes, bytes]]]) -> None:
         """Each topic's records through its step, then (at least once) their offsets committed."""
@@ -255,6 +268,11 @@ class BatchConsumer(Service):
         committed batches is read again -- or, never committed in this group, where the Faust
         agents' group stopped."""
         assert self.consumer is not None
+        async with self._busy:
+            await self._assigned(partitions)
+
+    async def _assigned(self, partitions: set[TopicPartition]) -> None:
+        assert self.consumer is not None
         self._generation += 1
         self._paused.clear()
         if self.transactions is not None:
@@ -268,6 +286,12 @@ class BatchConsumer(Service):
             if committed is not None:
                 self.consumer.seek(tp, committed)
                 self._positions[tp] = committed
+        # Again, now that the positions are set: while the producers were fencing, the
+        # consumer may have fetched from the positions it found itself -- offsets read before
+        # the previous owner's last transaction was completed (a batch already scored), and
+        # for partitions with no producer yet.  A batch whose fetch began before this line is
+        # dropped and its partitions rewound to these positions (``_run``).
+        self._generation += 1
 
     async def _legacy_offsets(self) -> dict[TopicPartition, int]:
         """The Faust agents' group's committed offsets (read once: nothing commits there now)."""
