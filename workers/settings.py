@@ -83,7 +83,7 @@ class Settings(BaseSettings):
     processing_guarantee: Literal["at_least_once", "exactly_once"] = Field(
         "at_least_once",
         description="Scores: at_least_once, or exactly_once (Kafka transactions; Apache Kafka only, "
-        "read the scores with isolation.level=read_committed)",
+        "read the scores with isolation.level=read_committed; refused on Tansu). See Guarantees",
     )
     kafka_security_protocol: str = Field(
         "PLAINTEXT", description="PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL"
