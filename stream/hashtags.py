@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import unicodedata
 from collections.abc import Iterable
+from functools import lru_cache
 
 import regex
 
@@ -65,6 +66,12 @@ def extract_hashtags(text: str) -> list[str]:
     return list(found)
 
 
+#: :func:`normalise_hashtag` remembered for the most recent hashtags: a feed repeats the same
+#: few thousand (Zipf), and normalising one (NFC, two regex matches) cost ~5 µs, a tenth of
+#: the score worker's step (BENCHMARKS.md).
+_normalised = lru_cache(maxsize=1 << 16)(normalise_hashtag)
+
+
 def normalise_all(raw: Iterable[str]) -> list[str]:
     """Normalise a list of hashtags, dropping invalid ones and duplicates (order kept).
 
@@ -73,7 +80,7 @@ def normalise_all(raw: Iterable[str]) -> list[str]:
     """
     out: dict[str, None] = {}
     for item in raw:
-        tag = normalise_hashtag(item)
+        tag = _normalised(item)
         if tag is not None:
             out.setdefault(tag, None)
     return list(out)

@@ -121,11 +121,11 @@ def exact_from_ranks(matrix: Sequence[Sequence[int]], n_truth: int) -> ExactScor
     >>> exact_from_ranks([[5, 0], [1 << 30, 7], [9, 9]], 2)
     ExactScores(hit_rate=1.0, precision=0.3333333333333333, recall=0.5, f1=0.4, hit_ratio=0.5)
     """
-    return _exact(sum(map(countOf, matrix, repeat(0))), len(matrix), n_truth)
+    return exact_from_counts(sum(map(countOf, matrix, repeat(0))), len(matrix), n_truth)
 
 
 @lru_cache(maxsize=4096)
-def _exact(hits: int, n_rec: int, n_truth: int) -> ExactScores:
+def exact_from_counts(hits: int, n_rec: int, n_truth: int) -> ExactScores:
     """The scores of ``hits`` exact matches among n_rec recommended and n_truth true hashtags
     (they depend on these three counts only; immutable, so one instance serves every event)."""
     precision, recall = hits / n_rec, hits / n_truth

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from stream.metrics import FAR, exact_scores, rank_matrix, reval_hit_ratio
 from stream.neighbour_table import NeighbourTable
 from stream.records import Recommendation
-from stream.scoring import NeighbourCache, RowSearch, Summary, parse_ints, r_label, score_event
+from stream.scoring import NeighbourCache, RowSearch, Summary, parse_ints, r_label, score_event, score_events
 from stream.thesaurus import JsonThesaurus, ThesaurusMetadata
 
 from .test_metrics import TABLE2_SYN
@@ -187,3 +187,82 @@ def test_a_table_needs_no_state_per_hashtag() -> None:
     score = score_event(Recommendation("1", ("swim", "golf")), ("sport",), cache, ks=(0, 1, 2))
     assert score.reval["all"] == {0: 0.0, 1: 0.0, 2: 1.0}
     assert cache.queries == 0 and not cache._ranks
+
+
+@st.composite
+def _batches(draw: st.DrawFn) -> tuple[NeighbourTable, list[tuple[Recommendation, tuple[str, ...]]], int]:
+    """A table (gaps, duplicates, the hashtag itself in its own row, popularity counts) and a
+    batch of events of every shape: unknown hashtags on both sides, equal unknowns, empty R or
+    G, lists past 16 hashtags (another padding group), repeated events."""
+    n = draw(st.integers(2, 30))
+    depth = draw(st.integers(1, 8))
+    rows = draw(
+        st.lists(st.lists(st.integers(-1, n - 1), min_size=depth, max_size=depth), min_size=n, max_size=n)
+    )
+    table = _table(rows)
+    counts = draw(st.lists(st.integers(0, 50), min_size=n, max_size=n))
+    table = NeighbourTable(table.hashtags, table.neighbour_ids, table.distances, counts, table.metadata)
+    pool = [*table.hashtags, "new1", "new2", "new3"]
+    hashtags = st.lists(st.sampled_from(pool), max_size=20)
+    events = draw(
+        st.lists(st.tuples(hashtags, hashtags), min_size=1, max_size=40).map(
+            lambda pairs: [(Recommendation(str(i), tuple(r)), tuple(g)) for i, (r, g) in enumerate(pairs)]
+        )
+    )
+    max_k = draw(st.integers(0, depth if depth < n - 1 else depth + 3))
+    return table, events, max_k
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    _batches(),
+    st.lists(st.integers(0, 12), min_size=1, max_size=5),
+    st.lists(st.one_of(st.none(), st.integers(1, 25)), min_size=1, max_size=4),
+    st.booleans(),
+    st.sampled_from(["dcg", "top", "flat"]),
+)
+def test_a_batch_scores_exactly_as_one_event_at_a_time(batch, ks, rs, huge_k, scheme) -> None:
+    """score_events (the rank matrices of the whole batch in one array, every signal in numpy
+    passes) gives score_event's results to the last bit: every field, and the JSON written."""
+    import orjson
+
+    from stream.chance import ChanceModel
+    from stream.rank import SCHEMES
+    from stream.slices import Bands
+
+    table, events, max_k = batch
+    ks = [min(k, max_k) for k in ks] + ([10**15] if huge_k else [])
+    weights = SCHEMES[scheme]
+
+    def cache() -> NeighbourCache:
+        return NeighbourCache(
+            table, max_k, chance=ChanceModel(table), bands=Bands(table.hashtags, table.counts)
+        )
+
+    batched = score_events(events, cache(), ks, rs, weights)
+    single = cache()
+    one_by_one = [score_event(e, truth, single, ks, rs, weights) for e, truth in events]
+    assert batched == one_by_one
+    assert [orjson.dumps(s.to_json()) for s in batched] == [orjson.dumps(s.to_json()) for s in one_by_one]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.lists(st.sampled_from([*VOCAB, "unknown1"]), max_size=8),
+            st.lists(st.sampled_from([*VOCAB, "unknown1", "unknown3"]), max_size=5),
+        ),
+        min_size=1,
+        max_size=20,
+    ),
+    st.fixed_dictionaries({h: st.permutations([v for v in VOCAB if v != h]) for h in VOCAB}),
+)
+def test_a_batch_on_a_thesaurus_without_a_table_scores_as_one_at_a_time(pairs, table) -> None:
+    """The rank-dictionary path (a JSON thesaurus: no table, no null model, no slices)."""
+    thesaurus = JsonThesaurus({h: list(n) for h, n in table.items()})
+    events = [(Recommendation(str(i), tuple(r)), tuple(g)) for i, (r, g) in enumerate(pairs)]
+    ks, rs = (0, 1, 3, 9), (1, 2, None)
+    batched = score_events(events, NeighbourCache(thesaurus, max_k=9), ks, rs)
+    cache = NeighbourCache(thesaurus, max_k=9)
+    assert batched == [score_event(e, t, cache, ks, rs) for e, t in events]

@@ -80,6 +80,11 @@ class Settings(BaseSettings):
     produce_timeout_s: float = Field(
         120.0, gt=0, description="Outputs not acknowledged this long: the worker stops (fail-stop)"
     )
+    processing_guarantee: Literal["at_least_once", "exactly_once"] = Field(
+        "at_least_once",
+        description="Scores: at_least_once, or exactly_once (Kafka transactions; Apache Kafka only, "
+        "read the scores with isolation.level=read_committed; refused on Tansu). See Guarantees",
+    )
     kafka_security_protocol: str = Field(
         "PLAINTEXT", description="PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL"
     )
@@ -310,6 +315,13 @@ class Settings(BaseSettings):
                 )
             }
         return {"broker_credentials": faust.SSLCredentials(context)}
+
+    def aiokafka_options(self) -> dict[str, Any]:
+        """The same for aiokafka (the score role's consumer and producers), as Faust converts
+        its ``broker_credentials``."""
+        from faust.transport.drivers.aiokafka import credentials_to_aiokafka_auth
+
+        return dict(credentials_to_aiokafka_auth(self.faust_options().get("broker_credentials")))
 
     def topics(self) -> dict[str, int]:
         """Topic → partition count; declared explicitly (Tansu/Faust need matching counts)."""

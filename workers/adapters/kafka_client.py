@@ -361,6 +361,16 @@ def copy_groups(
     return copied
 
 
+def group_offsets(
+    bootstrap: str, group: str, *, timeout: float = 30.0, **options: Any
+) -> dict[tuple[str, int], int]:
+    """The committed offsets of consumer group ``group``, ``(topic, partition) -> offset``
+    (empty for a group that never committed)."""
+    with _admin(bootstrap, timeout=timeout, **options) as admin:
+        committed = admin.list_group_offsets(group).get(group, {})
+    return {(tp.topic, tp.partition): meta.offset for tp, meta in committed.items() if meta.offset >= 0}
+
+
 def list_groups(bootstrap: str, prefix: str, *, timeout: float = 30.0, **options: Any) -> list[str]:
     """The consumer groups named ``prefix*``."""
     with _admin(bootstrap, timeout=timeout, **options) as admin:

@@ -11,6 +11,9 @@ it is Redis Cluster safe.
     tweet, ``d:<event id>`` = an event settled (its score or dead letter acknowledged by
     the broker), so a redelivered event is not scored twice.  Expires ``2 x join
     window`` after its last write.
+    With exactly-once scores, ``c:<event id>`` = the *claim* on a matched event: the
+    input record (``incarnation|topic|partition|offset``) whose Kafka transaction carries its
+    score, or ``expire`` once the expiry took it (see "Claims" below).
 ``{prefix}:j:deadlines``  -- ZSET of ``<tweet id>\\0<event id>`` by the time the event
     expires unmatched; written in the same pipeline (an index, not state).
 ``{prefix}:j:bytes``      -- the bytes of waiting events (approximate: the metric of it).
@@ -21,6 +24,17 @@ it is Redis Cluster safe.
 Delivery: an event is *settled* only after its score (or ``join_expired`` letter) was
 acknowledged by the broker (:meth:`RedisJoin.settle`), so a crash at any point before
 redelivers it: scores are at-least-once.
+
+Claims (exactly-once scores, ``REVAL_PROCESSING_GUARANTEE=exactly_once``): the join's state is
+in Redis, outside the Kafka transaction that delivers a score and commits the offsets of the
+record that caused it; a crash between that commit and the settle would leave the event to be
+scored again.  So whoever is about to score a matched event claims it for the record its
+transaction commits (:meth:`RedisJoin.put_events`, :meth:`RedisJoin.put_tweets` with
+``claims``); a claim is replaced only by the same record (read again after a crash or a
+rebalance), and an event claimed by another record is scored by nobody else: its claim is
+*settled* once that record's offset is committed (the caller asks the consumer group), and
+otherwise left to that record's next reading.  The expiry claims an event too (``expire``):
+an expired event is never scored, even when its tweet comes meanwhile.
 
 Failover: given a :class:`~workers.adapters.redis_client.Replication`, every method that
 writes what a Kafka commit depends on (claims, samples, the join's puts and settles)
@@ -76,10 +90,59 @@ if truth then return {'match', truth} end
 return {'wait'}
 """
 
+# ARGV: hashtags json, ttl, claim.  Returns {eid1, payload1, claim1, ...}: the events waiting
+# for it, each claimed for this tweet's record unless another record holds it (then that
+# record's claim comes back, and the event is not this record's to score).
+_PUT_TWEET_CLAIMING = """
+redis.call('HSET', KEYS[1], 't', ARGV[1])
+local out = {}
+local fields = redis.call('HKEYS', KEYS[1])
+for _, f in ipairs(fields) do
+  if string.sub(f, 1, 2) == 'e:' then
+    local eid = string.sub(f, 3)
+    local held = redis.call('HGET', KEYS[1], 'c:' .. eid)
+    if not held or held == ARGV[3] then
+      redis.call('HSET', KEYS[1], 'c:' .. eid, ARGV[3])
+      held = ''
+    end
+    table.insert(out, eid)
+    table.insert(out, redis.call('HGET', KEYS[1], f))
+    table.insert(out, held)
+  end
+end
+redis.call('EXPIRE', KEYS[1], ARGV[2])
+return out
+"""
+
+# ARGV: eid, payload, ttl, claim.  As _PUT_EVENT; a match is claimed for the event's own
+# record, or comes back {'claimed', claim} when another record holds it.
+_PUT_EVENT_CLAIMING = """
+if redis.call('HEXISTS', KEYS[1], 'd:' .. ARGV[1]) == 1 then return {'dup'} end
+redis.call('HSET', KEYS[1], 'e:' .. ARGV[1], ARGV[2])
+redis.call('EXPIRE', KEYS[1], ARGV[3])
+local truth = redis.call('HGET', KEYS[1], 't')
+if not truth then return {'wait'} end
+local held = redis.call('HGET', KEYS[1], 'c:' .. ARGV[1])
+if held and held ~= ARGV[4] then return {'claimed', held} end
+redis.call('HSET', KEYS[1], 'c:' .. ARGV[1], ARGV[4])
+return {'match', truth}
+"""
+
+# ARGV: eid.  As _DUE, claiming the event for the expiry (no tweet will score it now).
+_DUE_CLAIMING = """
+if redis.call('HEXISTS', KEYS[1], 't') == 1 then return false end
+local payload = redis.call('HGET', KEYS[1], 'e:' .. ARGV[1])
+if payload then redis.call('HSET', KEYS[1], 'c:' .. ARGV[1], 'expire') end
+return payload
+"""
+
+#: The claim of an event the expiry took.
+EXPIRED = "expire"
+
 # ARGV: eid, ttl.  Marks an event settled; returns the bytes its payload held (0 if none).
 _SETTLE = """
 local payload = redis.call('HGET', KEYS[1], 'e:' .. ARGV[1])
-redis.call('HDEL', KEYS[1], 'e:' .. ARGV[1])
+redis.call('HDEL', KEYS[1], 'e:' .. ARGV[1], 'c:' .. ARGV[1])
 redis.call('HSET', KEYS[1], 'd:' .. ARGV[1], '1')
 redis.call('EXPIRE', KEYS[1], ARGV[2])
 if payload then return string.len(payload) end
@@ -226,12 +289,17 @@ def _text(value: Any) -> str:
 
 @dataclass(frozen=True)
 class Waiting:
-    """An event in the join: answered by its tweet (``truth``) or due to expire (``truth`` None)."""
+    """An event in the join: answered by its tweet (``truth``) or due to expire (``truth`` None).
+
+    ``call``: which tweet of :meth:`RedisJoin.put_tweets` answered it; ``held_by``: the claim of
+    another record that holds it (claiming calls only; None: this call's to score)."""
 
     tweet_id: str
     event_id: str
     payload: str
     truth: list[str] | None
+    call: int = -1
+    held_by: str | None = None
 
 
 class RedisJoin:
@@ -260,44 +328,85 @@ class RedisJoin:
         self._put_event = cast(Any, client).register_script(_PUT_EVENT)
         self._settle = cast(Any, client).register_script(_SETTLE)
         self._due = cast(Any, client).register_script(_DUE)
+        self._put_tweet_claiming = cast(Any, client).register_script(_PUT_TWEET_CLAIMING)
+        self._put_event_claiming = cast(Any, client).register_script(_PUT_EVENT_CLAIMING)
+        self._due_claiming = cast(Any, client).register_script(_DUE_CLAIMING)
 
     def key(self, tweet_id: str) -> str:
         return f"{self.prefix}:j:{{{tweet_id}}}"
 
-    def put_tweets(self, tweets: Sequence[tuple[str, Sequence[str]]]) -> list[Waiting]:
-        """Record tweets' hashtags; returns the events waiting for them (not yet settled)."""
+    def put_tweets(
+        self, tweets: Sequence[tuple[str, Sequence[str]]], claims: Sequence[str] | None = None
+    ) -> list[Waiting]:
+        """Record tweets' hashtags; returns the events waiting for them (not yet settled).
+        ``claims`` (one per tweet: its record): claim each event for its tweet's record, or
+        say which other record holds it (:attr:`Waiting.held_by`)."""
         if not tweets:
             return []
-        calls = [(self.key(t), (json.dumps(list(tags)), self.ttl)) for t, tags in tweets]
+        calls: list[tuple[str, tuple[Any, ...]]]
+        if claims is None:
+            calls = [(self.key(t), (json.dumps(list(tags)), self.ttl)) for t, tags in tweets]
+            script, width = self._put_tweet, 2
+        else:
+            calls = [
+                (self.key(t), (json.dumps(list(tags)), self.ttl, claim))
+                for (t, tags), claim in zip(tweets, claims, strict=True)
+            ]
+            script, width = self._put_tweet_claiming, 3
         with replicated(self.replication):
-            replies = eval_many(self.client, self._put_tweet, calls)
+            replies = eval_many(self.client, script, calls)
         found = []
-        for (tweet_id, hashtags), reply in zip(tweets, replies, strict=True):
-            for i in range(0, len(reply), 2):
-                found.append(Waiting(tweet_id, _text(reply[i]), _text(reply[i + 1]), list(hashtags)))
+        for call, ((tweet_id, hashtags), reply) in enumerate(zip(tweets, replies, strict=True)):
+            for i in range(0, len(reply), width):
+                held = _text(reply[i + 2]) if width == 3 else ""
+                found.append(
+                    Waiting(
+                        tweet_id, _text(reply[i]), _text(reply[i + 1]), list(hashtags), call, held or None
+                    )
+                )
         return found
 
     def put_events(
-        self, events: Sequence[tuple[str, str, str]], now: float
-    ) -> list[tuple[str, list[str] | None]]:
+        self, events: Sequence[tuple[str, str, str]], now: float, claims: Sequence[str] | None = None
+    ) -> list[tuple[str, Any]]:
         """Offer events ``(tweet_id, event_id, payload)``; per event: ``("match", truth)``,
-        ``("wait", None)`` or ``("dup", None)`` for one settled before (a redelivery)."""
+        ``("wait", None)`` or ``("dup", None)`` for one settled before (a redelivery).
+        ``claims`` (one per event: its record): a match is claimed for it, or comes back as
+        ``("claimed", claim)`` when another record holds the event."""
         if not events:
             return []
-        calls = [(self.key(t), (e, payload, self.ttl)) for t, e, payload in events]
+        calls: list[tuple[str, tuple[Any, ...]]]
+        if claims is None:
+            calls = [(self.key(t), (e, payload, self.ttl)) for t, e, payload in events]
+            script = self._put_event
+        else:
+            calls = [
+                (self.key(t), (e, payload, self.ttl, claim))
+                for (t, e, payload), claim in zip(events, claims, strict=True)
+            ]
+            script = self._put_event_claiming
         with replicated(self.replication):
-            return self._put_events(events, calls, now)
+            return self._put_events(events, calls, now, script)
 
     def _put_events(
-        self, events: Sequence[tuple[str, str, str]], calls: list[tuple[str, tuple[Any, ...]]], now: float
-    ) -> list[tuple[str, list[str] | None]]:
-        replies = eval_many(self.client, self._put_event, calls)
-        out: list[tuple[str, list[str] | None]] = []
+        self,
+        events: Sequence[tuple[str, str, str]],
+        calls: list[tuple[str, tuple[Any, ...]]],
+        now: float,
+        script: Any,
+    ) -> list[tuple[str, Any]]:
+        replies = eval_many(self.client, script, calls)
+        out: list[tuple[str, Any]] = []
         waiting: dict[str, float] = {}
         stored = 0
         for (tweet_id, event_id, payload), reply in zip(events, replies, strict=True):
             status = _text(reply[0])
-            out.append((status, json.loads(_text(reply[1])) if status == "match" else None))
+            if status == "match":
+                out.append((status, json.loads(_text(reply[1]))))
+            elif status == "claimed":
+                out.append((status, _text(reply[1])))
+            else:
+                out.append((status, None))
             if status != "dup":
                 waiting[f"{tweet_id}\0{event_id}"] = now + self.window
                 stored += len(payload)
@@ -321,15 +430,18 @@ class RedisJoin:
                 pipe.decrby(self.bytes_key, freed)
             pipe.execute()
 
-    def due(self, now: float, limit: int = 1000) -> list[Waiting]:
+    def due(self, now: float, limit: int = 1000, *, claim: bool = False) -> list[Waiting]:
         """Events whose window has passed without their tweet (not yet settled: the caller
         dead-letters them, then settles).  Events whose tweet came are left to the join and
-        their deadline moves one window on."""
+        their deadline moves one window on.  ``claim``: each due event is claimed for the
+        expiry (:data:`EXPIRED`): its tweet, coming now, does not score it."""
         members = self.client.zrangebyscore(self.deadlines, "-inf", now, start=0, num=limit)
         if not members:
             return []
         pairs = [_text(m).split("\0", 1) for m in members]
-        replies = eval_many(self.client, self._due, [(self.key(t), (e,)) for t, e in pairs])
+        script = self._due_claiming if claim else self._due
+        with replicated(self.replication if claim else None):
+            replies = eval_many(self.client, script, [(self.key(t), (e,)) for t, e in pairs])
         out, answered_elsewhere, gone = [], {}, []
         for member, (tweet_id, event_id), payload in zip(members, pairs, replies, strict=True):
             if payload:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -12,6 +13,7 @@ from workers.adapters.exporter import Exporter
 from workers.adapters.kafka_client import create_topics
 from workers.adapters.redis_client import stopping
 from workers.service.app import DEFAULT_PORTS, ROLES, create_app
+from workers.service.transactions import TransactionsUnsupportedError, check_transactions
 from workers.settings import Settings
 
 
@@ -46,6 +48,14 @@ def run_worker(
         timeout=settings.startup_timeout_s,
         **settings.kafka_client_options(),
     )
+    if "score" in roles and settings.processing_guarantee == "exactly_once":
+        try:
+            asyncio.run(check_transactions(settings.broker, settings.aiokafka_options(), timeout=15))
+        except TransactionsUnsupportedError as exc:
+            raise ValueError(
+                f"REVAL_PROCESSING_GUARANTEE=exactly_once: the broker at {settings.broker} runs no "
+                f"Kafka transactions ({exc}); Tansu keeps at_least_once, exactly_once needs Apache Kafka"
+            ) from None
     exporter = Exporter()
     port = settings.metrics_port or DEFAULT_PORTS[sorted(roles)[0]]
     try:

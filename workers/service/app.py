@@ -44,7 +44,8 @@ def create_app(
         raise ValueError(f"roles must be among {', '.join(ROLES)}; got {', '.join(chosen) or 'none'}")
     exporter = exporter or Exporter()
     client = connect(settings.redis_url, cluster=settings.redis_cluster)
-    app_id = group_id(settings.app_id, chosen, group_generation(client, settings.redis_prefix))
+    generation = group_generation(client, settings.redis_prefix)
+    app_id = group_id(settings.app_id, chosen, generation)
     datadir = Path(settings.data_dir) / app_id
     datadir.mkdir(parents=True, exist_ok=True)
     app = faust.App(
@@ -80,5 +81,5 @@ def create_app(
     if "index" in chosen:
         index.register(app, rt)
     if "score" in chosen:
-        score.register(app, topics, rt)
+        score.register(app, topics, rt, generation)
     return app

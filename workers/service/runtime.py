@@ -107,7 +107,7 @@ def record_size(key: bytes | None, value: bytes) -> int:
     return int(DefaultRecordBatchBuilder.estimate_size_in_bytes(key, value, []))
 
 
-def _too_large(exc: BaseException) -> bool:
+def too_large(exc: BaseException) -> bool:
     """Whether a producer or broker error says the record is too large (Faust wraps the
     producer's own error in a ``ProducerSendError``)."""
     while exc is not None:
@@ -194,6 +194,11 @@ class Output:
     ``dead_lettered`` is set by :meth:`Runtime.deliver` when the output could not be produced
     and its source's dead letter went instead: after-effects that count the output (the
     quality metrics) read it, so an event is counted once, as what it became.
+
+    ``via``: the input record of the batch that produced it, when that is not ``source`` (an
+    event waiting in the join is scored when its tweet comes: source is the event, via the
+    tweet).  Exactly-once delivery commits an output with the offset of its ``via`` record
+    (:mod:`workers.service.transactions`).
     """
 
     topic: str
@@ -201,6 +206,12 @@ class Output:
     value: dict[str, Any]
     source: Record
     dead_lettered: bool = False
+    via: Record | None = None
+
+    @property
+    def input(self) -> Record:
+        """The input record whose offset is committed with this output."""
+        return self.via if self.via is not None else self.source
 
 
 def letter(record: Record, reason: str, detail: str, role: str) -> Output:
@@ -250,6 +261,11 @@ class Producer(Protocol):
     ) -> Awaitable[Any]: ...
 
 
+Deliver = Callable[[Sequence[Output]], Awaitable[None]]
+"""How a batch's outputs are made durable before it is acknowledged: :meth:`Runtime.deliver`
+(acknowledged by the broker: at least once), or a transaction with the batch's offsets
+(:meth:`workers.service.transactions.Transactions.deliver`: exactly once)."""
+
 #: Seconds between two looks at a step's ``hold``.
 HOLD_POLL_S = 1.0
 
@@ -285,6 +301,7 @@ class Runtime:
         }
         self.producer = producer
         self.exit = exit
+        self.roles = tuple(roles)
         self._threads = {role: ThreadPoolExecutor(1, thread_name_prefix=f"reval-{role}") for role in roles}
 
     def close(self) -> None:
@@ -326,10 +343,16 @@ class Runtime:
             await self.process(step, events, to_record=record_of)
 
     async def process(
-        self, step: Step[Any], batch: Sequence[Any], *, to_record: Callable[[Any], Record] | None = None
+        self,
+        step: Step[Any],
+        batch: Sequence[Any],
+        *,
+        to_record: Callable[[Any], Record] | None = None,
+        deliver: Deliver | None = None,
     ) -> None:
         """Hold, admit, apply, deliver, then the after-effects; returns when the batch may be
-        acknowledged.  ``batch``: :class:`Record` s, or what ``to_record`` turns into them.
+        acknowledged.  ``batch``: :class:`Record` s, or what ``to_record`` turns into them;
+        ``deliver``: how the outputs are made durable (default :meth:`deliver`).
 
         Returns only then: a shutdown while the batch is not settled, a cancellation and an
         error nobody planned for end the process without acknowledging it (a crashed Faust
@@ -342,12 +365,17 @@ class Runtime:
             outcome = Outcome(list(rejected))
             if items:
                 outcome.merge(await self._apply(step, items))
-            await self.finish(step.role, outcome)
+            await self.finish(step.role, outcome, deliver)
         except asyncio.CancelledError:
             self.stop_now(step.role, "(its agent was cancelled)")
         except Exception as exc:
             log.exception("%s: unexpected error", step.role)
             self.fail_stop(f"{step.role}: unexpected {exc!r}")
+
+    async def holding(self, step: Step[Any]) -> bool:
+        """Whether ``step`` must not take work now (its ``hold``, in the role's thread); a
+        shutdown while Redis is away ends the process here."""
+        return step.hold is not None and bool(await self._guarded(step.role, step.hold))
 
     async def _hold(self, step: Step[Any]) -> None:
         """Wait while ``step.hold`` says so; a shutdown meanwhile leaves the batch unacknowledged."""
@@ -379,9 +407,10 @@ class Runtime:
             rejected += out
         return items, rejected
 
-    async def finish(self, role: str, outcome: Outcome) -> None:
-        """Deliver an outcome's outputs, then run its after-effects (in the role's thread)."""
-        await self.deliver(outcome.outputs)
+    async def finish(self, role: str, outcome: Outcome, deliver: Deliver | None = None) -> None:
+        """Deliver an outcome's outputs (``deliver``, default :meth:`deliver`), then run its
+        after-effects (in the role's thread)."""
+        await (deliver or self.deliver)(outcome.outputs)
         if outcome.after:
             await self._guarded(role, _run_all, outcome.after)
 
@@ -416,7 +445,7 @@ class Runtime:
 
     # -- delivery ------------------------------------------------------------------------
 
-    def _encode(self, output: Output) -> tuple[Output, bytes]:
+    def encode(self, output: Output) -> tuple[Output, bytes]:
         """The output's bytes; an output that cannot be produced becomes its source's dead letter.
 
         The limit is on what the producer counts (key, value and record overhead,
@@ -425,13 +454,13 @@ class Runtime:
         try:
             data = encode_json(output.value)
         except (TypeError, ValueError) as exc:
-            return self._replace(output, "unserialisable", f"the {output.topic} record is not JSON: {exc}")
+            return self.replace(output, "unserialisable", f"the {output.topic} record is not JSON: {exc}")
         size = record_size(output.key, data)
         if size <= limit:
             return output, data
         if output.topic == "dead_letters":
             return self._fit_letter(output, limit)
-        return self._replace(
+        return self.replace(
             output, "output_too_large", f"its {output.topic} record is {size:,} bytes (limit {limit:,})"
         )
 
@@ -447,7 +476,7 @@ class Runtime:
         output.value = value
         return output, data
 
-    def _replace(self, output: Output, reason: str, detail: str) -> tuple[Output, bytes]:
+    def replace(self, output: Output, reason: str, detail: str) -> tuple[Output, bytes]:
         """``output``'s source dead-lettered instead (and ``output.dead_lettered`` set).  A dead
         letter refused as too large goes again cut to its minimum; one refused at its minimum
         is not the record's fault (the dead-letter topic's limit is): the worker stops."""
@@ -459,10 +488,13 @@ class Runtime:
         output.dead_lettered = True
         self.exporter.rejected.labels(source.topic, reason).inc()
         role = output.value.get("role") or "score"
-        return self._encode(letter(source, reason, detail, str(role)))
+        replaced = letter(source, reason, detail, str(role))
+        replaced.via = output.via
+        return self.encode(replaced)
 
-    async def deliver(self, outputs: Sequence[Output]) -> None:
-        """Produce every output and wait until the broker acknowledged each.
+    async def deliver(self, outputs: Sequence[Output], producer: Producer | None = None) -> None:
+        """Produce every output (with ``producer``, default the app's) and wait until the broker
+        acknowledged each.
 
         Only what was not acknowledged is sent again; an output the producer or the broker
         refuses for good (too large for it) becomes its source's dead letter; when the broker
@@ -471,10 +503,10 @@ class Runtime:
         """
         if not outputs:
             return
-        pending = [self._encode(o) for o in outputs]
+        pending = [self.encode(o) for o in outputs]
         deadline = time.monotonic() + self.settings.produce_timeout_s
         delay = 0.2
-        producer = await self._producer()
+        producer = producer or await self._producer()
         while pending:
             sent: list[tuple[Output, bytes, Any]] = []
             for output, data in pending:
@@ -490,9 +522,9 @@ class Runtime:
                         raise future
                     await future
                 except Exception as exc:
-                    if _too_large(exc):
+                    if too_large(exc):
                         retry.append(
-                            self._replace(output, "output_too_large", f"refused as too large: {exc!r}")
+                            self.replace(output, "output_too_large", f"refused as too large: {exc!r}")
                         )
                     else:  # retried until the deadline
                         log.warning("producing to %s failed (%r); will retry", output.topic, exc)

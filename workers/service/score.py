@@ -1,12 +1,25 @@
 """Role ``score``: recommendation events (and tweets, for the join) → one score per event
 on the scores topic, and the quality metrics on /metrics.
 
-Delivery: at least once.  An event is settled in the join only after its score (or its
-``join_expired`` letter) was acknowledged by the broker, so a crash at any point
-redelivers it; a redelivered event may be scored twice, with the same result when the
-thesaurus version is the same.  Events that repeat an event key (by default tweet id +
-recommender: the same bytes produced twice) within ``REVAL_EVENT_DEDUP_WINDOW_S`` are
-scored once and counted as ``duplicate``.
+Delivery (``REVAL_PROCESSING_GUARANTEE``):
+
+* ``at_least_once`` (the default, every broker): an event is settled in the join only after
+  its score (or its ``join_expired`` letter) was acknowledged by the broker, so a crash at
+  any point redelivers it; a redelivered event may be scored twice, with the same result
+  when the thesaurus version is the same.
+* ``exactly_once`` (Apache Kafka): each batch's scores and dead letters commit atomically
+  with its input offsets (:mod:`workers.service.transactions`); a ``read_committed`` reader
+  of the scores topic sees each event's score once.  The join's state lives in Redis,
+  outside those transactions, so an event matched to its ground truth is *claimed* for the
+  record whose transaction scores it (:mod:`workers.adapters.redis_state`, "Claims"): an
+  event another record holds is scored only by that record, and settled once that record's
+  offset is committed -- a crash between a transaction's commit and the settle scores
+  nothing twice.  The ``join_expired`` letters of the expiry timer, which consumes no input,
+  stay at least once: a crash between producing them and settling their events writes them
+  again (an expired event is never scored, though).
+
+Events that repeat an event key (by default tweet id + recommender: the same bytes produced
+twice) within ``REVAL_EVENT_DEDUP_WINDOW_S`` are scored once and counted as ``duplicate``.
 """
 
 from __future__ import annotations
@@ -18,7 +31,7 @@ import json
 import logging
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -37,10 +50,12 @@ from workers.adapters.redis_client import Client, with_retry
 from workers.adapters.redis_state import RedisClaims, RedisJoin, Waiting
 from workers.adapters.redis_thesaurus import RedisThesauri
 from workers.adapters.store import ThesaurusStore, version_number
-from workers.service.incarnation import Incarnations
+from workers.service.consumer import BatchConsumer
+from workers.service.incarnation import Incarnations, score_group
 from workers.service.records import Record, admit, dead_letter, letter_key
 from workers.service.runtime import Outcome, Output, Runtime, Step, Topics, letter
 from workers.service.stores import replication_of, thesauri_of
+from workers.service.transactions import Transactions
 from workers.settings import Settings, window_label
 
 log = logging.getLogger("reval.workers")
@@ -164,6 +179,10 @@ class Scorer:
             max_future_skew=settings.max_future_skew_s,
             max_lateness=settings.max_lateness_s,
         )
+        self.exactly_once = settings.processing_guarantee == "exactly_once"
+        #: The consumer group's committed offset of a partition (exactly once: whether the
+        #: record holding a claim is settled); set by the consumer.
+        self.committed: Callable[[str, int], int | None] | None = None
         self.index_version: str | None = None  # the store's name of the loaded version
         self.cache = NeighbourCache(EMPTY, max_k=max(self.ks))
         self.missing = False  # versions are published, none could be loaded: events wait
@@ -241,20 +260,26 @@ class Scorer:
         """The score agent's back-pressure: no usable thesaurus, or the join is full."""
         return not self.ready() or self.join_full()
 
-    def _score(self, jobs: Sequence[tuple[Recommendation, Sequence[str], Record]], outcome: Outcome) -> None:
-        """Score ``(event, truth, source)`` jobs as one batch (:func:`stream.scoring.score_events`):
-        one output each, in order; the quality metrics once the outputs are acknowledged."""
+    def _score(
+        self,
+        jobs: Sequence[tuple[Recommendation, Sequence[str], Record, Record | None]],
+        outcome: Outcome,
+    ) -> None:
+        """Score ``(event, truth, source, via)`` jobs as one batch
+        (:func:`stream.scoring.score_events`): one output each, in order (``via``: the input
+        record that answered the event, when not its own); the quality metrics once the
+        outputs are delivered."""
         if not jobs:
             return
-        results = score_events([(event, truth) for event, truth, _ in jobs], self.cache, self.ks, self.rs)
+        results = score_events([(event, truth) for event, truth, _, _ in jobs], self.cache, self.ks, self.rs)
         times, outputs = [], []
-        for (event, truth, source), result in zip(jobs, results, strict=True):
+        for (event, truth, source, via), result in zip(jobs, results, strict=True):
             event_time = event.ts.timestamp() if event.ts else source.time
             value = result.to_json()
             value["index_version"] = self.index_version  # the store's name; thesaurus_version is the content
             value["event_time"] = event_time
             value["ground_truth"] = list(truth)
-            outputs.append(Output("scores", event.tweet_id.encode(), value, source))
+            outputs.append(Output("scores", event.tweet_id.encode(), value, source, via=via))
             times.append(event_time)
         outcome.outputs += outputs
         outcome.after.append(partial(self._observe, outputs, results, times))
@@ -272,6 +297,23 @@ class Scorer:
         topic and batch (a broker metadata request and a Redis read), never per record."""
         current = {topic: self.incarnations.current(topic) for topic in {r.topic for r in records}}
         return [f"{current[r.topic]}:{r.partition}:{r.offset}" for r in records]
+
+    def _claims(self, records: Sequence[Record]) -> list[str]:
+        """The join claim of each record: ``incarnation|topic|partition|offset``."""
+        current = {topic: self.incarnations.current(topic) for topic in {r.topic for r in records}}
+        return [f"{current[r.topic]}|{r.topic}|{r.partition}|{r.offset}" for r in records]
+
+    def _settled(self, claim: str) -> bool:
+        """Whether the record holding a claim is settled: its offset committed in the consumer
+        group (its transaction delivered the score), or its topic re-created since (that
+        record is never read again).  Not settled: in flight, or aborted -- the record's next
+        reading scores the event."""
+        short, topic, partition, offset = claim.split("|")
+        if short != self.incarnations.current(topic):
+            return True
+        assert self.committed is not None, "exactly once needs the consumer's committed offsets"
+        committed = self.committed(topic, int(partition))
+        return committed is not None and committed > int(offset)
 
     def _event_key(self, event: Recommendation) -> str:
         fields = {"tweet_id": event.tweet_id, "recommender": event.recommender}
@@ -302,7 +344,7 @@ class Scorer:
                     outcome.after.append(partial(_inc, self.x.events, name, "duplicate"))
         self._score(
             [
-                (event, event.ground_truth, record)
+                (event, event.ground_truth, record, None)
                 for (record, event), _ in fresh
                 if event.ground_truth is not None
             ],
@@ -322,18 +364,24 @@ class Scorer:
             waiting.append((parked, eid))
         if waiting:
             offers = [(p.event.tweet_id, eid, p.to_json()) for p, eid in waiting]
-            replies = self._retry("join", lambda: self.join.put_events(offers, time.time()))
+            # Exactly once: a match is claimed for the event's own record (see the module doc).
+            claims = self._claims([p.source for p, _ in waiting]) if self.exactly_once else None
+            replies = self._retry("join", lambda: self.join.put_events(offers, time.time(), claims))
             settle = []
             matched = []
             joined: Counter[str] = Counter()
             for (parked, eid), (status, truth) in zip(waiting, replies, strict=True):
+                if status == "claimed":  # another record scores it: settled, or its to score
+                    if self._settled(truth):
+                        settle.append((parked.event.tweet_id, eid))
+                    status = "dup"
                 joined[_JOIN_OUTCOME.get(status, "duplicate")] += 1
                 if status == "dup":  # settled before: an event's outcome is counted once
                     name = self.quality.guard(parked.event.recommender)
                     outcome.after.append(partial(_inc, self.x.events, name, "duplicate"))
                 if status == "match":
                     assert truth is not None
-                    matched.append((parked.event, truth, parked.source))
+                    matched.append((parked.event, truth, parked.source, None))
                     settle.append((parked.event.tweet_id, eid))
             self._score(matched, outcome)
             for name, n in joined.items():
@@ -355,20 +403,28 @@ class Scorer:
         return items, []
 
     def apply_tweets(self, items: Sequence[TweetItem]) -> Outcome:
-        """Record the tweets' hashtags; score the events that waited for them.  Idempotent."""
+        """Record the tweets' hashtags; score the events that waited for them (each with its
+        tweet's record as ``via``: exactly once, it commits with that record).  Idempotent."""
         self.reload()
         outcome = Outcome()
         tweets = [(tweet.id, list(tweet.hashtags)) for _, tweet in items]
-        answered: list[Waiting] = self._retry("join", lambda: self.join.put_tweets(tweets))
-        jobs = []
+        claims = self._claims([record for record, _ in items]) if self.exactly_once else None
+        answered: list[Waiting] = self._retry("join", lambda: self.join.put_tweets(tweets, claims))
+        jobs, done, elsewhere = [], [], []
         for item in answered:
+            if item.held_by is not None:  # another record scores it: settled, or its to score
+                if self._settled(item.held_by):
+                    elsewhere.append((item.tweet_id, item.event_id))
+                continue
             parked = Parked.from_json(item.payload)
-            jobs.append((parked.event, item.truth or [], parked.source))
+            jobs.append((parked.event, item.truth or [], parked.source, items[item.call][0]))
+            done.append((item.tweet_id, item.event_id))
         self._score(jobs, outcome)
-        if answered:
-            done = [(a.tweet_id, a.event_id) for a in answered]
+        if done:
             outcome.after.append(lambda: self.x.join.labels("matched").inc(len(done)))
-            outcome.after.append(lambda: self._retry("join settle", lambda: self.join.settle(done)))
+        if done or elsewhere:
+            settle = done + elsewhere
+            outcome.after.append(lambda: self._retry("join settle", lambda: self.join.settle(settle)))
         return outcome
 
     # -- expiry ---------------------------------------------------------------------------------
@@ -376,7 +432,9 @@ class Scorer:
     def expire(self) -> Outcome:
         """Dead-letter the events whose tweet did not come within the join window (settled
         once their letters are acknowledged)."""
-        due: list[Waiting] = self._retry("join expiry", lambda: self.join.due(time.time()))
+        due: list[Waiting] = self._retry(
+            "join expiry", lambda: self.join.due(time.time(), claim=self.exactly_once)
+        )
         outcome = Outcome()
         for item in due:
             parked = Parked.from_json(item.payload)
@@ -431,9 +489,10 @@ def collect_less_often() -> None:
         gc.set_threshold(GC_YOUNG_THRESHOLD, max(middle, 20), max(old, 100))
 
 
-def register(app: faust.App, topics: Topics, rt: Runtime) -> None:
-    """The ``score`` agent (events), the ``join`` agent (tweets answering waiting events),
-    the expiry timer (leader only) and the thesaurus reload timer."""
+def register(app: faust.App, topics: Topics, rt: Runtime, generation: int = 0) -> None:
+    """The score role: its batch consumer of events (``score`` step) and tweets (the join's
+    step) (:mod:`workers.service.consumer`), the expiry timer (leader only) and the thesaurus
+    reload timer.  ``generation``: the consumer groups' (:mod:`workers.service.incarnation`)."""
     settings = rt.settings
     collect_less_often()
     identity = TopicIdentity(settings.broker.split(",")[0], **settings.kafka_client_options())
@@ -457,14 +516,30 @@ def register(app: faust.App, topics: Topics, rt: Runtime) -> None:
         hold=lambda: not scorer.ready(),
     )
     incarnations.watch(app, [settings.topic_recommendations, settings.topic_tweets])
+    group = score_group(settings.app_id, generation)
+    exactly_once = settings.processing_guarantee == "exactly_once"
+    # The tweets' lag is the embed role's to report where it runs too (its own group).
+    lag_topics = [settings.topic_recommendations, *([] if "embed" in rt.roles else [settings.topic_tweets])]
+    consumer = BatchConsumer(
+        rt,
+        {settings.topic_recommendations: events_step, settings.topic_tweets: tweets_step},
+        group=group,
+        size=size,
+        within=0.2,
+        transactions=Transactions(rt, group, settings.aiokafka_options()) if exactly_once else None,
+        legacy_group=app.conf.id,
+        lag_topics=lag_topics,
+    )
 
-    @app.agent(topics.recommendations, name="score")
-    async def score(stream: Any) -> None:
-        await rt.consume(events_step, stream, size, 0.2)
+    scorer.committed = consumer.committed_offset
 
-    @app.agent(topics.tweets, name="join")
-    async def join(stream: Any) -> None:
-        await rt.consume(tweets_step, stream, size, 0.2)
+    @app.task
+    async def start_consumer() -> None:
+        try:
+            await app.add_runtime_dependency(consumer)
+        except Exception as exc:  # a worker whose consumer did not start must not look alive
+            log.exception("score consumer: not started")
+            rt.fail_stop(f"score consumer not started: {exc!r}")
 
     @app.timer(interval=settings.reload_interval_s)
     async def reload() -> None:
@@ -476,7 +551,7 @@ def register(app: faust.App, topics: Topics, rt: Runtime) -> None:
     @app.timer(interval=settings.join_window_s / 4, on_leader=True)
     async def expire_joins() -> None:
         try:
-            await rt.finish("score", await rt.run("score", scorer.expire))
+            await rt.finish("score", await rt.run("score", scorer.expire), consumer.deliver)
             await rt.run("score", scorer.join_full)  # the gauges
         except Exception:  # a failed round must not stop the timer
             log.exception("join expiry failed")

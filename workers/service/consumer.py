@@ -1,0 +1,363 @@
+"""The score role's consumer: batches from Kafka with no task per record.
+
+Faust's agents take records one at a time -- two tasks and an ``asyncio.wait`` per record,
+~120 µs of the score worker's ~440 µs per event (py-spy, BENCHMARKS.md), whatever the
+settings.  The score role reads its two topics (``recommendations`` for the ``score`` step,
+``tweets`` for the join's) with aiokafka's public consumer API instead, inside the Faust app
+(:class:`BatchConsumer`, a service started and stopped with it), and drives the same
+:meth:`~workers.service.runtime.Runtime.process`:
+
+* ``getmany`` takes up to ``size`` records; each topic's records are one batch of its step;
+* offsets are committed explicitly and only once their batch is settled: after ``process``
+  returned (at least once, ``commit``), or in the batch's transactions (exactly once,
+  :mod:`workers.service.transactions`); a batch that did not settle ends the process first
+  (:meth:`Runtime.process`), so nothing unsettled is ever committed;
+* a step that holds (the join full, no usable thesaurus) pauses its topic's partitions --
+  back-pressure -- while the consumer keeps polling its other topic (tweets drain the join);
+* a rebalance waits for the batch in flight before the partitions go
+  (``on_partitions_revoked``); a batch fetched before a rebalance is dropped, not processed
+  after it; newly assigned partitions start at the committed offsets, read only after their
+  transactional producers fenced the previous owner (exactly once);
+* a shutdown (SIGTERM, SIGINT) lets the batch in flight settle -- or end the process
+  unacknowledged, as :meth:`Runtime.process` does while Redis is away -- and commits nothing
+  else.
+
+Consumer group: :func:`~workers.service.incarnation.score_group`, ``<app_id>-score-batch``
+(``-g<n>`` from generation n on; ``reval admin accept-topic`` copies its offsets as every
+group's).  Upgrading from the Faust agents, whose offsets are in the Faust app's group
+(``<app_id>-<roles>``): a partition the new group has no offset for starts where that group
+had committed, so the upgrade neither skips nor repeats an event (README, "Upgrading").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Mapping, Sequence
+from functools import partial
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
+from aiokafka.abc import ConsumerRebalanceListener
+from aiokafka.errors import CommitFailedError, IllegalStateError
+from mode import Service
+
+from workers.adapters.kafka_client import group_offsets
+from workers.service.records import Record
+from workers.service.runtime import Deliver, Output, Runtime, Step
+from workers.service.transactions import Transactions
+
+log = logging.getLogger("reval.workers")
+
+#: Longest a batch may take before the group considers this member gone (a batch held on a
+#: Redis outage included; Faust's own default).
+MAX_POLL_INTERVAL_S = 1000.0
+
+
+def record_of(message: ConsumerRecord[bytes, bytes]) -> Record:
+    """The :class:`Record` of a consumed message (raw bytes, as the core parsers want them)."""
+    return Record(
+        message.topic,
+        message.partition,
+        message.offset,
+        message.timestamp if message.timestamp is not None and message.timestamp >= 0 else None,
+        message.key,
+        message.value if message.value is not None else b"",
+    )
+
+
+class BatchConsumer(Service):
+    """Consumes ``steps`` (topic name -> step) in batches of up to ``size`` records, waiting up to
+    ``within`` seconds for a batch, in consumer group ``group``.
+
+    ``transactions``: exactly once (each batch's outputs and offsets in one transaction per
+    input partition); None: at least once (outputs acknowledged, then the offsets committed).
+    ``legacy_group``: where a partition without an offset in ``group`` starts (the Faust
+    agents' group, before the upgrade).  ``lag_topics``: the topics whose
+    ``reval_consumer_lag`` this consumer reports (a topic another role of the process consumes
+    in its own group is that role's to report).
+    """
+
+    def __init__(
+        self,
+        rt: Runtime,
+        steps: Mapping[str, Step[Any]],
+        *,
+        group: str,
+        size: int,
+        within: float,
+        transactions: Transactions | None = None,
+        legacy_group: str | None = None,
+        lag_topics: Sequence[str] = (),
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.rt = rt
+        self.steps = dict(steps)
+        self.group = group
+        self.size = size
+        self.within = within
+        self.transactions = transactions
+        self.legacy_group = legacy_group
+        self.lag_topics = frozenset(lag_topics)
+        self.consumer: AIOKafkaConsumer | None = None
+        #: The plain (idempotent) producer: at-least-once outputs, and the join's expiry letters.
+        self.producer: AIOKafkaProducer | None = None
+        self._busy = asyncio.Lock()  # held while a batch is processed and committed
+        self._generation = 0  # assignments seen: a batch fetched under an older one is dropped
+        self._closing = False
+        self._task: asyncio.Task[None] | None = None
+        self._paused: set[str] = set()
+        self._positions: dict[TopicPartition, int] = {}  # next offset to settle, per partition
+        self._legacy: dict[TopicPartition, int] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def on_start(self) -> None:
+        settings = self.rt.settings
+        options = settings.aiokafka_options()
+        self._loop = asyncio.get_running_loop()
+        self.producer = AIOKafkaProducer(
+            bootstrap_servers=settings.broker.split(","),
+            client_id=f"{self.group}-producer",
+            acks="all",
+            enable_idempotence=True,
+            max_request_size=settings.max_message_bytes,
+            # One batch per partition can hold a whole step batch's outputs (as the app's
+            # producer: runtime.Runtime.deliver).
+            max_batch_size=settings.max_message_bytes,
+            linger_ms=5,
+            **options,
+        )
+        await self.producer.start()
+        session_ms = int(settings.session_timeout_s * 1000)
+        self.consumer = AIOKafkaConsumer(
+            bootstrap_servers=settings.broker.split(","),
+            group_id=self.group,
+            client_id=self.group,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            max_poll_records=self.size,
+            isolation_level="read_committed" if self.transactions is not None else "read_uncommitted",
+            session_timeout_ms=session_ms,
+            heartbeat_interval_ms=int(min(3.0, settings.session_timeout_s / 3) * 1000),
+            max_poll_interval_ms=int(MAX_POLL_INTERVAL_S * 1000),
+            rebalance_timeout_ms=max(60_000, session_ms),
+            **options,
+        )
+        self.consumer.subscribe(sorted(self.steps), listener=_Listener(self))
+        await self.consumer.start()
+        self._task = asyncio.create_task(self._run(), name=f"{self.group}-batches")
+        log.info("score consumer: group %s, topics %s", self.group, ", ".join(sorted(self.steps)))
+
+    async def on_stop(self) -> None:
+        """Let the batch in flight settle (or end the process), then leave: nothing else is
+        committed (auto-commit is off)."""
+        self._closing = True
+        async with self._busy:
+            if self._task is not None:
+                self._task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._task
+        if self.consumer is not None:
+            await self.consumer.stop()
+        if self.transactions is not None:
+            await self.transactions.close()
+        if self.producer is not None:
+            await self.producer.stop()
+
+    # -- the loop --------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        assert self.consumer is not None
+        try:
+            while not self._closing:
+                await self._hold()
+                generation = self._generation
+                batch = await self.consumer.getmany(timeout_ms=int(self.within * 1000), max_records=self.size)
+                async with self._busy:
+                    if self._closing:
+                        continue  # the shutdown: redelivered to the next owner
+                    if generation != self._generation:
+                        self._rewind(batch)  # fetched across a rebalance: read again
+                        continue
+                    if batch:
+                        await self._settle(batch)
+                    self._report_lag()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a bug in the loop itself: never sit in a worker consuming nothing
+            log.exception("score consumer: unexpected error")
+            self.rt.fail_stop(f"score consumer: unexpected {exc!r}")
+
+    def _rewind(self, batch: Mapping[TopicPartition, list[ConsumerRecord[bytes, bytes]]]) -> None:
+        """Drop a batch: its partitions still held go back to their settled positions (the
+        committed offsets :meth:`assigned` read after fencing), else to the batch's first
+        record -- getmany moved them past it, and a dropped record must be read again."""
+        assert self.consumer is not None
+        held = self.consumer.assignment()
+        for tp, messages in batch.items():
+            if messages and tp in held:
+                self.consumer.seek(tp, self._positions.get(tp, messages[0].offset))
+
+    async def _settle(self, batch: Mapping[TopicPartition, list[ConsumerRecord[bytes, bytes]]]) -> None:
+        """Each topic's records through its step, then (at least once) their offsets committed."""
+        by_topic: dict[str, list[ConsumerRecord[bytes, bytes]]] = {}
+        positions: dict[TopicPartition, int] = {}
+        for tp, messages in batch.items():
+            if messages:
+                by_topic.setdefault(tp.topic, []).extend(messages)
+                positions[tp] = messages[-1].offset + 1
+        for topic, messages in sorted(by_topic.items()):
+            ends = {tp: n for tp, n in positions.items() if tp.topic == topic}
+            deliver: Deliver
+            if self.transactions is not None:
+                deliver = partial(self.transactions.deliver, positions=ends)
+            else:
+                deliver = self.deliver
+            await self.rt.process(self.steps[topic], messages, to_record=record_of, deliver=deliver)
+        if self.transactions is None:
+            await self._commit(positions)
+        self._positions.update(positions)
+
+    async def deliver(self, outputs: Sequence[Output]) -> None:
+        """At-least-once delivery with this consumer's producer (:meth:`Runtime.deliver`)."""
+        await self.rt.deliver(outputs, producer=_Sender(self.producer))
+
+    async def _commit(self, positions: Mapping[TopicPartition, int]) -> None:
+        assert self.consumer is not None
+        try:
+            await self.consumer.commit(dict(positions))
+        except (CommitFailedError, IllegalStateError) as exc:
+            # The group moved the partitions while the batch ran (this member was too slow to
+            # answer): their new owner reads the batch again (at least once).
+            log.warning("score consumer: offsets of a settled batch not committed (%s)", exc)
+
+    async def _hold(self) -> None:
+        """Pause the partitions of each topic whose step holds; resume the others."""
+        assert self.consumer is not None
+        for topic, step in self.steps.items():
+            held = await self.rt.holding(step)
+            parts = [tp for tp in self.consumer.assignment() if tp.topic == topic]
+            if held:
+                self.consumer.pause(*parts)
+                self._paused.add(topic)
+            elif topic in self._paused:
+                self.consumer.resume(*parts)
+                self._paused.discard(topic)
+
+    # -- rebalances ------------------------------------------------------------------------
+
+    async def revoked(self, partitions: set[TopicPartition]) -> None:
+        """Before partitions go: the batch in flight settles (and commits) first."""
+        async with self._busy:
+            self._generation += 1
+            if self.transactions is not None:
+                await self.transactions.release(partitions)
+            for tp in partitions:
+                self._positions.pop(tp, None)
+                if tp.topic in self.lag_topics:
+                    with contextlib.suppress(KeyError):  # never reported
+                        self.rt.exporter.lag.remove(tp.topic, str(tp.partition))
+
+    async def assigned(self, partitions: set[TopicPartition]) -> None:
+        """New partitions start at their committed offsets -- read after their transactional
+        producers fenced the previous owner and finished its last transaction, so none of its
+        committed batches is read again -- or, never committed in this group, where the Faust
+        agents' group stopped."""
+        assert self.consumer is not None
+        async with self._busy:
+            await self._assigned(partitions)
+
+    async def _assigned(self, partitions: set[TopicPartition]) -> None:
+        assert self.consumer is not None
+        self._generation += 1
+        self._paused.clear()
+        if self.transactions is not None:
+            await self.transactions.own(partitions)
+        for tp in sorted(partitions):
+            committed = await self.consumer.committed(tp)
+            if committed is None:
+                committed = (await self._legacy_offsets()).get(tp)
+                if committed is not None:
+                    log.info("score consumer: %s starts at %d, the Faust agents' offset", tp, committed)
+            if committed is not None:
+                self.consumer.seek(tp, committed)
+                self._positions[tp] = committed
+        # Again, now that the positions are set: while the producers were fencing, the
+        # consumer may have fetched from the positions it found itself -- offsets read before
+        # the previous owner's last transaction was completed (a batch already scored), and
+        # for partitions with no producer yet.  A batch whose fetch began before this line is
+        # dropped and its partitions rewound to these positions (``_run``).
+        self._generation += 1
+
+    async def _legacy_offsets(self) -> dict[TopicPartition, int]:
+        """The Faust agents' group's committed offsets (read once: nothing commits there now)."""
+        if self._legacy is None:
+            self._legacy = {}
+            if self.legacy_group is not None:
+                settings = self.rt.settings
+                found = await asyncio.to_thread(
+                    group_offsets,
+                    settings.broker.split(",")[0],
+                    self.legacy_group,
+                    **settings.kafka_client_options(),
+                )
+                self._legacy = {TopicPartition(t, p): n for (t, p), n in found.items() if t in self.steps}
+        return self._legacy
+
+    def committed_offset(self, topic: str, partition: int, timeout: float = 30.0) -> int | None:
+        """The group's committed offset of any partition, from another thread (a role's: the
+        join asks whether the record holding a claim is settled)."""
+        assert self.consumer is not None and self._loop is not None
+        future = asyncio.run_coroutine_threadsafe(
+            self.consumer.committed(TopicPartition(topic, partition)), self._loop
+        )
+        committed: int | None = future.result(timeout)
+        return committed
+
+    # -- metrics ---------------------------------------------------------------------------
+
+    def _report_lag(self) -> None:
+        """``reval_consumer_lag``: records behind each partition's end, from the settled offset."""
+        assert self.consumer is not None
+        for tp in self.consumer.assignment():
+            if tp.topic not in self.lag_topics:
+                continue
+            end, settled = self.consumer.highwater(tp), self._positions.get(tp)
+            if end is not None and settled is not None:
+                self.rt.exporter.lag.labels(tp.topic, str(tp.partition)).set(max(0, end - settled))
+
+
+class _Listener(ConsumerRebalanceListener):
+    """The consumer's rebalance callbacks, handed to its :class:`BatchConsumer`."""
+
+    def __init__(self, owner: BatchConsumer) -> None:
+        self.owner = owner
+
+    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        await self.owner.revoked(set(revoked))
+
+    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        try:
+            await self.owner.assigned(set(assigned))
+        except Exception as exc:  # aiokafka would log it and consume from unchecked positions
+            log.exception("score consumer: taking partitions %s failed", sorted(assigned))
+            self.owner.rt.fail_stop(f"score consumer: taking partitions failed: {exc!r}")
+
+
+class _Sender:
+    """An aiokafka producer as :class:`~workers.service.runtime.Producer` (Faust's argument order)."""
+
+    def __init__(self, producer: AIOKafkaProducer | None) -> None:
+        if producer is None:
+            raise RuntimeError("the score consumer's producer is not started yet")
+        self.producer = producer
+
+    async def send(
+        self, topic: str, key: bytes | None, value: bytes | None, partition: Any, timestamp: Any, headers: Any
+    ) -> asyncio.Future[Any]:
+        future: asyncio.Future[Any] = await self.producer.send(topic, value=value, key=key)
+        return future
