@@ -27,9 +27,10 @@ import numpy as np
 
 from bench.bench_index import vocabulary
 from bench.results import publish
+from stream.batch_scoring import score_events
 from stream.hubness import DEFAULT_METHOD
 from stream.records import Recommendation
-from stream.scoring import DEFAULT_KS, DEFAULT_RS, score_events
+from stream.scoring import DEFAULT_KS, DEFAULT_RS
 from workers.adapters.annoy_thesaurus import AnnoyThesaurus, neighbour_cache
 
 DEPTH = 100

@@ -218,7 +218,7 @@ def test_a_prepared_model_gives_the_same_expectations(table: NeighbourTable) -> 
 
 
 def test_batched_scores_are_the_scores_one_event_at_a_time(table: NeighbourTable) -> None:
-    from stream.scoring import score_events
+    from stream.batch_scoring import score_events
     from stream.slices import Bands
 
     rng = np.random.default_rng(3)

@@ -96,8 +96,9 @@ def produced_size(key: bytes, value: bytes) -> int:
 
 def score_output(tweet_id: str, body: dict[str, Any]) -> tuple[bytes, bytes]:
     """The score record a worker without a thesaurus writes for ``body`` (its key and value)."""
+    from stream.batch_scoring import score_events
     from stream.records import parse_recommendation
-    from stream.scoring import DEFAULT_KS, DEFAULT_RS, NeighbourCache, score_events
+    from stream.scoring import DEFAULT_KS, DEFAULT_RS, NeighbourCache
     from workers.service.runtime import encode_json
     from workers.service.score import EMPTY
 

@@ -28,8 +28,9 @@ from faust.exceptions import ProducerSendError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from stream.batch_scoring import score_events
 from stream.records import MAX_HASHTAGS, MAX_RECORD_BYTES, parse_recommendation
-from stream.scoring import NeighbourCache, score_events
+from stream.scoring import NeighbourCache
 from workers.adapters.exporter import Exporter
 from workers.adapters.redis_client import Stopping, clear_prefix, stopping
 from workers.service.incarnation import Incarnations

@@ -7,10 +7,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from stream.batch_scoring import score_events
 from stream.metrics import FAR, exact_scores, rank_matrix, reval_hit_ratio
 from stream.neighbour_table import NeighbourTable
 from stream.records import Recommendation
-from stream.scoring import NeighbourCache, RowSearch, Summary, parse_ints, r_label, score_event, score_events
+from stream.scoring import NeighbourCache, RowSearch, Summary, parse_ints, r_label, score_event
 from stream.thesaurus import JsonThesaurus, ThesaurusMetadata
 
 from .test_metrics import TABLE2_SYN

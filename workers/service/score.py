@@ -39,8 +39,9 @@ from typing import Any
 
 import faust
 
+from stream.batch_scoring import score_events
 from stream.records import Recommendation, Tweet, parse_recommendation, parse_time, parse_tweet
-from stream.scoring import NeighbourCache, score_events
+from stream.scoring import NeighbourCache
 from stream.thesaurus import JsonThesaurus
 from workers.adapters.annoy_thesaurus import neighbour_cache
 from workers.adapters.exporter import Exporter, LabelGuard
@@ -266,7 +267,7 @@ class Scorer:
         outcome: Outcome,
     ) -> None:
         """Score ``(event, truth, source, via)`` jobs as one batch
-        (:func:`stream.scoring.score_events`): one output each, in order (``via``: the input
+        (:func:`stream.batch_scoring.score_events`): one output each, in order (``via``: the input
         record that answered the event, when not its own); the quality metrics once the
         outputs are delivered."""
         if not jobs:
