@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import os
-import platform
 import shlex
 import sys
 import tempfile
@@ -54,7 +53,7 @@ import torch
 # Part (a) needs only these (a GPU machine may have no Kafka or Redis client installed);
 # part (b)'s imports are in bench_worker.
 from bench.bench_encoder import build_base_model, embeddable_tweets, load_texts
-from bench.results import publish
+from bench.results import cpu_model, publish
 from workers.adapters.bertweet_tokenizer import FastBertweetTokenizer, fast_for
 from workers.adapters.encoder import Encoder, resolve_device
 from workers.adapters.gpu_batching import DEFAULT_TOKEN_BUDGET
@@ -366,14 +365,7 @@ def bench_worker(
 def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return f"{torch.cuda.get_device_name(device)} (CUDA {torch.version.cuda})"
-    name = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return name
+    return cpu_model()
 
 
 def main() -> None:

@@ -53,7 +53,7 @@ from typing import TypeVar
 import numpy as np
 import redis
 
-from bench.results import publish
+from bench.results import cpu_model, publish
 from stream.hubness import DEFAULT_METHOD, candidate_count, centred, exact_candidates, scores
 from stream.records import Recommendation
 from stream.scoring import DEFAULT_KS, NeighbourCache, score_event
@@ -70,17 +70,6 @@ def vocabulary(n: int, dim: int, seed: int = 0) -> tuple[list[str], np.ndarray, 
     vectors = (shared + topics[rng.integers(0, 500, n)] + 0.6 * rng.normal(size=(n, dim))).astype(np.float32)
     counts = np.maximum(1, (20_000 / np.arange(1, n + 1) ** 1.1)).astype(np.int64)
     return [f"tag{i}" for i in range(n)], vectors, counts
-
-
-def cpu_model() -> str:
-    """The CPU's model name (``lscpu``'s), else the platform's word for it."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def exact_top(built: AnnoyThesaurus, space: np.ndarray, queries: np.ndarray, k: int) -> np.ndarray:

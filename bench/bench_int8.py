@@ -59,7 +59,7 @@ import numpy as np
 import torch
 
 from bench.bench_encoder import build_base_model, load_texts
-from bench.results import publish
+from bench.results import cpu_model, publish
 from workers.adapters.cpu_fast import cpu_supports_int8, int8_available
 from workers.adapters.encoder import Encoder
 
@@ -345,16 +345,6 @@ def run_rounds(variants: list[Variant], chunks: list[list[Batch]]) -> None:
             v.outs.append(np.concatenate(out))
 
 
-def cpu_model_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--tweets", type=int, default=512, help="tweets timed per variant (after warm-up)")
@@ -430,7 +420,7 @@ def main() -> None:
         f"Command: `{command}` (from the repository root; {total_s:.0f} s in all, "
         f"{timed_s:.0f} s of timed rounds).",
         "",
-        f"Machine: {cpu_model_name()}, {os.cpu_count()} CPUs, {torch.get_num_threads()} torch threads, "
+        f"Machine: {cpu_model()}, {os.cpu_count()} CPUs, {torch.get_num_threads()} torch threads, "
         f"CPU capability {torch.backends.cpu.get_cpu_capability()}, int8 VNNI: {cpu_supports_int8()}. "
         f"Versions: torch {torch.__version__}, torchao {version('torchao')}, onnxruntime "
         f"{version('onnxruntime')}, onnx {version('onnx')}, transformers {version('transformers')}, "

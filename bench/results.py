@@ -3,8 +3,21 @@ BENCHMARKS.md) and, with ``--out FILE``, write the same text there."""
 
 from __future__ import annotations
 
+import platform
 from collections.abc import Sequence
 from pathlib import Path
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``'s), else the platform's word for it: what a
+    section names as its machine."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def publish(lines: Sequence[str] | str, out: Path | None) -> str:
