@@ -29,7 +29,7 @@ from stream.hubness import (
     sampled_recall,
 )
 from stream.thesaurus import (
-    BaseThesaurus,
+    StoredThesaurus,
     ThesaurusFormatError,
     ThesaurusMetadata,
     check_k,
@@ -111,7 +111,7 @@ def embedding_cosines(
     return cosines
 
 
-class NeighbourTable(BaseThesaurus):
+class NeighbourTable(StoredThesaurus):
     """Every hashtag's ``depth`` nearest hashtags, precomputed: what a scorer needs.
 
     ``neighbours[i]`` are the row ids of hashtag i's nearest hashtags, nearest first
@@ -151,14 +151,6 @@ class NeighbourTable(BaseThesaurus):
         #: The hubness method's per-hashtag statistics (:func:`stream.hubness.method_stats`).
         self.stats = {name: np.asarray(value, dtype=np.float32) for name, value in (stats or {}).items()}
         self._metadata = metadata
-
-    @property
-    def metadata(self) -> ThesaurusMetadata:
-        return self._metadata
-
-    @property
-    def hashtags(self) -> tuple[str, ...]:
-        return self._names
 
     @property
     def depth(self) -> int:

@@ -238,6 +238,21 @@ class BaseThesaurus(ABC):
         return f"{name}(count={m.count}, version={m.version!r}, model={m.model_id!r})"
 
 
+class StoredThesaurus(BaseThesaurus):
+    """A thesaurus holding its hashtags (``_names``, in its own order) and its metadata."""
+
+    _names: tuple[str, ...]
+    _metadata: ThesaurusMetadata
+
+    @property
+    def metadata(self) -> ThesaurusMetadata:
+        return self._metadata
+
+    @property
+    def hashtags(self) -> tuple[str, ...]:
+        return self._names
+
+
 # --------------------------------------------------------------------------- vectors
 
 
@@ -305,7 +320,7 @@ def content_version(names: Sequence[str], unit: npt.NDArray[np.float64], params:
 # --------------------------------------------------------------------------- exact
 
 
-class ExactThesaurus(BaseThesaurus):
+class ExactThesaurus(StoredThesaurus):
     """Exact nearest hashtags by brute-force cosine over a matrix of unit vectors.
 
     Ties are broken by name, so results are deterministic.
@@ -374,14 +389,6 @@ class ExactThesaurus(BaseThesaurus):
             max_distance=max_distance,
         )
         return cls(kept, unit, metadata)
-
-    @property
-    def metadata(self) -> ThesaurusMetadata:
-        return self._metadata
-
-    @property
-    def hashtags(self) -> tuple[str, ...]:
-        return self._names
 
     def neighbours_with_distances(self, hashtag: str, k: int) -> list[tuple[str, float]]:
         """Up to ``k`` nearest other hashtags with cosine distances, by distance then name."""
