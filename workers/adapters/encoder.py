@@ -514,6 +514,11 @@ class Encoder:
             hidden = packed_forward(self.model, layers, input_ids, mask).float()
         else:
             hidden = self.model(input_ids=input_ids, attention_mask=mask).last_hidden_state.float()
+        return self._pooled_units(hidden, mask)
+
+    def _pooled_units(self, hidden: torch.Tensor, mask: torch.Tensor) -> np.ndarray:
+        """Mean (over the mask) or CLS pooling of a right-padded batch's last hidden states,
+        each row scaled to unit length (a zero row stays zero)."""
         if self.pooling == "cls":
             pooled = hidden[:, 0]
         else:
@@ -576,14 +581,7 @@ class Encoder:
         """The model's own forward on a right-padded batch, mean/CLS pooled as in :meth:`_embed_batch`."""
         input_ids, mask = self._pad(ids)
         hidden = self.model(input_ids=input_ids, attention_mask=mask).last_hidden_state.float()
-        if self.pooling == "cls":
-            pooled = hidden[:, 0]
-        else:
-            weights = mask.unsqueeze(-1).to(hidden.dtype)
-            pooled = (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1.0)
-        norms = pooled.norm(dim=1, keepdim=True)
-        pooled = torch.where(norms > 0, pooled / norms.clamp(min=1e-12), pooled)
-        return np.asarray(pooled.cpu().numpy(), dtype=np.float32)
+        return self._pooled_units(hidden, mask)
 
     @torch.no_grad()
     def _run_batch(self, window: Window, layout: Packing, attention: Attention) -> np.ndarray:
