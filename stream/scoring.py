@@ -296,35 +296,31 @@ class EventScore:
         }
 
     def to_json(self) -> dict[str, Any]:
-        if self.json_cells is not None:
-            cells = self.json_cells
-            return {
-                "tweet_id": self.tweet_id,
-                "recommender": self.recommender,
-                "thesaurus_version": self.thesaurus_version,
-                "scorable": self.unscorable is None,
-                "unscorable_reason": self.unscorable,
-                "reval_hit_ratio": cells["reval_hit_ratio"],
-                "reval_hit_ratio_corrected": cells["reval_hit_ratio_corrected"],
-                "exact": cells["exact"],
-                "unknown_recommended": self.unknown_recommended,
-                "n_recommended": self.n_recommended,
-                "reval_hit_ratio_ranked": cells["reval_hit_ratio_ranked"],
-                "reval_hit_ratio_slices": cells["reval_hit_ratio_slices"],
-                "reval_hit_ratio_expected": cells["reval_hit_ratio_expected"],
-            }
+        cells = self.json_cells if self.json_cells is not None else self._json_cells()
+        # The key order is the record's: fields added later come after the first ones, so
+        # consumers that know only those keep working.
         return {
             "tweet_id": self.tweet_id,
             "recommender": self.recommender,
             "thesaurus_version": self.thesaurus_version,
             "scorable": self.unscorable is None,
             "unscorable_reason": self.unscorable,
+            "reval_hit_ratio": cells["reval_hit_ratio"],
+            "reval_hit_ratio_corrected": cells["reval_hit_ratio_corrected"],
+            "exact": cells["exact"],
+            "unknown_recommended": self.unknown_recommended,
+            "n_recommended": self.n_recommended,
+            "reval_hit_ratio_ranked": cells["reval_hit_ratio_ranked"],
+            "reval_hit_ratio_slices": cells["reval_hit_ratio_slices"],
+            "reval_hit_ratio_expected": cells["reval_hit_ratio_expected"],
+        }
+
+    def _json_cells(self) -> dict[str, Any]:
+        """The score cells of :meth:`to_json`, made from the fields (one event's path)."""
+        return {
             "reval_hit_ratio": {r: str_keys(by_k) for r, by_k in self.reval.items()},
             "reval_hit_ratio_corrected": {r: str_keys(by_k) for r, by_k in self.corrected.items()},
             "exact": {r: scores.as_dict() for r, scores in self.exact.items()},
-            "unknown_recommended": self.unknown_recommended,
-            "n_recommended": self.n_recommended,
-            # Added after the fields above; consumers that know only those keep working.
             "reval_hit_ratio_ranked": {r: str_keys(by_k) for r, by_k in self.ranked.items()},
             "reval_hit_ratio_slices": {
                 r: {name: str_keys(by_k) for name, by_k in by_slice.items()}
