@@ -222,6 +222,7 @@ def backtest_run(
     return out, blocks, args
 
 
+@pytest.mark.slow
 def test_backtest_end_to_end(backtest_run: tuple[Path, Path, list[str]], tmp_path: Path) -> None:
     out, _, args = backtest_run
     detection = json.loads((out / "detection.json").read_text())

@@ -41,6 +41,7 @@ GPU_SMOKE = ["--device", "cpu", "--model", "tiny", "--tweets", "256", "--rounds"
 GPU_SMOKE += ["--token-budget", "2048", "--tokenize-workers", "0"]
 
 
+@pytest.mark.slow
 def test_bench_gpu_encoder_part_runs_on_cpu(tmp_path: Path) -> None:
     # The GPU benchmark's encoder part (new path vs naive HF baseline, MFU) on CPU, tiny model.
     out = tmp_path / "gpu.md"
@@ -91,6 +92,7 @@ def test_bench_redis_barrier_runs_on_a_tiny_workload(tmp_path: Path, redis_url: 
     assert "| single Redis | check only (single-Redis default) |" in text
 
 
+@pytest.mark.slow
 def test_bench_cost_curves_runs_and_plots(tmp_path: Path) -> None:
     out = tmp_path / "curves.md"
     workload = ["--sizes", "300,600", "--dim", "32", "--events", "100", "--grid-size", "600", "--trees", "5"]

@@ -95,6 +95,7 @@ def _assert_same(expected: list[list[int]], got: list[list[int]], texts: list[st
     assert not bad, f"{len(bad)} texts differ, e.g. {texts[bad[0]]!r}"
 
 
+@pytest.mark.slow
 def test_identical_ids_on_every_feed_tweet(
     feed: list[str], slow: BertweetTokenizer, fast: FastBertweetTokenizer
 ) -> None:
@@ -203,6 +204,7 @@ def test_encoder_fast_and_slow_tokenizers_agree(tiny_bertweet: Path, feed: list[
     assert (fast_enc.encode(texts[:64]) == slow_enc.encode(texts[:64])).all()
 
 
+@pytest.mark.slow
 def test_reval_tokenize_command(tiny_bertweet: Path, feed: list[str]) -> None:
     """The command other tools use: the real console script, fast and --slow, same output."""
     import os

@@ -316,6 +316,7 @@ def test_masses_by_rank_are_the_per_hashtag_sums(case: SmallTable) -> None:
         assert model.expected(m, [name], ks) == reference_expected(model, small, m, [name], ks)
 
 
+@pytest.mark.slow
 def test_the_null_is_unbiased_at_real_thesaurus_sizes() -> None:
     """Successive sampling's approximation (stream.chance's docstring) against the null
     recommender itself, simulated, on a thesaurus of real size: 3,000 hashtags with the

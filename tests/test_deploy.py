@@ -136,6 +136,7 @@ def test_every_alert_has_a_runbook_and_unit_tests() -> None:
     assert recorded <= tested, f"recording rules without a promql_expr_test: {sorted(recorded - tested)}"
 
 
+@pytest.mark.slow
 def test_promtool_unit_tests_pass() -> None:
     promtool = require_binary("promtool")
     out = ok(run(promtool, "test", "rules", "rules_test.yml", cwd=PROM / "tests"))
@@ -158,6 +159,7 @@ def _mutated(tmp_path: Path, expr: str) -> str:
     return done.stdout + done.stderr
 
 
+@pytest.mark.slow
 def test_unit_tests_catch_alerts_that_never_fire_or_always_fire(tmp_path: Path) -> None:
     never = _mutated(tmp_path / "never", "vector(1) == 2")
     always = _mutated(tmp_path / "always", "vector(1)")

@@ -122,6 +122,7 @@ def evaluate(feed: Path, out: Path, model: Path, *extra: str) -> None:
     assert "mean [95% CI]" in result.output
 
 
+@pytest.mark.slow
 def test_evaluate_writes_outputs_deterministically(
     small_feed: Path, tiny_bertweet: Path, tmp_path: Path
 ) -> None:
