@@ -182,3 +182,41 @@ def test_tansu_refuses_exactly_once_in_one_line(tmp_path: Path) -> None:
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "REVAL_PROCESSING_GUARANTEE=exactly_once" in errors[0], done.stderr[-2000:]
     assert "Apache Kafka" in errors[0]
+
+
+def test_on_tansu_the_default_guarantee_scores(redis_url: str, tiny_bertweet: Path, tmp_path: Path) -> None:
+    """At-least-once (the default) on Tansu, which refuses idempotent producers as well as
+    transactions: the batch consumer's producer goes on without idempotence, and every event
+    is scored (the demo runs on Tansu)."""
+    from workers.dev.tansu import TansuBroker
+
+    with TansuBroker(find_free_port(), log_path=tmp_path / "tansu.log") as tansu:
+        stack = Stack(tansu.bootstrap, redis_url, tiny_bertweet, tmp_path)
+        try:
+            worker = stack.start("score")
+            stack.wait_ready(worker)
+            events = [
+                (
+                    f"t{i}".encode(),
+                    json.dumps(
+                        {
+                            "tweet_id": f"t{i}",
+                            "recommender": "r",
+                            "recommended": ["flood"],
+                            "ground_truth": ["flood"],
+                        }
+                    ).encode(),
+                )
+                for i in range(50)
+            ]
+            stack.send("recommendations", events)
+            wait_for(
+                "50 scores",
+                lambda: worker.metric("reval_events_total", recommender="r", outcome="scored") >= 50,
+                120,
+            )
+            scores = stack.read_json("scores")
+            assert sorted(s["tweet_id"] for s in scores) == sorted(f"t{i}" for i in range(50))
+            assert "refused an idempotent producer" in worker.text()
+        finally:
+            stack.close()

@@ -40,7 +40,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
-from aiokafka.errors import CommitFailedError, IllegalStateError
+from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 from mode import Service
 
 from workers.adapters.kafka_client import group_offsets
@@ -115,23 +115,41 @@ class BatchConsumer(Service):
 
     # -- lifecycle -------------------------------------------------------------------------
 
-    async def on_start(self) -> None:
+    def _plain_producer(self, *, idempotent: bool) -> AIOKafkaProducer:
         settings = self.rt.settings
-        options = settings.aiokafka_options()
-        self._loop = asyncio.get_running_loop()
-        self.producer = AIOKafkaProducer(
+        return AIOKafkaProducer(
             bootstrap_servers=settings.broker.split(","),
             client_id=f"{self.group}-producer",
             acks="all",
-            enable_idempotence=True,
+            enable_idempotence=idempotent,
             max_request_size=settings.max_message_bytes,
             # One batch per partition can hold a whole step batch's outputs (as the app's
             # producer: runtime.Runtime.deliver).
             max_batch_size=settings.max_message_bytes,
             linger_ms=5,
-            **options,
+            **settings.aiokafka_options(),
         )
-        await self.producer.start()
+
+    async def on_start(self) -> None:
+        settings = self.rt.settings
+        options = settings.aiokafka_options()
+        self._loop = asyncio.get_running_loop()
+        self.producer = self._plain_producer(idempotent=True)
+        try:
+            await self.producer.start()
+        except KafkaError as exc:
+            # Tansu answers InitProducerId with an error: no idempotent producer there.  The
+            # outputs are at-least-once either way (idempotence only spares the duplicates of
+            # the producer's own retries), so go on without it.
+            await self.producer.stop()
+            log.warning(
+                "score consumer: the broker refused an idempotent producer (%s: %s); "
+                "outputs are sent without idempotence (at-least-once either way)",
+                type(exc).__name__,
+                exc,
+            )
+            self.producer = self._plain_producer(idempotent=False)
+            await self.producer.start()
         session_ms = int(settings.session_timeout_s * 1000)
         self.consumer = AIOKafkaConsumer(
             bootstrap_servers=settings.broker.split(","),
