@@ -182,10 +182,16 @@ class _AuthFailures(logging.Handler):
     def __init__(self) -> None:
         super().__init__(logging.WARNING)
         self.seen = False
+        #: Bootstrap connections the broker dropped after accepting them: on a SASL listener
+        #: that is a refused authentication too -- the broker sends its error and closes, and
+        #: on a busy machine the close can reach the client before the error does.
+        self.dropped = 0
 
     def emit(self, record: logging.LogRecord) -> None:
         text = record.getMessage()
         self.seen = self.seen or "SaslAuthenticationFailed" in text or "AuthenticationFailed" in text
+        if "Bootstrap connection" in text and "socket disconnected" in text:
+            self.dropped += 1
 
 
 def admin_client(bootstrap: str, *, timeout: float = 30.0, **options: Any) -> KafkaAdminClient:
@@ -210,6 +216,12 @@ def admin_client(bootstrap: str, *, timeout: float = 30.0, **options: Any) -> Ka
             raise BrokerAuthError(
                 f"the broker at {bootstrap} refused the credentials (SASL authentication failed; "
                 "REVAL_KAFKA_SASL_MECHANISM must match the broker's too)"
+            ) from None
+        if watcher.dropped and options.get("sasl_mechanism"):
+            raise BrokerAuthError(
+                f"the broker at {bootstrap} accepted every connection and dropped it during SASL "
+                f"authentication ({watcher.dropped} times): the credentials were most likely refused "
+                "(REVAL_KAFKA_SASL_MECHANISM must match the broker's too)"
             ) from None
         raise BrokerUnreachableError(
             f"no Kafka broker answered at {bootstrap} within {timeout:g} s ({exc})"
