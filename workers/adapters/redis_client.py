@@ -185,7 +185,12 @@ class Replication:
             if not now:
                 raise ReplicationLagError("the Redis Cluster client knows no master now: writing again")
             if masters is not None and now != masters:
+                # A failover: choose the markers again on a whole, fresh slot map (a map patched
+                # slot by slot can still give some of the old master's slots to it, and the
+                # search would then take another key for the new master -- one with no count
+                # to compare, and the rollback would go unseen).
                 self._markers.clear()
+                self._reload_slots()
                 raise ReplicationLagError(
                     f"the Redis Cluster's masters changed during the writes ({', '.join(masters)} -> "
                     f"{', '.join(now)}): writing again"
@@ -244,6 +249,11 @@ class Replication:
         if not isinstance(self.client, RedisCluster):
             self._markers[name] = f"{self.prefix}:sync:{self.token}"
             return self._markers[name]
+        for key in self._counts:  # a marker with a count to compare, now served by ``name``
+            with suppress(SlotNotCoveredError):
+                if self.client.get_node_from_key(key).name == name:
+                    self._markers[name] = key
+                    return key
         wanted = set(self.masters())
         for n in range(100_000):
             key = f"{self.prefix}:sync:{{{n}}}:{self.token}"
@@ -267,10 +277,14 @@ class Replication:
         So reload the map from the cluster (``NodesManager.initialize``, what redis-py itself
         does after ``reinitialize_steps`` redirections), then route one command by slot."""
         if isinstance(self.client, RedisCluster):
-            with suppress(RedisError, SlotNotCoveredError):
-                self.client.nodes_manager.initialize()
+            self._reload_slots()
             with suppress(RedisError, SlotNotCoveredError):
                 self.client.exists(key)
+
+    def _reload_slots(self) -> None:
+        if isinstance(self.client, RedisCluster):
+            with suppress(RedisError, SlotNotCoveredError):
+                self.client.nodes_manager.initialize()
 
 
 class Stopping(Exception):
