@@ -362,7 +362,13 @@ def _read_all(bootstrap: str, topic: str, expected: int, timeout: float = 20.0) 
         bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False, client_id="replay-test"
     )
     try:
+        # A new consumer may not have the topic's metadata yet: None (or nothing) until it has.
+        deadline = time.monotonic() + timeout
         parts = consumer.partitions_for_topic(topic) or set()
+        while not parts and time.monotonic() < deadline:
+            time.sleep(0.2)
+            parts = consumer.partitions_for_topic(topic) or set()
+        assert parts, f"no partitions of {topic} known within {timeout:g} s"
         tps = [TopicPartition(topic, p) for p in sorted(parts)]
         consumer.assign(tps)
         consumer.seek_to_beginning(*tps)
