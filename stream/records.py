@@ -36,6 +36,52 @@ class RecordError(ValueError):
         self.detail = message
 
 
+@dataclass(frozen=True, slots=True)
+class Coordinates:
+    """Where a record came from: its topic, partition and offset -- the one spelling of a
+    record's source, with every textual form the workers store written here once.
+
+    The forms with a topic *incarnation* (the topic re-created under the same name starts
+    its offsets again) are Redis keys and claims of running deployments: their text stays.
+
+    >>> c = Coordinates("tweets", 3, 42)
+    >>> str(c), c.as_dict()  # logs, letter keys; a dead letter's "source"
+    ('tweets:3:42', {'topic': 'tweets', 'partition': 3, 'offset': 42})
+    >>> c.scoped("k2"), c.event_id("k2"), c.claim("k2")  # embed claims; join ids and claims
+    ('tweets@k2:3:42', 'k2:3:42', 'k2|tweets|3|42')
+    >>> Coordinates.from_claim(c.claim("k2"))
+    ('k2', Coordinates(topic='tweets', partition=3, offset=42))
+    """
+
+    topic: str
+    partition: int
+    offset: int
+
+    def __str__(self) -> str:
+        return f"{self.topic}:{self.partition}:{self.offset}"
+
+    def as_dict(self) -> dict[str, str | int]:
+        return {"topic": self.topic, "partition": self.partition, "offset": self.offset}
+
+    def scoped(self, incarnation: str) -> str:
+        """``topic@incarnation:partition:offset``: who claims a tweet's content (embed role)."""
+        return f"{self.topic}@{incarnation}:{self.partition}:{self.offset}"
+
+    def event_id(self, incarnation: str) -> str:
+        """``incarnation:partition:offset``: an event's id in the join (its topic is known)."""
+        return f"{incarnation}:{self.partition}:{self.offset}"
+
+    def claim(self, incarnation: str) -> str:
+        """``incarnation|topic|partition|offset``: the record that holds a join claim."""
+        return f"{incarnation}|{self.topic}|{self.partition}|{self.offset}"
+
+    @classmethod
+    def from_claim(cls, text: str) -> tuple[str, Coordinates]:
+        """The incarnation and coordinates of :meth:`claim`'s text."""
+        incarnation, topic, partition, offset = text.split("|")
+        return incarnation, cls(topic, int(partition), int(offset))
+
+
 @dataclass(frozen=True)
 class Tweet:
     """A parsed tweet.  ``hashtags`` are normalised; ``retweet_of`` is the original's id

@@ -367,7 +367,7 @@ class RedisJoin:
         return found
 
     def put_events(
-        self, events: Sequence[tuple[str, str, str]], now: float, claims: Sequence[str] | None = None
+        self, events: Sequence[tuple[str, str, str | bytes]], now: float, claims: Sequence[str] | None = None
     ) -> list[tuple[str, Any]]:
         """Offer events ``(tweet_id, event_id, payload)``; per event: ``("match", truth)``,
         ``("wait", None)`` or ``("dup", None)`` for one settled before (a redelivery).
@@ -390,7 +390,7 @@ class RedisJoin:
 
     def _put_events(
         self,
-        events: Sequence[tuple[str, str, str]],
+        events: Sequence[tuple[str, str, str | bytes]],
         calls: list[tuple[str, tuple[Any, ...]]],
         now: float,
         script: Any,

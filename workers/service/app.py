@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
 import faust
 
+from stream.batch import TextEncoder
 from workers.adapters.exporter import Exporter
 from workers.adapters.redis_client import connect
 from workers.service import embed, faust_compat, index, score
@@ -31,7 +31,11 @@ DEFAULT_PORTS = {"embed": 9101, "index": 9102, "score": 9103}
 
 
 def create_app(
-    settings: Settings, roles: Iterable[str], *, exporter: Exporter | None = None, encoder: Any = None
+    settings: Settings,
+    roles: Iterable[str],
+    *,
+    exporter: Exporter | None = None,
+    encoder: TextEncoder | None = None,
 ) -> faust.App:
     """The App for ``roles`` (any of embed, index, score).
 

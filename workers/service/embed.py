@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any
 
 import faust
 
+from stream.batch import TextEncoder
 from stream.cleaning import Dropped, Prepared, dedup, prepare
 from stream.coherence import coherence_text
 from stream.records import parse_tweet
@@ -35,7 +35,12 @@ class Embedder:
     """Embeds batches of tweets into the running means."""
 
     def __init__(
-        self, settings: Settings, exporter: Exporter, client: Client, encoder: Any, incarnations: Incarnations
+        self,
+        settings: Settings,
+        exporter: Exporter,
+        client: Client,
+        encoder: TextEncoder,
+        incarnations: Incarnations,
     ) -> None:
         self.settings = settings
         self.x = exporter
@@ -65,12 +70,11 @@ class Embedder:
         """Claims, embedding, running means: idempotent (a retry or a redelivery adds nothing twice)."""
         if not items:
             return Outcome()
-        scope = {
-            topic: f"{topic}@{self.incarnations.current(topic)}" for topic in {r.topic for r, _ in items}
-        }
+        current = {topic: self.incarnations.current(topic) for topic in {r.topic for r, _ in items}}
+        scope = {topic: f"{topic}@{incarnation}" for topic, incarnation in current.items()}
 
         def claimant(record: Record) -> str:
-            return f"{scope[record.topic]}:{record.partition}:{record.offset}"
+            return record.coordinates.scoped(current[record.topic])
 
         started = time.perf_counter()
         claims = with_retry(
@@ -130,7 +134,7 @@ def _event_time(record: Record, prepared: Prepared) -> float:
     return created.timestamp() if created is not None else record.time
 
 
-def load_encoder(settings: Settings) -> Any:
+def load_encoder(settings: Settings) -> TextEncoder:
     """The encoder the settings name (loaded once per worker process)."""
     from workers.adapters.encoder import Encoder  # lazy: torch loads only in embed workers
 
@@ -145,7 +149,7 @@ def load_encoder(settings: Settings) -> Any:
     )
 
 
-def register(app: faust.App, topics: Topics, rt: Runtime, encoder: Any = None) -> None:
+def register(app: faust.App, topics: Topics, rt: Runtime, encoder: TextEncoder | None = None) -> None:
     """The ``embed`` agent: batches of tweets through :class:`Embedder`."""
     settings = rt.settings
     identity = TopicIdentity(settings.broker.split(",")[0], **settings.kafka_client_options())
@@ -155,5 +159,6 @@ def register(app: faust.App, topics: Topics, rt: Runtime, encoder: Any = None) -
     incarnations.watch(app, [settings.topic_tweets])
 
     @app.agent(topics.tweets, name="embed")
-    async def embed(stream: Any) -> None:
+    async def embed(stream: faust.StreamT[bytes]) -> None:
+        assert isinstance(stream, faust.Stream)  # what Faust hands an agent: take_events is there
         await rt.consume(step, stream, settings.embed_batch_size, settings.embed_max_wait_s)

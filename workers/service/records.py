@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-from stream.records import RecordError
+from stream.records import Coordinates, RecordError
 from workers.adapters.exporter import Exporter
 
 T = TypeVar("T")
@@ -32,9 +32,14 @@ class Record:
     value: bytes
 
     @property
+    def coordinates(self) -> Coordinates:
+        return Coordinates(self.topic, self.partition, self.offset)
+
+    @property
     def claimant(self) -> str:
-        """``topic:partition:offset``: who claims a retweet's content first (idempotent on redelivery)."""
-        return f"{self.topic}:{self.partition}:{self.offset}"
+        """``topic:partition:offset`` (:class:`stream.records.Coordinates`): the record in logs
+        and letter keys."""
+        return str(self.coordinates)
 
     @property
     def time(self) -> float:
@@ -59,7 +64,7 @@ def dead_letter(record: Record, reason: str, detail: str, role: str) -> dict[str
         "reason": reason,
         "detail": detail,
         "role": role,
-        "source": {"topic": record.topic, "partition": record.partition, "offset": record.offset},
+        "source": record.coordinates.as_dict(),
         "key": record.key.decode("utf-8", "replace") if record.key else None,
         "value_base64": base64.b64encode(value[:MAX_DEAD_LETTER_BYTES]).decode("ascii"),
         "value_size": len(value),

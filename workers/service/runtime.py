@@ -34,7 +34,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, fields
 from typing import Any, Generic, NoReturn, Protocol, TypeVar
@@ -117,7 +117,14 @@ def too_large(exc: BaseException) -> bool:
     return False
 
 
-def record_of(event: Any) -> Record:
+class EventStream(Protocol):
+    """What an agent's stream gives the runtime (:meth:`Runtime.consume`): batches of events,
+    as Faust's ``Stream.take_events`` yields them."""
+
+    def take_events(self, max_: int, within: float) -> AsyncIterator[Sequence[faust.types.EventT]]: ...
+
+
+def record_of(event: faust.types.EventT) -> Record:
     """The :class:`Record` of a faust event (raw bytes, as the core parsers want them)."""
     message = event.message
     value = message.value if isinstance(message.value, bytes) else bytes(message.value or b"")
@@ -334,7 +341,7 @@ class Runtime:
         except FailStop as exc:
             self.fail_stop(f"{role}: {exc}")
 
-    async def consume(self, step: Step[Any], stream: Any, size: int, within: float) -> None:
+    async def consume(self, step: Step[Any], stream: EventStream, size: int, within: float) -> None:
         """An agent's body: batches of up to ``size`` events (or what came ``within`` seconds)
         from a Faust stream through :meth:`process`.  Each batch is acknowledged (by
         ``take_events``) only when :meth:`process` returned: every other way out of it ends

@@ -24,15 +24,12 @@ twice) within ``REVAL_EVENT_DEDUP_WINDOW_S`` are scored once and counted as ``du
 
 from __future__ import annotations
 
-import base64
 import gc
 import hashlib
-import json
 import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -40,20 +37,20 @@ from typing import Any
 import faust
 
 from stream.batch_scoring import score_events
-from stream.records import Recommendation, Tweet, parse_recommendation, parse_time, parse_tweet
+from stream.records import Coordinates, Recommendation, Tweet, parse_recommendation, parse_tweet
 from stream.scoring import NeighbourCache
-from stream.thesaurus import JsonThesaurus
+from stream.thesaurus import JsonThesaurus, ThesaurusSource
 from workers.adapters.annoy_thesaurus import neighbour_cache
 from workers.adapters.exporter import Exporter, LabelGuard
 from workers.adapters.kafka_client import TopicIdentity
 from workers.adapters.quality_metrics import QualityMetrics
 from workers.adapters.redis_client import Client, with_retry
 from workers.adapters.redis_state import RedisClaims, RedisJoin, Waiting
-from workers.adapters.redis_thesaurus import RedisThesauri
 from workers.adapters.store import ThesaurusStore, version_number
 from workers.service.consumer import BatchConsumer
 from workers.service.incarnation import Incarnations, score_group
-from workers.service.records import Record, admit, dead_letter, letter_key
+from workers.service.parked import Parked
+from workers.service.records import Record, admit
 from workers.service.runtime import Outcome, Output, Runtime, Step, Topics, letter
 from workers.service.stores import replication_of, thesauri_of
 from workers.service.transactions import Transactions
@@ -68,78 +65,6 @@ EventItem = tuple[Record, Recommendation]
 TweetItem = tuple[Record, Tweet]
 
 
-@dataclass(frozen=True)
-class Parked:
-    """What of an event waits in the join: what scoring needs and where it came from --
-    never the whole record (a 480 KB event would park ~0.6 MB in Redis)."""
-
-    event: Recommendation
-    source: Record  # its value: the parsed event as JSON, not the original bytes
-    value_size: int
-    value_sha256: str
-
-    def to_json(self) -> str:
-        e, s = self.event, self.source
-        return json.dumps(
-            {
-                "tweet_id": e.tweet_id,
-                "recommender": e.recommender,
-                "recommended": list(e.recommended),
-                "ts": e.ts.isoformat() if e.ts else None,
-                "src": [s.topic, s.partition, s.offset, s.timestamp_ms],
-                "key": base64.b64encode(s.key).decode() if s.key else None,
-                "size": self.value_size,
-                "sha256": self.value_sha256,
-            },
-            ensure_ascii=False,
-            separators=(",", ":"),
-        )
-
-    @classmethod
-    def of(cls, record: Record, event: Recommendation) -> Parked:
-        parsed = {
-            "tweet_id": event.tweet_id,
-            "recommender": event.recommender,
-            "recommended": list(event.recommended),
-        }
-        if event.ts:
-            parsed["ts"] = event.ts.isoformat()
-        value = json.dumps(parsed, ensure_ascii=False).encode()
-        source = Record(record.topic, record.partition, record.offset, record.timestamp_ms, record.key, value)
-        return cls(event, source, len(record.value), hashlib.sha256(record.value).hexdigest())
-
-    @classmethod
-    def from_json(cls, text: str) -> Parked:
-        data = json.loads(text)
-        event = Recommendation(
-            tweet_id=data["tweet_id"],
-            recommended=tuple(data["recommended"]),
-            ground_truth=None,
-            recommender=data["recommender"],
-            ts=parse_time(data["ts"]) if data.get("ts") else None,
-        )
-        topic, partition, offset, timestamp_ms = data["src"]
-        key = base64.b64decode(data["key"]) if data.get("key") else None
-        parsed = {
-            "tweet_id": event.tweet_id,
-            "recommender": event.recommender,
-            "recommended": list(event.recommended),
-        }
-        if data.get("ts"):
-            parsed["ts"] = data["ts"]
-        source = Record(
-            topic, partition, offset, timestamp_ms, key, json.dumps(parsed, ensure_ascii=False).encode()
-        )
-        return cls(event, source, int(data["size"]), str(data["sha256"]))
-
-    def letter(self, reason: str, detail: str) -> Output:
-        value = dead_letter(self.source, reason, detail, "score")
-        # The original bytes stay in the source topic at these coordinates; the letter
-        # carries the event as parsed.
-        value.update(value_size=self.value_size, value_sha256=self.value_sha256, value_is_parsed_event=True)
-        return Output("dead_letters", letter_key(self.source), value, self.source)
-
-
 class Scorer:
     """Scores recommendation events (joined with their tweets when they carry no ground
     truth) with the newest published thesaurus, and feeds the quality metrics."""
@@ -152,7 +77,7 @@ class Scorer:
         self.ks = settings.k_values
         self.rs = settings.r_values
         self.incarnations = incarnations
-        self.store: ThesaurusStore | RedisThesauri = (
+        self.store: ThesaurusSource = (
             thesauri_of(client, settings)
             if settings.thesaurus_source == "redis"
             else ThesaurusStore(Path(settings.index_dir), keep=settings.index_keep)
@@ -297,24 +222,24 @@ class Scorer:
         """``incarnation:partition:offset`` per record; the incarnation is asked once per
         topic and batch (a broker metadata request and a Redis read), never per record."""
         current = {topic: self.incarnations.current(topic) for topic in {r.topic for r in records}}
-        return [f"{current[r.topic]}:{r.partition}:{r.offset}" for r in records]
+        return [r.coordinates.event_id(current[r.topic]) for r in records]
 
-    def _claims(self, records: Sequence[Record]) -> list[str]:
+    def _claims(self, sources: Sequence[Coordinates]) -> list[str]:
         """The join claim of each record: ``incarnation|topic|partition|offset``."""
-        current = {topic: self.incarnations.current(topic) for topic in {r.topic for r in records}}
-        return [f"{current[r.topic]}|{r.topic}|{r.partition}|{r.offset}" for r in records]
+        current = {topic: self.incarnations.current(topic) for topic in {c.topic for c in sources}}
+        return [c.claim(current[c.topic]) for c in sources]
 
     def _settled(self, claim: str) -> bool:
         """Whether the record holding a claim is settled: its offset committed in the consumer
         group (its transaction delivered the score), or its topic re-created since (that
         record is never read again).  Not settled: in flight, or aborted -- the record's next
         reading scores the event."""
-        short, topic, partition, offset = claim.split("|")
-        if short != self.incarnations.current(topic):
+        short, source = Coordinates.from_claim(claim)
+        if short != self.incarnations.current(source.topic):
             return True
         assert self.committed is not None, "exactly once needs the consumer's committed offsets"
-        committed = self.committed(topic, int(partition))
-        return committed is not None and committed > int(offset)
+        committed = self.committed(source.topic, source.partition)
+        return committed is not None and committed > source.offset
 
     def _event_key(self, event: Recommendation) -> str:
         fields = {"tweet_id": event.tweet_id, "recommender": event.recommender}
@@ -351,27 +276,28 @@ class Scorer:
             ],
             outcome,
         )
-        waiting: list[tuple[Parked, str]] = []
+        waiting: list[tuple[Parked, str, bytes]] = []
         for (record, event), eid in fresh:
             if event.ground_truth is not None:
                 continue
             parked = Parked.of(record, event)
-            if len(parked.to_json()) > self.settings.join_max_event_bytes:
+            payload = parked.to_bytes()
+            if len(payload) > self.settings.join_max_event_bytes:
                 outcome.outputs.append(
                     letter(record, "join_event_too_large", "too large to wait in the join", "score")
                 )
                 outcome.after.append(partial(_inc, self.x.rejected, record.topic, "join_event_too_large"))
                 continue
-            waiting.append((parked, eid))
+            waiting.append((parked, eid, payload))
         if waiting:
-            offers = [(p.event.tweet_id, eid, p.to_json()) for p, eid in waiting]
+            offers = [(p.event.tweet_id, eid, payload) for p, eid, payload in waiting]
             # Exactly once: a match is claimed for the event's own record (see the module doc).
-            claims = self._claims([p.source for p, _ in waiting]) if self.exactly_once else None
+            claims = self._claims([p.coordinates for p, _, _ in waiting]) if self.exactly_once else None
             replies = self._retry("join", lambda: self.join.put_events(offers, time.time(), claims))
             settle = []
             matched = []
             joined: Counter[str] = Counter()
-            for (parked, eid), (status, truth) in zip(waiting, replies, strict=True):
+            for (parked, eid, _), (status, truth) in zip(waiting, replies, strict=True):
                 if status == "claimed":  # another record scores it: settled, or its to score
                     if self._settled(truth):
                         settle.append((parked.event.tweet_id, eid))
@@ -409,7 +335,7 @@ class Scorer:
         self.reload()
         outcome = Outcome()
         tweets = [(tweet.id, list(tweet.hashtags)) for _, tweet in items]
-        claims = self._claims([record for record, _ in items]) if self.exactly_once else None
+        claims = self._claims([record.coordinates for record, _ in items]) if self.exactly_once else None
         answered: list[Waiting] = self._retry("join", lambda: self.join.put_tweets(tweets, claims))
         jobs, done, elsewhere = [], [], []
         for item in answered:
@@ -417,7 +343,7 @@ class Scorer:
                 if self._settled(item.held_by):
                     elsewhere.append((item.tweet_id, item.event_id))
                 continue
-            parked = Parked.from_json(item.payload)
+            parked = Parked.from_bytes(item.payload)
             jobs.append((parked.event, item.truth or [], parked.source, items[item.call][0]))
             done.append((item.tweet_id, item.event_id))
         self._score(jobs, outcome)
@@ -437,13 +363,14 @@ class Scorer:
             "join expiry", lambda: self.join.due(time.time(), claim=self.exactly_once)
         )
         outcome = Outcome()
+        topics = []
         for item in due:
-            parked = Parked.from_json(item.payload)
+            parked = Parked.from_bytes(item.payload)
             detail = f"no tweet {item.tweet_id} within {self.settings.join_window_s:g}s"
             outcome.outputs.append(parked.letter("join_expired", detail))
+            topics.append(parked.coordinates.topic)
         if due:
             done = [(a.tweet_id, a.event_id) for a in due]
-            topics = [Parked.from_json(a.payload).source.topic for a in due]
 
             def settle() -> None:
                 self._retry("join settle", lambda: self.join.settle(done))
