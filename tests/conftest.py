@@ -142,7 +142,7 @@ def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRed
 
 #: Fixtures that reach a real service: a test using one (directly or through another fixture)
 #: is an integration test, whatever its module says, so ``make check`` (``-m "not integration"``)
-#: never waits for a broker or Redis.
+#: never waits for a broker or Redis.  ``scratch_redis`` is not one: the session starts it.
 SERVICE_FIXTURES = frozenset({"redis_url", "kafka", "broker", "redis_cluster"})
 
 
