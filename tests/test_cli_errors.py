@@ -198,6 +198,8 @@ def results(place: Path) -> dict[str, Ran]:
         return dict(pool.map(run, CASES))
 
 
+# 34 process starts (torch imported in most) after a thesaurus build: ~3 min on 2 cores
+@pytest.mark.slow
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_bad_input_gives_one_clear_line(case: Case, results: dict[str, Ran]) -> None:
     ran = results[case.name]
@@ -214,6 +216,7 @@ def test_bad_input_gives_one_clear_line(case: Case, results: dict[str, Ran]) -> 
         assert "encoder:" not in ran.stderr and "embedding" not in ran.stderr, ran.stderr
 
 
+@pytest.mark.slow  # its fixture builds a thesaurus and events in subprocesses
 def test_help_is_plain_and_whole(place: Path) -> None:
     """No `<bool>` metavar on flags, option names never cut at 80 columns."""
     env = {**os.environ, "COLUMNS": "80"}

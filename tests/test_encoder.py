@@ -421,6 +421,7 @@ def test_minilm_bf16_agrees_with_fp32(minilm32: Encoder) -> None:
     assert cos(bf16.encode(TWEETS), minilm32.encode(TWEETS)).min() >= 0.99
 
 
+@pytest.mark.slow  # tens of seconds on 2 cores: runs in make test, not make check
 def test_minilm_int8_agrees_with_fp32(minilm32: Encoder) -> None:
     # Real pretrained weights, real tweets: per-token activation scales and
     # SmoothQuant keep the int8 path close to fp32 (a per-tensor activation
@@ -572,7 +573,13 @@ def test_cpu_default_is_the_fixed_count_path(tiny32: Encoder) -> None:
     assert "token_budget" not in repr(tiny32)
 
 
-PACKINGS_ON_CPU = [("varlen", "padded"), ("varlen", "nested"), ("rows", "auto"), ("padded", "auto")]
+# The varlen packings take ~40 s each on 2 cores: make test runs them, make check the others.
+PACKINGS_ON_CPU = [
+    pytest.param("varlen", "padded", marks=pytest.mark.slow),
+    pytest.param("varlen", "nested", marks=pytest.mark.slow),
+    ("rows", "auto"),
+    ("padded", "auto"),
+]
 
 
 @pytest.fixture(scope="module")
@@ -599,6 +606,7 @@ def test_token_budget_path_matches_the_padded_path(
     assert cos(got, want).min() >= 0.999999
 
 
+@pytest.mark.slow  # tens of seconds on 2 cores: runs in make test, not make check
 def test_token_budget_path_on_bert(minilm32: Encoder, budget_texts: list[str]) -> None:
     # BERT (MiniLM): position ids from 0, WordPiece, pretrained weights; CLS pooling too.
     enc = Encoder(MINILM, dtype="float32", token_budget=512)
@@ -609,6 +617,7 @@ def test_token_budget_path_on_bert(minilm32: Encoder, budget_texts: list[str]) -
     np.testing.assert_allclose(cls_budget.encode(TWEETS), cls_ref.encode(TWEETS), atol=5e-6)
 
 
+@pytest.mark.slow  # tens of seconds on 2 cores: runs in make test, not make check
 def test_token_budget_path_bf16_agrees_with_fp32_padded(
     tiny_dir: Path, tiny32: Encoder, minilm32: Encoder, budget_texts: list[str]
 ) -> None:
@@ -682,6 +691,7 @@ def test_tokenizing_processes_give_the_same_embeddings(tiny_dir: Path, tiny32: E
         enc.close()
 
 
+@pytest.mark.slow  # tens of seconds on 2 cores: runs in make test, not make check
 def test_host_batches_and_forward_batch_are_encode_in_two_halves(
     tiny_dir: Path, budget_texts: list[str]
 ) -> None:

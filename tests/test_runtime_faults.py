@@ -18,13 +18,11 @@ import json
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
-from typing import Any, NoReturn
+from dataclasses import dataclass
+from typing import Any
 
 import pytest
 import redis
-from aiokafka.errors import KafkaTimeoutError, MessageSizeTooLargeError, RecordTooLargeError
-from faust.exceptions import ProducerSendError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -39,85 +37,15 @@ from workers.service.runtime import FAIL_STOP_EXIT, Runtime, Step, encode_json, 
 from workers.service.score import EMPTY, Scorer
 from workers.settings import Settings
 
-pytestmark = [pytest.mark.integration]  # a real Redis
+from .fakes import Broker, Crash, FakeProducer, FixedIdentity, Halted, halt
+
+# A real Redis, but the session's throwaway one (``scratch_redis``): no service, so the fast tier.
 
 TOPIC = "recs"
 LIMIT = 4096  # REVAL_MAX_MESSAGE_BYTES: our check and the producer's max_request_size
 SCORES_BROKER_LIMIT = 4000  # the scores topic's max.message.bytes, below the producer's
 LETTERS_BROKER_LIMIT = 3000  # the dead-letter topic's
 KS, RS = "0,5", "1,5"
-
-
-class Halted(BaseException):
-    """The process ended (``exit`` was called): a fail-stop (70) or a stop (0)."""
-
-    def __init__(self, code: int) -> None:
-        super().__init__(code)
-        self.code = code
-
-
-class Crash(BaseException):
-    """kill -9, injected."""
-
-
-def halt(code: int) -> NoReturn:
-    raise Halted(code)
-
-
-class FixedIdentity:
-    """The broker's topic id, without a broker."""
-
-    def of(self, topic: str) -> str:
-        return "0000-topic-id"
-
-
-@dataclass
-class Broker:
-    """Topics that keep what was acknowledged; refuses records over their limits."""
-
-    limits: dict[str, int]
-    log: dict[str, list[tuple[bytes | None, bytes]]] = field(default_factory=lambda: defaultdict(list))
-
-
-@dataclass
-class FakeProducer:
-    """Faust's producer over aiokafka, as the runtime meets it: ``send`` refuses a record the
-    producer counts over ``max_request_size`` (aiokafka's own count, wrapped in Faust's
-    ProducerSendError); the future fails with the broker's RecordTooLargeError over a topic's
-    limit, or once with a timeout for every ``flaky``-th record (retried); ``crash_at``: the
-    sends at which the process is killed (what was not acknowledged is lost)."""
-
-    broker: Broker
-    max_request_size: int
-    flaky: int = 0
-    crash_at: frozenset[int] = frozenset()
-    sends: int = 0
-    refused_by_producer: int = 0
-    _failed_once: set[bytes] = field(default_factory=set)
-
-    async def send(
-        self, topic: str, key: bytes | None, value: bytes | None, partition: Any, timestamp: Any, headers: Any
-    ) -> asyncio.Future[None]:
-        assert value is not None
-        self.sends += 1
-        if self.sends in self.crash_at:
-            raise Crash(f"send {self.sends}")
-        if record_size(key, value) > self.max_request_size:
-            self.refused_by_producer += 1
-            try:
-                raise MessageSizeTooLargeError("larger than the maximum request size")
-            except MessageSizeTooLargeError as exc:
-                raise ProducerSendError(f"Error while sending: {exc!r}") from exc
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        if record_size(key, value) > self.broker.limits[topic]:
-            future.set_exception(RecordTooLargeError())
-        elif self.flaky and self.sends % self.flaky == 0 and value not in self._failed_once:
-            self._failed_once.add(value)
-            future.set_exception(KafkaTimeoutError())
-        else:
-            self.broker.log[topic].append((key, value))
-            future.set_result(None)
-        return future
 
 
 # --------------------------------------------------------------------------- the records
@@ -267,8 +195,8 @@ class Process:
 
 
 @pytest.fixture
-def redis_client(redis_url: str) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(redis_url)
+def redis_client(scratch_redis: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(scratch_redis)
     yield client
     client.close()
 
@@ -283,7 +211,7 @@ def redis_client(redis_url: str) -> Iterator[redis.Redis]:
 )
 # One Hypothesis run of inputs and crashes against the model of what must be settled.
 def test_every_record_is_settled_once_whatever_the_input_and_the_crashes(  # noqa: PLR0915
-    redis_url: str,
+    scratch_redis: str,
     redis_client: redis.Redis,
     kinds: list[tuple[str, Any]],
     batch_sizes: list[int],
@@ -303,7 +231,7 @@ def test_every_record_is_settled_once_whatever_the_input_and_the_crashes(  # noq
     ]
     prefix = f"test-rt-{uuid.uuid4().hex[:10]}"
     config = Settings(
-        redis_url=redis_url,
+        redis_url=scratch_redis,
         redis_prefix=prefix,
         max_message_bytes=LIMIT,
         ks=KS,
@@ -341,7 +269,7 @@ def test_every_record_is_settled_once_whatever_the_input_and_the_crashes(  # noq
     try:
         asyncio.run(run())  # a fail-stop or a stop (Halted) fails the test: input alone caused it
     finally:
-        clear_prefix(redis_url, prefix)
+        clear_prefix(scratch_redis, prefix)
 
     outcomes: dict[int, list[tuple[str, bytes]]] = defaultdict(list)
     by_tweet = {p.tweet_id: i for i, p in enumerate(planned) if p.expect != "duplicate?"}
@@ -374,15 +302,15 @@ def test_every_record_is_settled_once_whatever_the_input_and_the_crashes(  # noq
 
 
 @pytest.fixture
-def process(redis_url: str, redis_client: redis.Redis) -> Iterator[tuple[Process, Broker]]:
+def process(scratch_redis: str, redis_client: redis.Redis) -> Iterator[tuple[Process, Broker]]:
     prefix = f"test-rt-{uuid.uuid4().hex[:10]}"
-    config = Settings(redis_url=redis_url, redis_prefix=prefix, ks=KS, rs=RS, topic_scores="scores")
+    config = Settings(redis_url=scratch_redis, redis_prefix=prefix, ks=KS, rs=RS, topic_scores="scores")
     broker = Broker({"scores": 10**6, "dead-letter": 10**6})
     p = Process.start(config, redis_client, FakeProducer(broker, 10**6))
     yield p, broker
     p.runtime.close()
     stopping.clear()
-    clear_prefix(redis_url, prefix)
+    clear_prefix(scratch_redis, prefix)
 
 
 def records_of(*bodies: dict[str, Any]) -> list[Record]:
