@@ -68,6 +68,7 @@ class Setting:
     worker: Worker | None = None
     sent: int = 0
     took: list[float] = field(default_factory=list)
+    first: list[float] = field(default_factory=list)  # seconds until the round's first tweet was embedded
     cpu: list[float] = field(default_factory=list)  # worker process CPU seconds per round
     broker_cpu: list[float] = field(default_factory=list)
     encoder_took: list[float] = field(default_factory=list)
@@ -162,7 +163,10 @@ def send_and_wait(
     producer.flush()
 
     def done() -> bool:
-        return worker.metric("reval_tweets_embedded_total") >= target
+        got = worker.metric("reval_tweets_embedded_total")
+        if got > setting.sent and len(setting.first) < len(setting.took) + 1:
+            setting.first.append(time.perf_counter() - t0)
+        return got >= target
 
     wait_for(f"{setting.name}: {target} tweets embedded", done, timeout=600, every=0.05)
     took = time.perf_counter() - t0
@@ -261,6 +265,7 @@ def main() -> None:
             for s in settings:
                 send_and_wait(s, producer, warmup)
                 s.cpu.clear()
+                s.first.clear()
                 s.broker_cpu.clear()
             encoders: dict[str, Encoder] = {}
             for s in settings:
@@ -343,8 +348,9 @@ def main() -> None:
         "",
         "| setting | worker CPU s / 100 tweets | encoder alone CPU s / 100 tweets | "
         "worker CPU beyond the encoder | broker CPU s / 100 tweets | encoder share of "
-        "worker wall time | Redis ms per batch (claim + apply) | mean batch |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "worker wall time | Redis ms per batch (claim + apply) | mean batch | first tweet "
+        "embedded after (s, median of rounds) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for s in settings:
         m = summaries[s.name]
@@ -357,7 +363,8 @@ def main() -> None:
             f"{1 - encoder_cpu / worker_cpu:.0%} | {100 * sum(s.broker_cpu) / tweets:.3f} | "
             f"{m['embed_s'] / sum(s.took):.0%} | "
             f"{(m['claim_s'] + m['apply_s']) / batches * 1000:.1f} | "
-            f"{m['batch_tweets'] / batches:.1f} |"
+            f"{m['batch_tweets'] / batches:.1f} | "
+            f"{statistics.median(s.first) if s.first else float('nan'):.2f} |"
         )
     dropped = sum(m["dropped"] for m in summaries.values())
     rejected = sum(m["rejected"] for m in summaries.values())
