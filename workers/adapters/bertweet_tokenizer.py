@@ -463,10 +463,11 @@ class FastBertweetTokenizer:
         out: list[list[int]] = []
         joined_rows: list[int] = []  # texts the cross-token replacements may touch
         reference_rows: list[int] = []
-        filled = False  # the segments of every text from here on are normalised
-        # The hot loop: a few C-level calls per text, nothing else (warm, most texts). At the
-        # first segment not in _ids, every new segment of the rest of the batch is filled at
-        # once; a segment still not in _ids then does not stand alone.
+        known = self._norms.__contains__
+        # The hot loop: a few C-level calls per text, nothing else (warm, most texts). A text
+        # with a segment not in _ids: if all its segments are normalised, one does not stand
+        # alone; else every new segment of the rest of the batch is normalised at once (after
+        # that, only the first case remains).
         for i, segs in enumerate(split):
             if segs is None:
                 reference_rows.append(i)
@@ -476,15 +477,12 @@ class FastBertweetTokenizer:
                 out.append([bos, *chain.from_iterable(map(segment_ids, segs)), eos])
                 continue
             except KeyError:
-                if filled:
+                if all(map(known, segs)):
                     joined_rows.append(i)
                     out.append([])
                     continue
-            filled = True
             rest = [s for s in split[i:] if s is not None]
-            missing = set().union(*rest).difference(self._norms)
-            if missing:
-                self._fill_segments(list(missing))
+            self._fill_segments(list(set().union(*rest).difference(self._norms)))
             try:
                 out.append([bos, *chain.from_iterable(map(segment_ids, segs)), eos])
             except KeyError:
