@@ -25,9 +25,14 @@ slices of the batch size (what a worker batch sees), in the same rotation.
 CPU seconds per tweet (worker and broker from /proc, the encoder alone from
 this process) are reported beside wall time: on a shared machine they are
 steadier, though torch's OpenMP threads also burn CPU waiting for a
-descheduled partner, so contention inflates them too.
+descheduled partner, so contention inflates them too.  Each round starts on an
+idle consumer, whose first fetch waits on the broker's long poll: the seconds
+until a round's first tweet is embedded, and the worker's rate from then on,
+are reported beside the round's rate (a continuous feed pays that wake-up once).
+``--engine kafka`` runs the workers on one Apache Kafka node instead of Tansu.
 
     python -m bench.bench_pipeline                  # prints a markdown section
+    python -m bench.bench_pipeline --engine kafka --settings auto:32 --rounds 2 --tweets 2048
     python -m bench.bench_pipeline --out /tmp/pipeline_bench.md --model DIR
 """
 
