@@ -305,9 +305,10 @@ class FastBertweetTokenizer:
             norm = self._tokens[token] = str(self.reference.normalizeToken(token))
         return norm
 
-    def _normalise_segments(self, segments: Sequence[str]) -> list[str]:
+    def _normalise_segments(self, segments: Sequence[str]) -> tuple[list[str], list[str]]:
         """Cache each segment's normalised tokens joined by " ": shortcuts, else one reference call.
-        Returns the segments normalised: these and the new rests of shortcut ones."""
+        Returns the segments normalised (these and the new rests of shortcut ones): the plain
+        words, each its own single normalised word, and the others."""
         norms = self._norms
         # Shortcut segments: their head's normalised token, and their rest. Two dicts of strings
         # rather than one of tuples: no container per segment for the garbage collector to walk.
@@ -357,7 +358,7 @@ class FastBertweetTokenizer:
             head_norm, rest = heads[seg], rests[seg]
             rest_norm = norms[rest] if rest else ""
             norms[seg] = f"{head_norm} {rest_norm}" if rest_norm else head_norm
-        return [*plain, *rest_of_batch, *heads]
+        return plain, [*rest_of_batch, *heads]
 
     def _normalise_by_reference(self, segments: Sequence[str]) -> None:
         """The reference's tokens of ``segments``, normalised: one call, a NUL token between
@@ -397,13 +398,19 @@ class FastBertweetTokenizer:
 
     def _fill_segments(self, segments: Sequence[str]) -> None:
         """Normalise ``segments``, BPE their new words, cache the ids of those that stand alone."""
-        new = self._normalise_segments(segments)
+        plain, new = self._normalise_segments(segments)
         norms, words = self._norms, self._words
         # One string, one split: a list per segment would cost more in garbage collection than here.
-        new_words = list(set(" ".join(map(norms.__getitem__, new)).split()).difference(words))
+        new_words = set(" ".join(map(norms.__getitem__, new)).split())
+        new_words.update(plain)
+        new_words.difference_update(words)
         if new_words:
-            self._fill_words(new_words)
+            self._fill_words(list(new_words))
         ids = self._ids
+        # A plain word is its own normalised word: its ids as they are, in C-level calls (most
+        # new segments). It stands alone unless "cannot" is in it (_stands_alone).
+        alone = [w for w in plain if "cannot" not in w]
+        ids.update(zip(alone, map(words.__getitem__, alone), strict=True))
         for seg in new:
             norm = norms[seg]
             if _stands_alone(norm):
@@ -454,9 +461,13 @@ class FastBertweetTokenizer:
         split = self._segment_batch(texts)
         segment_ids = self._ids.__getitem__
         out: list[list[int]] = []
-        retry_rows: list[int] = []  # a segment not in _ids: new, or not standing alone
+        joined_rows: list[int] = []  # texts the cross-token replacements may touch
         reference_rows: list[int] = []
-        # The hot loop: a few C-level calls per text, nothing else (warm, most texts).
+        known = self._norms.__contains__
+        # The hot loop: a few C-level calls per text, nothing else (warm, most texts). A text
+        # with a segment not in _ids: if all its segments are normalised, one does not stand
+        # alone; else every new segment of the rest of the batch is normalised at once (after
+        # that, only the first case remains).
         for i, segs in enumerate(split):
             if segs is None:
                 reference_rows.append(i)
@@ -464,22 +475,21 @@ class FastBertweetTokenizer:
                 continue
             try:
                 out.append([bos, *chain.from_iterable(map(segment_ids, segs)), eos])
+                continue
             except KeyError:
-                retry_rows.append(i)
-                out.append([])
-        if retry_rows:
-            retry = [(i, split[i] or []) for i in retry_rows]
-            missing = set().union(*[segs for _, segs in retry]).difference(self._norms)
-            if missing:
-                self._fill_segments(list(missing))
-            joined_rows: list[int] = []  # texts the cross-token replacements may touch
-            for i, segs in retry:
-                try:
-                    out[i] = [bos, *chain.from_iterable(map(segment_ids, segs)), eos]
-                except KeyError:
+                if all(map(known, segs)):
                     joined_rows.append(i)
-            if joined_rows:
-                self._encode_joined(split, joined_rows, out)
+                    out.append([])
+                    continue
+            rest = [s for s in split[i:] if s is not None]
+            self._fill_segments(list(set().union(*rest).difference(self._norms)))
+            try:
+                out.append([bos, *chain.from_iterable(map(segment_ids, segs)), eos])
+            except KeyError:
+                joined_rows.append(i)
+                out.append([])
+        if joined_rows:
+            self._encode_joined(split, joined_rows, out)
         if reference_rows:
             ref = self.reference([texts[i] for i in reference_rows], truncation=True, max_length=limit)
             for i, ref_ids in zip(reference_rows, ref["input_ids"], strict=True):
