@@ -168,9 +168,9 @@ def main(argv: list[str] | None = None) -> int:
     print("\n| k | drift | reval_drop delay (d) | exact_drop delay (d) |")
     print("|---|---|---|---|")
     for k, alarms, delays in rows:
-        for label, found in delays.items():
+        for label, delay in delays.items():
             cells = " | ".join(
-                "—" if found[s] is None else f"{found[s]:.2f}" for s in ("reval_drop", "exact_drop")
+                "—" if delay[s] is None else f"{delay[s]:.2f}" for s in ("reval_drop", "exact_drop")
             )
             print(f"| {k} | {label} | {cells} |")
         print(f"| {k} | false alarms / day | {alarms['reval_drop']:.4f} | {alarms['exact_drop']:.4f} |")
