@@ -78,7 +78,15 @@ def information(control: Floats, drifted: Floats, weights: Floats | None = None)
 def signal_information(
     control: bt.Series, drifted: bt.Series, after: npt.NDArray[np.bool_]
 ) -> dict[str, Information]:
-    """The four signals of the module docstring over the events where ``after``."""
+    """The four signals of the module docstring over the events where ``after``.
+
+    >>> t, e, hits = np.arange(4.0), np.full(4, 0.2), np.array([1.0, 0.0, 1.0, 0.0])
+    >>> control = bt.Series(t, hits, e, hits, np.ones(4), np.zeros(4))
+    >>> drifted = bt.Series(t, np.array([1.0, 0.0, 0.0, 0.0]), e, np.zeros(4), np.ones(4), np.zeros(4))
+    >>> found = signal_information(control, drifted, t >= 2)
+    >>> {name: round(f.per_event, 2) for name, f in found.items()}
+    {'exact': 1.0, 'reval': 1.0, 'excess': 1.0, 'excess_weighted': 1.0}
+    """
 
     def cut(values: Floats) -> Floats:
         return np.where(after, values, np.nan)
