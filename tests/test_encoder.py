@@ -22,13 +22,13 @@ from transformers import (
     RobertaModel,
 )
 
+from workers.adapters.bert_forward import packable_layers
 from workers.adapters.cpu_fast import (
     CALIBRATION_TEXTS,
     Int8Linear,
     Int8QKVSlice,
     cpu_supports_bf16,
     cpu_supports_int8,
-    packable_layers,
     packed_forward,
     quantize_linear_layers,
     record_linear_input_absmax,

@@ -59,13 +59,13 @@ from transformers import (
 )
 
 from stream.batch import ModelLoadError
+from workers.adapters.bert_forward import packable_layers, pool_units
 from workers.adapters.bertweet_tokenizer import FastBertweetTokenizer, fast_for
 from workers.adapters.cpu_fast import (
     CALIBRATION_TEXTS,
     cpu_supports_bf16,
     cpu_supports_int8,
     int8_available,
-    packable_layers,
     packed_forward,
     quantize_linear_layers,
     record_linear_input_absmax,
@@ -83,7 +83,6 @@ from workers.adapters.gpu_batching import (
     build_batch,
     chunked,
     flash_varlen_available,
-    pool,
     prefetch,
 )
 
@@ -517,15 +516,14 @@ class Encoder:
         return self._pooled_units(hidden, mask)
 
     def _pooled_units(self, hidden: torch.Tensor, mask: torch.Tensor) -> np.ndarray:
-        """Mean (over the mask) or CLS pooling of a right-padded batch's last hidden states,
-        each row scaled to unit length (a zero row stays zero)."""
-        if self.pooling == "cls":
-            pooled = hidden[:, 0]
-        else:
-            weights = mask.unsqueeze(-1).to(hidden.dtype)
-            pooled = (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1.0)
-        norms = pooled.norm(dim=1, keepdim=True)
-        pooled = torch.where(norms > 0, pooled / norms.clamp(min=1e-12), pooled)
+        """Unit vectors of a right-padded batch's last hidden states: its real tokens packed
+        and pooled as on the token-budget path (:func:`pool_units`)."""
+        lengths = mask.sum(dim=1)
+        tokens = mask.reshape(-1).nonzero().squeeze(1)
+        packed = hidden.reshape(-1, hidden.shape[-1]).index_select(0, tokens)
+        segment = torch.div(tokens, mask.shape[1], rounding_mode="floor")
+        starts = torch.cumsum(lengths, 0) - lengths
+        pooled = pool_units(packed, segment, lengths.float(), starts, self.pooling)
         return np.asarray(pooled.cpu().numpy(), dtype=np.float32)
 
     # -- the token-budget path (workers.adapters.gpu_batching) -----------
@@ -587,7 +585,7 @@ class Encoder:
     def _run_batch(self, window: Window, layout: Packing, attention: Attention) -> np.ndarray:
         """One batch through ``layout``, synchronously: unit rows in the window's order."""
         batch = self._build(window, layout).to(self._device)
-        pooled = pool(batch_hidden(self.model, self._layers, batch, attention), batch, self.pooling)
+        pooled = self._pool_batch(batch_hidden(self.model, self._layers, batch, attention), batch)
         return np.asarray(pooled.cpu().numpy(), dtype=np.float32)
 
     def _build(self, window: Window, layout: Packing) -> Batch:
@@ -617,7 +615,11 @@ class Encoder:
         the work is queued, not waited for."""
         on_device = batch.to(self._device)
         hidden = batch_hidden(self.model, self._layers, on_device, self._attention)
-        return pool(hidden, on_device, self.pooling)
+        return self._pool_batch(hidden, on_device)
+
+    def _pool_batch(self, hidden: torch.Tensor, batch: Batch) -> torch.Tensor:
+        """A token-budget batch's unit vectors (:func:`pool_units`), on its device."""
+        return pool_units(hidden, batch.segment, batch.lengths, batch.cu_seqlens[:-1].long(), self.pooling)
 
     def _host_batches(self, texts: Sequence[str]) -> Iterator[Batch]:
         """Tokenised, sorted, cut by the budget and laid out: what the feeder thread produces."""

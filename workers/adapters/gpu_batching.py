@@ -18,7 +18,7 @@ No compute on padding. Three layouts (:data:`Packing`), tried in this order:
   tweets are packed into one ``(tokens, hidden)`` matrix with no padding at all; the
   per-token layers (the Linear layers, ~95% of the FLOPs at tweet lengths, LayerNorm,
   GELU) run on it as is, by calling the model's own modules (:func:`packed_hidden`,
-  the GPU twin of :func:`workers.adapters.cpu_fast.packed_forward`). Only attention needs
+  the same layer loop as :func:`workers.adapters.cpu_fast.packed_forward`). Only attention needs
   to know where one tweet ends: variable-length attention over ``cu_seqlens`` (the
   tweets' offsets), see :data:`Attention`. Compute is proportional to the real tokens.
 * ``"rows"`` (for other models, through the model's own forward): tweets bin-packed
@@ -69,6 +69,8 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
+
+from workers.adapters.bert_forward import padded_attention, run_layers
 
 log = logging.getLogger(__name__)
 
@@ -456,28 +458,9 @@ def _attend_nested(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: Bat
 
 
 def _attend_padded(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: Batch) -> torch.Tensor:
-    """Scatter into ``(tweets, heads, longest, head size)``, one masked SDPA call, gather back."""
+    """Scatter into ``(tweets, heads, longest, head size)``, one masked attention, gather back."""
     assert batch.pad_index is not None
-    n, longest = len(batch.cu_seqlens) - 1, batch.max_len
-    heads, size = q.shape[1], q.shape[2]
-    idx = batch.pad_index
-
-    def pad(x: torch.Tensor) -> torch.Tensor:
-        out = x.new_zeros(n * longest, heads, size).index_copy_(0, idx, x)
-        return out.view(n, longest, heads, size).transpose(1, 2)
-
-    real = torch.zeros(n * longest, dtype=torch.bool, device=q.device)
-    real[idx] = True
-    attend = real.view(n, 1, 1, longest)
-    if q.dtype == torch.float32:
-        # Plain matmuls: on CPU ~1.5x faster than SDPA's kernel at tweet lengths (cpu_fast).
-        qq, kk, vv = pad(q), pad(k), pad(v)
-        scores = torch.matmul(qq, kk.transpose(-1, -2)).mul_(size**-0.5)
-        scores.masked_fill_(~attend, float("-inf"))
-        ctx = torch.matmul(scores.softmax(dim=-1), vv)
-    else:
-        ctx = torch.nn.functional.scaled_dot_product_attention(pad(q), pad(k), pad(v), attn_mask=attend)
-    return ctx.transpose(1, 2).reshape(n * longest, heads, size).index_select(0, idx)
+    return padded_attention(q, k, v, batch.pad_index, len(batch.cu_seqlens) - 1, batch.max_len)
 
 
 _ATTEND: dict[str, Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Batch], torch.Tensor]] = {
@@ -492,10 +475,10 @@ def packed_hidden(model: Any, layers: Sequence[Any], batch: Batch, attention: At
 
     The model's own modules (``embeddings``, and per layer ``attention.self.{query,key,value}``,
     ``attention.output``, ``intermediate``, ``output``: what
-    :func:`~workers.adapters.cpu_fast.packable_layers` checks) applied to the packed tokens,
-    as the transformers forward applies them in eval mode (post-LN; dropout is the identity);
-    attention per tweet through ``attention``. Matches the transformers forward on the
-    real tokens (the tests check it against the padded path).
+    :func:`~workers.adapters.bert_forward.packable_layers` checks) applied to the packed
+    tokens by :func:`~workers.adapters.bert_forward.run_layers` (the loop the CPU's
+    padding-free forward uses too); attention per tweet through ``attention``.  Matches the
+    transformers forward on the real tokens (the tests check it against the padded path).
     """
     ids = batch.input_ids.unsqueeze(0)
     assert batch.position_ids is not None
@@ -506,18 +489,7 @@ def packed_hidden(model: Any, layers: Sequence[Any], batch: Batch, attention: At
         token_type_ids=torch.zeros_like(ids),
     ).squeeze(0)
     attend = _ATTEND[attention]
-    tokens = h.shape[0]
-    for layer in layers:
-        sa = layer.attention.self
-        heads, size = sa.num_attention_heads, sa.attention_head_size
-        q, k, v = (proj(h).reshape(tokens, heads, size) for proj in (sa.query, sa.key, sa.value))
-        ctx = attend(q, k, v, batch).reshape(tokens, heads * size)
-        ao = layer.attention.output
-        a = ao.LayerNorm(ao.dense(ctx) + h)
-        x = layer.intermediate.intermediate_act_fn(layer.intermediate.dense(a))
-        out = layer.output
-        h = out.LayerNorm(out.dense(x) + a)
-    return h
+    return run_layers(layers, h, lambda q, k, v: attend(q, k, v, batch))
 
 
 def batch_hidden(
@@ -543,23 +515,6 @@ def batch_hidden(
         hidden = model(input_ids=batch.input_ids, attention_mask=batch.mask).last_hidden_state
     assert batch.tokens is not None
     return hidden.reshape(-1, hidden.shape[-1]).index_select(0, batch.tokens)
-
-
-def pool(hidden: torch.Tensor, batch: Batch, pooling: str) -> torch.Tensor:
-    """Unit-length float32 ``(tweets, hidden)``: mean over each tweet's tokens, or its first token.
-
-    Same maths as the fixed-count path (float32 mean over the real tokens, ``<s>``
-    and ``</s>`` included; a zero vector stays zero).
-    """
-    n = len(batch.cu_seqlens) - 1
-    if pooling == "cls":
-        pooled = hidden.index_select(0, batch.cu_seqlens[:-1].long()).float()
-    else:
-        sums = torch.zeros(n, hidden.shape[-1], dtype=torch.float32, device=hidden.device)
-        sums.index_add_(0, batch.segment, hidden.float())
-        pooled = sums / batch.lengths.clamp(min=1.0).unsqueeze(1)
-    norms = pooled.norm(dim=1, keepdim=True)
-    return torch.where(norms > 0, pooled / norms.clamp(min=1e-12), pooled)
 
 
 # -- overlap ---------------------------------------------------------------------------
