@@ -33,7 +33,7 @@ from workers.adapters.cpu_fast import (
     quantize_linear_layers,
     record_linear_input_absmax,
 )
-from workers.adapters.encoder import DEFAULT_MODEL, MINILM, Encoder, resolve_dtype, resolve_model
+from workers.adapters.encoder import DEFAULT_MODEL, Encoder
 from workers.adapters.gpu_batching import (
     Window,
     batches_from_windows,
@@ -44,6 +44,7 @@ from workers.adapters.gpu_batching import (
     restore_order,
     token_budget_batches,
 )
+from workers.adapters.model_loading import MINILM, resolve_dtype, resolve_model
 from workers.dev.tiny_models import build_tiny_bertweet
 
 TWEETS = [

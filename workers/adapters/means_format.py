@@ -166,7 +166,8 @@ def decode_hashtag(
     """One hashtag as read: its folded state (``s``, ``m``; None: never folded) plus the
     records of its log above their partition's watermark, in a fixed order (reads are
     reproducible); ``key`` names the folded state in errors."""
-    count, marks = 0, {}
+    count = 0
+    marks: dict[str, int] = {}
     total = np.zeros(dim, dtype=np.float64)
     if m is not None:
         count, total, marks = decode_state(s, m, dim, key)
