@@ -38,13 +38,12 @@ from workers.adapters.gpu_batching import (
     Window,
     batches_from_windows,
     build_batch,
-    chunked,
     pack_rows,
-    prefetch,
     restore_order,
     token_budget_batches,
 )
 from workers.adapters.model_loading import MINILM, resolve_dtype, resolve_model
+from workers.adapters.prefetch import chunked, prefetch
 from workers.dev.tiny_models import build_tiny_bertweet
 
 TWEETS = [

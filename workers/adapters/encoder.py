@@ -63,9 +63,7 @@ from workers.adapters.gpu_batching import (
     batch_hidden,
     batches_from_windows,
     build_batch,
-    chunked,
     flash_varlen_available,
-    prefetch,
 )
 from workers.adapters.model_loading import (
     is_bertweet,
@@ -76,6 +74,7 @@ from workers.adapters.model_loading import (
     resolve_dtype,
     resolve_model,
 )
+from workers.adapters.prefetch import chunked, prefetch
 from workers.adapters.tokenizing_processes import TokenizerSpec, TokenizingProcesses, default_tokenize_workers
 
 log = logging.getLogger(__name__)

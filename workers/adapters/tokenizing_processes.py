@@ -27,8 +27,9 @@ import numpy as np
 import torch
 
 from workers.adapters.bertweet_tokenizer import fast_for
-from workers.adapters.gpu_batching import Window, chunked
+from workers.adapters.gpu_batching import Window
 from workers.adapters.model_loading import load_hf_tokenizer
+from workers.adapters.prefetch import chunked
 
 log = logging.getLogger(__name__)
 
