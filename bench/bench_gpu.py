@@ -55,8 +55,9 @@ import torch
 from bench.bench_encoder import build_base_model, embeddable_tweets, load_texts
 from bench.results import cpu_model, publish
 from workers.adapters.bertweet_tokenizer import FastBertweetTokenizer, fast_for
-from workers.adapters.encoder import Encoder, resolve_device
+from workers.adapters.encoder import Encoder
 from workers.adapters.gpu_batching import DEFAULT_TOKEN_BUDGET
+from workers.adapters.model_loading import resolve_device
 from workers.dev.tiny_models import build_tiny_bertweet
 
 REDIS_URL = "redis://127.0.0.1:6379/0"

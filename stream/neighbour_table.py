@@ -256,27 +256,7 @@ def build_neighbour_table(
     if on_space is not None:
         on_space(space)
     ranked, search = _rank_neighbours(method, space, depth, name_rank, candidates, seed)
-    neighbours = ranked.ids
-    valid = neighbours >= 0
-    if ranked.sims is not None:
-        cosines = embedding_cosines(unit, method.startswith("center"), ranked.ids, ranked.sims)
-    else:
-        # In blocks of rows: gathering every neighbour's vector at once is n x depth x d floats
-        # (43 GB at 100,000 x 70 x 768). Small blocks (64 rows: ~20 MB of gathered rows at depth
-        # 100 x 768) stay in cache; 1,024-row blocks (300 MB) took 2-3x longer, 43 s of a 230-s
-        # build at 100,000 (BENCHMARKS.md, issue 27 §5). Each cosine is the same dot product
-        # whatever the block, so the values are the same to the bit.
-        cosines = np.empty(neighbours.shape, dtype=np.float64)
-        for start in range(0, n, 64):
-            rows = slice(start, start + 64)
-            gathered = unit[np.where(valid[rows], neighbours[rows], 0)]
-            cosines[rows] = np.einsum("ij,ikj->ik", unit[rows], gathered)
-    distances = np.where(valid, np.clip(1.0 - cosines, 0.0, 2.0), np.inf).astype(np.float32)
-    if max_distance is not None:
-        # Cut each list at the first neighbour beyond the limit (ranks stay contiguous).
-        beyond = np.cumsum(distances > max_distance, axis=1) > 0
-        neighbours = np.where(beyond, -1, neighbours)
-        distances = np.where(beyond, np.inf, distances)
+    neighbours, distances = _distances(unit, method, ranked, max_distance)
     params = {
         "metric": metric,
         "method": method,
@@ -302,3 +282,33 @@ def build_neighbour_table(
         search=search,
     )
     return NeighbourTable(kept, neighbours.astype(np.int32), distances, kept_counts, metadata, ranked.stats)
+
+
+def _distances(
+    unit: npt.NDArray[np.float64], method: str, ranked: ReRanked, max_distance: float | None
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
+    """The ranked neighbours (-1: none) and their cosine distances in the embedding space
+    (not the space they were ranked in), each list cut at the first beyond ``max_distance``."""
+    n = len(unit)
+    neighbours = ranked.ids
+    valid = neighbours >= 0
+    if ranked.sims is not None:
+        cosines = embedding_cosines(unit, method.startswith("center"), ranked.ids, ranked.sims)
+    else:
+        # In blocks of rows: gathering every neighbour's vector at once is n x depth x d floats
+        # (43 GB at 100,000 x 70 x 768). Small blocks (64 rows: ~20 MB of gathered rows at depth
+        # 100 x 768) stay in cache; 1,024-row blocks (300 MB) took 2-3x longer, 43 s of a 230-s
+        # build at 100,000 (BENCHMARKS.md, issue 27 §5). Each cosine is the same dot product
+        # whatever the block, so the values are the same to the bit.
+        cosines = np.empty(neighbours.shape, dtype=np.float64)
+        for start in range(0, n, 64):
+            rows = slice(start, start + 64)
+            gathered = unit[np.where(valid[rows], neighbours[rows], 0)]
+            cosines[rows] = np.einsum("ij,ikj->ik", unit[rows], gathered)
+    distances = np.where(valid, np.clip(1.0 - cosines, 0.0, 2.0), np.inf).astype(np.float32)
+    if max_distance is not None:
+        # Cut each list at the first neighbour beyond the limit (ranks stay contiguous).
+        beyond = np.cumsum(distances > max_distance, axis=1) > 0
+        neighbours = np.where(beyond, -1, neighbours)
+        distances = np.where(beyond, np.inf, distances)
+    return neighbours, distances

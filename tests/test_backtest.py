@@ -13,6 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from stream import backtest as bt
+from stream import drift_injection as di
 from stream.alert_params import rule_params
 from tests.test_deploy import require_binary
 from tests.test_prometheus import Prometheus
@@ -162,17 +163,17 @@ def test_too_few_events_never_alert(rules: bt.Rules) -> None:
 def test_drifts_change_lists_as_described() -> None:
     rng = np.random.default_rng(3)
     recs = ["a", "b", "c", "d"]
-    random = bt.inject("random", 0.5, recs, rng, vocabulary=["x", "y", "z"])
+    random = di.inject("random", 0.5, recs, rng, vocabulary=["x", "y", "z"])
     assert (
         len(random) == 4 and len(set(random) - set(recs)) == 2 and set(random) <= set(recs) | {"x", "y", "z"}
     )
     known = {"a", "b", "c", "d", "aa"}
-    assert bt.inject("vocab", 1.0, recs, rng, known=known.__contains__) == ["a_2", "bb", "cc", "dd"]
+    assert di.inject("vocab", 1.0, recs, rng, known=known.__contains__) == ["a_2", "bb", "cc", "dd"]
     table = {"a": ["b", "e"], "b": ["c"], "e": ["a"]}
-    assert bt.inject("synonyms", 1.0, ["a"], rng, synonym=lambda h, taken: bt.mutual_synonym(
+    assert di.inject("synonyms", 1.0, ["a"], rng, synonym=lambda h, taken: di.mutual_synonym(
         h, taken, lambda x: table.get(x, []))) == ["e"]  # fmt: skip
     with pytest.raises(ValueError, match="whole lists"):
-        bt.inject("stale", 1.0, recs, rng)
+        di.inject("stale", 1.0, recs, rng)
 
 
 @pytest.mark.parametrize(
@@ -188,7 +189,7 @@ def test_drifts_change_lists_as_described() -> None:
 )
 def test_bad_injections_are_named(text: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        bt.parse_injection(text)
+        di.parse_injection(text)
 
 
 ARGS = [

@@ -22,28 +22,28 @@ from transformers import (
     RobertaModel,
 )
 
+from workers.adapters.bert_forward import packable_layers
 from workers.adapters.cpu_fast import (
     CALIBRATION_TEXTS,
     Int8Linear,
     Int8QKVSlice,
     cpu_supports_bf16,
     cpu_supports_int8,
-    packable_layers,
     packed_forward,
     quantize_linear_layers,
     record_linear_input_absmax,
 )
-from workers.adapters.encoder import DEFAULT_MODEL, MINILM, Encoder, resolve_dtype, resolve_model
+from workers.adapters.encoder import DEFAULT_MODEL, Encoder
 from workers.adapters.gpu_batching import (
     Window,
     batches_from_windows,
     build_batch,
-    chunked,
     pack_rows,
-    prefetch,
     restore_order,
     token_budget_batches,
 )
+from workers.adapters.model_loading import MINILM, resolve_dtype, resolve_model
+from workers.adapters.prefetch import chunked, prefetch
 from workers.dev.tiny_models import build_tiny_bertweet
 
 TWEETS = [

@@ -25,8 +25,8 @@ from hypothesis import strategies as st
 from redis.cluster import RedisCluster
 
 from stream.means import HashtagMeans
+from workers.adapters.means_format import HEAD_COMPONENTS
 from workers.adapters.redis_means import (
-    HEAD_COMPONENTS,
     Contribution,
     DimensionError,
     RedisMeans,

@@ -7,8 +7,9 @@ internals that the plain path does not:
   and the int8 path is off when it is missing) and torch's private CPU feature
   probes (with a ``/proc/cpuinfo`` fallback);
 * the module tree of BERT/RoBERTa-style encoders from transformers
-  (``attention.self.query`` ...), which :func:`packed_forward` re-implements for
-  the real tokens only (checked against the transformers forward in the tests).
+  (``attention.self.query`` ...), which :func:`packed_forward` runs on the real tokens
+  only (through :mod:`workers.adapters.bert_forward`, the layer loop it shares with the
+  token-budget path; checked against the transformers forward in the tests).
 
 The int8 path (``dtype="int8"``) keeps activations in float32 and quantises
 only the inputs and weights of the ``nn.Linear`` layers: weights per output
@@ -31,6 +32,8 @@ from functools import lru_cache
 from typing import Any
 
 import torch
+
+from workers.adapters.bert_forward import padded_attention, run_layers
 
 # SmoothQuant's migration strength: 0.5 splits the outliers evenly between
 # activations and weights (best of 0.3-0.7 on MiniLM here).
@@ -349,69 +352,6 @@ def record_linear_input_absmax(
     return stats
 
 
-def packable_layers(model: torch.nn.Module) -> list[Any] | None:
-    """The layers of a standard BERT/RoBERTa-style encoder, or None for anything else.
-
-    Standard: an ``embeddings`` module taking ``input_ids``, and post-LN layers
-    with ``attention.self.{query,key,value}`` (absolute positions, no decoder
-    or cross-attention), ``attention.output.{dense,LayerNorm}``,
-    ``intermediate.{dense,intermediate_act_fn}`` and ``output.{dense,LayerNorm}``:
-    what :func:`packed_forward` re-implements.
-    """
-    config = getattr(model, "config", None)
-    layers = getattr(getattr(model, "encoder", None), "layer", None)
-    if (
-        config is None
-        or not isinstance(layers, torch.nn.ModuleList)
-        or len(layers) == 0
-        or getattr(model, "embeddings", None) is None
-        or getattr(config, "is_decoder", False)
-        or getattr(config, "add_cross_attention", False)
-        or getattr(config, "position_embedding_type", "absolute") != "absolute"
-    ):
-        return None
-    for layer in layers:
-        att = getattr(layer, "attention", None)
-        sa = getattr(att, "self", None)
-        ao = getattr(att, "output", None)
-        inter = getattr(layer, "intermediate", None)
-        out = getattr(layer, "output", None)
-        if not (
-            all(callable(getattr(sa, k, None)) for k in ("query", "key", "value"))
-            and isinstance(getattr(sa, "num_attention_heads", None), int)
-            and isinstance(getattr(sa, "attention_head_size", None), int)
-            and getattr(sa, "position_embedding_type", "absolute") == "absolute"
-            and all(callable(getattr(m, k, None)) for m in (ao, out) for k in ("dense", "LayerNorm"))
-            and callable(getattr(inter, "dense", None))
-            and callable(getattr(inter, "intermediate_act_fn", None))
-            and getattr(layer, "crossattention", None) is None
-        ):
-            return None
-    return list(layers)
-
-
-def _attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attend: torch.Tensor | None
-) -> torch.Tensor:
-    """Softmax attention, scale ``1/sqrt(head size)``; ``attend``: True where a key counts.
-
-    float32: plain batched matmuls, ~1.5x faster here than SDPA's CPU kernel at
-    tweet lengths (SDPA's flash kernel is built for long sequences); other
-    dtypes: SDPA, which keeps the softmax in float32.
-    """
-    if q.dtype != torch.float32:
-        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=attend)
-    scores = torch.matmul(q, k.transpose(-1, -2)).mul_(q.shape[-1] ** -0.5)
-    if attend is not None:
-        scores.masked_fill_(~attend, float("-inf"))
-    return torch.matmul(scores.softmax(dim=-1), v)
-
-
-def _is_exact_gelu(fn: object) -> bool:
-    """transformers' ``GELUActivation`` with the exact (erf) GELU: safe to apply in place."""
-    return getattr(fn, "act", None) is torch.nn.functional.gelu
-
-
 def packed_forward(
     model: Any,
     layers: list[Any],
@@ -420,15 +360,12 @@ def packed_forward(
 ) -> torch.Tensor:
     """``last_hidden_state`` of a standard encoder, computing nothing for padding.
 
-    Same maths as the transformers forward pass in eval mode (post-LN layers,
-    softmax attention over the real tokens), but every per-token step (the
-    Linear layers, ~90% of the time, LayerNorm, the activation) runs on the
-    real tokens only, packed into one ``(tokens, hidden)`` matrix; only the
-    attention itself sees the padded ``(batch, length)`` layout. With tweets
-    of mixed lengths a batch is ~25-35% padding. Padding rows of the result
-    are zero (pooling ignores them). Results equal the transformers forward
-    pass on the real tokens (checked in the tests). Inference only: it works
-    in place on intermediate tensors.
+    Same maths as the transformers forward pass in eval mode, but every per-token step
+    runs on the real tokens only (:func:`~workers.adapters.bert_forward.run_layers`, packed
+    into one ``(tokens, hidden)`` matrix); only the attention itself sees the padded
+    ``(batch, length)`` layout.  With tweets of mixed lengths a batch is ~25-35% padding.
+    Padding rows of the result are zero (pooling ignores them).  Results equal the
+    transformers forward pass on the real tokens (checked in the tests).  Inference only.
     """
     batch, length = input_ids.shape
     hidden = model.embeddings(input_ids=input_ids)
@@ -436,38 +373,11 @@ def packed_forward(
     rows = batch * length
     flat = mask.reshape(-1)
     keep: torch.Tensor | None = None
-    attend: torch.Tensor | None = None
     h = hidden.reshape(rows, width)
     if not bool(flat.all()):
         keep = flat.nonzero().squeeze(1)  # rows of the real tokens
-        attend = mask.bool()[:, None, None, :]
         h = h.index_select(0, keep)
-
-    def unpack(t: torch.Tensor) -> torch.Tensor:
-        if keep is None:
-            return t
-        return t.new_zeros(rows, t.shape[-1]).index_copy_(0, keep, t)
-
-    for layer in layers:
-        sa = layer.attention.self
-        heads, size = sa.num_attention_heads, sa.attention_head_size
-        fused = getattr(sa, "qkv", None)
-        if isinstance(fused, Int8Linear) and isinstance(sa.query, Int8QKVSlice):
-            qkv = unpack(fused(h)).view(batch, length, 3, heads, size).permute(2, 0, 3, 1, 4)
-            q, k, v = qkv[0], qkv[1], qkv[2]
-        else:
-            q, k, v = (
-                unpack(proj(h)).view(batch, length, heads, size).transpose(1, 2)
-                for proj in (sa.query, sa.key, sa.value)
-            )
-        ctx = _attention(q, k, v, attend).transpose(1, 2).reshape(rows, heads * size)
-        if keep is not None:
-            ctx = ctx.index_select(0, keep)
-        ao = layer.attention.output
-        a = ao.LayerNorm(ao.dense(ctx).add_(h))
-        x = layer.intermediate.dense(a)
-        act = layer.intermediate.intermediate_act_fn
-        x = torch.ops.aten.gelu_(x) if _is_exact_gelu(act) else act(x)
-        out = layer.output
-        h = out.LayerNorm(out.dense(x).add_(a))
-    return unpack(h).view(batch, length, width)
+    h = run_layers(layers, h, lambda q, k, v: padded_attention(q, k, v, keep, batch, length))
+    if keep is not None:
+        h = h.new_zeros(rows, width).index_copy_(0, keep, h)
+    return h.view(batch, length, width)

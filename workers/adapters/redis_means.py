@@ -1,151 +1,55 @@
 """Redis adapter for the per-hashtag running means (count, sum) of tweet embeddings.
 
-The embed workers add every embedded tweet to the running mean of each of its
-hashtags; the periodic index job reads all of them.  The maths lives in
-:mod:`stream.means` (:class:`~stream.means.RunningMean`); this module only
-stores it, and adds the one thing memory cannot give: **exactly-once effect
-under Kafka redelivery**, safe on Redis Cluster -- with **no float arithmetic
-and no scripts on the Redis write path**, since one Redis core serves every
-embed worker.
+The embed workers add every embedded tweet to the running mean of each of its hashtags; the
+periodic index job reads all of them.  The maths lives in :mod:`stream.means`; this module
+stores it with **exactly-once effect under Kafka redelivery**, safe on Redis Cluster, and with
+no float arithmetic and no scripts on the Redis write path (one Redis core serves every embed
+worker): each record goes into its hashtag's *log* under its Kafka coordinates (one idempotent
+HSET per hashtag and batch); a *fold* moves a log into the stored sum with a compare-and-set on
+a fold generation and raises per-partition watermarks, below which later copies count for
+nothing.  The bytes stored are :mod:`workers.adapters.means_format`'s.
 
-Key layout (``prefix`` defaults to ``reval``)
----------------------------------------------
-``{prefix}:p:{<hashtag>}``  -- the hashtag's *log*: a HASH of the records not yet
-    folded, field ``"<topic>:<partition>:<offset>"`` (the Kafka coordinates),
-    value the tweet's vector as little-endian float32 (float64 if float32 would
-    round it).  The braces make the hashtag the Redis Cluster hash tag.
+The caller's contract (the usual at-least-once consumer's): commit a Kafka offset only after
+:meth:`RedisMeans.apply` has returned for every record below it; retrying a failed ``apply``
+is safe, and so is going on (the next call re-runs the failed one first).  Offsets of a
+partition only grow outside redelivery: a re-created topic needs a fresh prefix.
 
-``{prefix}:h:{<hashtag>}``  -- the hashtag's *folded* state, a HASH written only
-    by folds (same hash tag, so the same slot as its log):
-
-    ``s``  the first ``min(dim, 766)`` components of the folded sum as int32
-           mantissas (see *Precision*).
-    ``m``  meta: folded ``count`` (float64, an exact integer), ``dim`` (uint32),
-           the shared exponent ``e`` (int32), the remaining ``dim - 766`` int32
-           mantissas (2 for 768-d), then one *folded watermark* per Kafka
-           partition that ever fed this hashtag: ``"<topic>:<partition>\\0"``
-           and the highest offset folded (float64, exact).  (Round 1's layout:
-           its keys read as folded states.)
-    ``g``  the fold generation (an integer; absent: 0).
-
-    The running mean is the folded state plus the log's records above their
-    partition's folded watermark.  Why split the sum over two fields: jemalloc
-    (Redis' allocator) rounds an allocation up to its size class, and 3,072
-    bytes in one string (+6 bytes of SDS header) land in the 3,584-byte class;
-    766 int32 + header fit the 3,072-byte class exactly.  ``MEMORY USAGE`` of a
-    folded 768-d hashtag fed by 4 partitions is ~3.4 KB on Redis 7; each further
-    partition adds ``len("topic:partition") + 9`` bytes, rounded up to a size
-    class.  Each logged record adds ~3.1 KB (768-d float32) until folded.
-
-``{prefix}:changed``  -- a SET of hashtags written to since the index job last
-    called :meth:`RedisMeans.take_changed`; only a trigger heuristic (a crash
-    may leave it over-full, never the sums wrong).
-
-``{prefix}:dim``  -- the vector dimension, fixed by the first write (SET NX).
-
-Write path and exactly-once design
-----------------------------------
-A batch is two pipelined round trips: ``HGET`` of each hashtag's ``m`` (its
-folded watermarks), then one ``HSET`` per hashtag of its records above them,
-plus ``HLEN``.  Writing a record is idempotent by its field name, so redelivery
-(any batch boundaries, any crash point: a pipeline applies any subset of its
-per-hashtag HSETs, each atomic) adds nothing twice to the log; records already
-folded are skipped by the watermark, and a reader ignores any that a race wrote
-again (below).  ``bench/bench_redis.py`` measures the server CPU against round
-1's script, which decoded, added and re-encoded the 768-d sum in Lua per call.
-
-A *fold* moves a hashtag's log into its folded state: a client reads ``h``,
-the log and ``g`` again (equal ``g``: no fold in between, so the two are
-consistent; else it reads again), adds the records above the watermarks to the
-stored sum in float64 *on the client*, rounds once, and a compare-and-set script
-writes the new ``s``, ``m`` (count, watermarks raised to the highest offsets
-folded) and ``g + 1``, and deletes the log fields it read -- only if ``g`` is
-still what it read.  Records logged meanwhile stay; a fold that lost a race to
-another (or a stale one from a slow process) is refused.  The embed worker folds
-a hashtag whose log reached ``fold_after`` records (default 8, so a hot
-hashtag's log stays ~25 KB); the index job folds everything it reads.
-
-Why raising a watermark to the highest offset folded loses nothing, per
-(hashtag, partition): an actor (worker, or its zombie during a rebalance)
-writes a hashtag's records of a partition in offset order -- one atomic HSET
-per batch, batches one after another, a failed one re-run before the next --
-starting from a committed offset below which everything was written before the
-commit.  So when a fold reads a record ``o``, every record of that hashtag and
-partition below ``o`` is in the same read or was folded before.  A record
-redelivered after its fold is skipped at write (its offset is at or below the
-watermark read just before); if a fold lands between that check and the HSET,
-the record is logged again, ignored by reads, and dropped by the next fold.
-
-Failover (Redis Cluster, or any Redis with replicas): given a
-:class:`~workers.adapters.redis_client.Replication`, :meth:`RedisMeans.apply` returns only
-once the batch's writes are on the replicas of every master; otherwise it raises a
-transient error and is run again (below).  So a record whose offset is committed is in a
-log or a folded sum that survives the loss of any one master.  A fold lost in a failover
-needs no barrier: the promoted replica holds the state before the fold -- the log it
-would have folded, and the old sum -- which reads the same.
-
-What the caller must do (the usual at-least-once consumer contract):
-commit a Kafka offset only after :meth:`RedisMeans.apply` has returned for
-every record below it.  If ``apply`` raises, retrying the same batch is safe
-(it is idempotent, which is also why redis-py's own retry-on-disconnect is
-safe here), and so is going on: the next ``apply`` of the same instance first
-re-runs the failed calls.  Offsets of a partition must only grow outside
-redelivery: recreating a topic under the same name (offsets restart at 0)
-needs a fresh prefix.  Without a script on the write path Redis cannot refuse
-a vector of another dimension (the writers check ``{prefix}:dim``); a read
-names the hashtag instead of mixing dimensions.
-
-Hot hashtags on Redis Cluster: a hashtag's keys live in one slot, so all its
-writes go to one node -- one HSET per batch of each worker, the fold's float
-work on the worker's CPU, the node's share a memcpy per record.
-
-Precision
----------
-The folded sum is stored in 4 bytes per component like float32, but as *block
-floating point*: int32 mantissas sharing one exponent per hashtag, chosen on
-every fold so the largest component uses 30-31 bits.  A fold rounds each
-component to the grid ``2**-e`` (round half to even, so float32 inputs, whose
-low bits often fall exactly on a half, are not biased), an absolute error of
-at most ``max|sum_i| * 2**-31`` -- about 2**-31 of the sum's norm, ~100x less
-than float32's per-component ``2**-24 * |sum_i|`` for the large components
-that dominate the unit vector's error.  Logged records are exact, a fold adds
-them in double, so there is one rounding per fold (every ``fold_after``
-records, or index rebuild), fewer than round 1's one per batch; a test checks
-the sums bit for bit against a numpy model of exactly this.  Round 1 measured,
-with one rounding per call (768-d, against a float64 batch recomputation), max
-per-component error of the unit vector after 10^4 / 10^5 / 3*10^5 calls:
-BERT-like vectors 1.8e-8 / 4.8e-8 / 9.5e-8 (float32 storage: 2.1e-7 / 9.3e-7 /
-7.2e-6); the worst case, the same vector over and over (a spam bot), 1.3e-7
-after 10^4 calls (float32: 9.4e-6); folding less often only lowers these.
-Counts are exact.
+The key layout, why the exactly-once argument holds (zombies, folds racing writes, failover)
+and the precision of the stored sums: ``docs/redis-means.md``.
 """
 
 from __future__ import annotations
 
 import math
 import re
-import struct
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeAlias, cast
 
 import numpy as np
-import numpy.typing as npt
 import redis
 from redis.cluster import RedisCluster
 from redis.exceptions import NoScriptError
 
 from stream.means import RunningMean, Vector
+from workers.adapters.means_format import (
+    DimensionError,
+    HashtagState,
+    above_watermark,
+    decode_hashtag,
+    decode_marks,
+    encode_state,
+    encode_window,
+    stored_dim,
+    vector_bytes,
+)
 from workers.adapters.redis_client import Replication, replicated
 
 Client: TypeAlias = "redis.Redis | RedisCluster"
 
-#: Sum components kept in field ``s``: 4·766 bytes + 6 of SDS header fit jemalloc's 3,072 class.
-HEAD_COMPONENTS = 766
 #: Kafka offsets are int64, Lua numbers are doubles: offsets must stay exactly representable.
 MAX_OFFSET = 2**53 - 1
 _PREFIX_RE = re.compile(r"[A-Za-z0-9_.:\-]+")
-_META_HEADER = struct.Struct("<dIi")  # count, dim, shared exponent
 _READ_CHUNK = 500  # keys per pipelined HMGET round trip in read_all
 
 _FOLD_LUA = """
@@ -175,10 +79,6 @@ local members = redis.call('SMEMBERS', KEYS[1])
 redis.call('DEL', KEYS[1])
 return members
 """
-
-
-class DimensionError(ValueError):
-    """A vector's dimension differs from the one the store was fixed to."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -224,18 +124,6 @@ class _Call:
 class _Plan:
     calls: tuple[_Call, ...]
     duplicates: int  # (tweet, hashtag) updates repeated within the batch itself
-
-
-@dataclass(frozen=True)
-class _State:
-    """One hashtag as read consistently: its mean, and what a fold of it would write."""
-
-    mean: RunningMean
-    generation: int
-    fields: tuple[bytes, ...]  # every log field read (valid and stale): a fold drops them
-    marks: dict[str, int]  # partition id -> highest offset in the mean
-    windows: dict[int, RunningMean]  # window number -> the mean of its tweets
-    logged_windows: frozenset[int]  # windows with records in the log: a fold rewrites them
 
 
 class RedisMeans:
@@ -389,7 +277,7 @@ class RedisMeans:
             name = f"{c.topic}:{int(c.partition)}:{int(c.offset)}"  # numpy integers too
             if self.window_s is not None and c.time is not None:
                 name += f"/{self.window_of(c.time)}"  # event time: the same on redelivery
-            value = _vector_bytes(c.vector)
+            value = vector_bytes(c.vector)
             for tag in dict.fromkeys(c.hashtags):  # a tweet counts once per distinct hashtag
                 fields = groups.setdefault(tag, {})
                 if name in fields:
@@ -460,8 +348,8 @@ class RedisMeans:
             pipe.hget(call.keys[0], "m")
         writes, skipped = [], plan.duplicates
         for call, m in zip(plan.calls, pipe.execute(), strict=True):
-            marks = _decode_marks(m) if m else {}
-            fields = [f for f in call.fields if _above(f[0], marks)]
+            marks = decode_marks(m) if m else {}
+            fields = [f for f in call.fields if above_watermark(f[0], marks)]
             skipped += len(call.fields) - len(fields)
             if fields:
                 writes.append((call, fields))
@@ -499,13 +387,13 @@ class RedisMeans:
         """
         return self._fold(self._read_states(list(dict.fromkeys(hashtags))))
 
-    def _fold(self, states: dict[str, _State]) -> int:
+    def _fold(self, states: dict[str, HashtagState]) -> int:
         todo = [(tag, st) for tag, st in states.items() if st.fields]
         folded = 0
         for start in range(0, len(todo), _READ_CHUNK):
             pipe = self.client.pipeline(transaction=False)
             for tag, st in todo[start : start + _READ_CHUNK]:
-                s, m = _encode_state(st.mean, st.marks)
+                s, m = encode_state(st.mean, st.marks)
                 windows, expired, ttl = self._fold_windows(st)
                 # Not Script.__call__: on a Pipeline it adds a SCRIPT EXISTS round trip per
                 # execute, and ClusterPipeline blocks the evalsha() method (not the command).
@@ -526,14 +414,14 @@ class RedisMeans:
             folded += sum(int(r) for r in replies)
         return folded
 
-    def _fold_windows(self, st: _State) -> tuple[list[tuple[int, bytes]], list[int], int]:
+    def _fold_windows(self, st: HashtagState) -> tuple[list[tuple[int, bytes]], list[int], int]:
         """A fold's window writes: the windows its log touched, the windows now older than
         the newest ``window_keep``, and the window hash's TTL (memory of idle hashtags)."""
         if not st.windows:
             return [], [], 0
         newest = max(st.windows)
         keep = {w for w in st.windows if w > newest - self.window_keep}
-        writes = [(w, _encode_window(st.windows[w])) for w in sorted(st.logged_windows & keep)]
+        writes = [(w, encode_window(st.windows[w])) for w in sorted(st.logged_windows & keep)]
         expired = sorted(set(st.windows) - keep)
         ttl = 0 if self.window_s is None else math.ceil(self.window_keep * self.window_s)
         return writes, expired, ttl
@@ -551,10 +439,10 @@ class RedisMeans:
             self._fold(states)
         return {tag: st.mean for tag, st in states.items()}
 
-    def _read_states(self, tags: list[str]) -> dict[str, _State]:
+    def _read_states(self, tags: list[str]) -> dict[str, HashtagState]:
         """Read hashtags consistently without a script: the folded state, the log, and the
         generation again; a fold in between (generation moved) means read that one again."""
-        out: dict[str, _State] = {}
+        out: dict[str, HashtagState] = {}
         todo = tags
         for _ in range(100):
             if not todo:
@@ -575,50 +463,10 @@ class RedisMeans:
                     if g != g_after:
                         retry.append(tag)
                     elif m is not None or log:
-                        out[tag] = self._state(tag, s, m, int(g or 0), log, windows)
+                        dim = self._known_dim(m)
+                        out[tag] = decode_hashtag(tag, self.key(tag), dim, s, m, int(g or 0), log, windows)
             todo = retry
         raise RuntimeError(f"{len(todo)} hashtags kept being folded while read: {todo[:5]}")
-
-    def _state(
-        self,
-        tag: str,
-        s: bytes | None,
-        m: bytes | None,
-        g: int,
-        log: dict[bytes, bytes],
-        stored_windows: dict[bytes, bytes],
-    ) -> _State:
-        dim = self._known_dim(m)
-        count, exponent, marks = 0, 0, {}
-        mantissas = np.zeros(dim, dtype=np.float64)
-        if m is not None:
-            count, stored_dim, exponent = _META_HEADER.unpack_from(m, 0)
-            if stored_dim != dim:
-                raise DimensionError(f"{self.key(tag)} holds {stored_dim}-d sums; the store is {dim}-d")
-            head = min(dim, HEAD_COMPONENTS)
-            if s is not None:
-                mantissas[:head] = np.frombuffer(s, dtype="<i4")
-            mantissas[head:] = np.frombuffer(m, dtype="<i4", count=dim - head, offset=_META_HEADER.size)
-            marks = _decode_marks(m)
-        total = np.ldexp(mantissas, -exponent)
-        windows = {int(w): _decode_window(v, dim, tag) for w, v in stored_windows.items()}
-        records = []
-        for name, value in log.items():
-            pid, offset, window = _parse_field(name.decode())
-            if offset > marks.get(pid, -1):  # at or below: a redelivered copy of a folded record
-                records.append((pid, offset, window, value))
-        records.sort(key=lambda r: (r[0], r[1]))  # a fixed order: reads are reproducible
-        new_marks = dict(marks)
-        logged = set()
-        for pid, offset, window, value in records:
-            vector = _vector_of(value, dim, tag)
-            total += vector
-            new_marks[pid] = max(offset, new_marks.get(pid, -1))
-            if window is not None:
-                windows.setdefault(window, RunningMean.empty(dim)).update(vector)
-                logged.add(window)
-        mean = RunningMean(int(count) + len(records), total)
-        return _State(mean, g, tuple(log), new_marks, windows, frozenset(logged))
 
     def _known_dim(self, m: bytes | None) -> int:
         """The store's dimension: known, else its key, else (a key lost) this folded state's."""
@@ -627,7 +475,7 @@ class RedisMeans:
             if stored is not None:
                 self._fix_dim(int(cast(bytes, stored)))
             elif m is not None:
-                return int(_META_HEADER.unpack_from(m, 0)[1])
+                return stored_dim(m)
             else:
                 raise DimensionError(f"store {self.prefix!r} has records but no {self._dim_key} key")
         return cast(int, self.dim)
@@ -707,97 +555,7 @@ class RedisMeans:
         return len(keys)
 
 
-def _vector_bytes(vector: Vector) -> bytes:
-    """A record's vector for the log: float32 when that is exact (an encoder's output), else
-    float64 -- never a rounding before the float64 sum."""
-    wide = np.asarray(vector, dtype="<f8")
-    narrow = wide.astype("<f4")
-    return narrow.tobytes() if np.array_equal(narrow, wide) else wide.tobytes()
-
-
-def _parse_field(field: str) -> tuple[str, int, int | None]:
-    """A log field ``"topic:partition:offset[/window]"`` as (``"topic:partition"``, offset,
-    window or None)."""
-    coords, slash, window = field.rpartition("/")
-    if not slash or ":" in window:  # no window suffix (a topic may hold "/", never after ":")
-        coords, window = field, ""
-    pid, _, offset = coords.rpartition(":")
-    return pid, int(offset), int(window) if window else None
-
-
-def _above(field: str, marks: dict[str, int]) -> bool:
-    """Whether a log field's record lies above its partition's folded watermark."""
-    pid, offset, _ = _parse_field(field)
-    return offset > marks.get(pid, -1)
-
-
-_WINDOW_HEADER = struct.Struct("<dIi")  # count, dim, shared exponent
-
-
-def _encode_window(mean: RunningMean) -> bytes:
-    """A window's mean as one field: count, dim, exponent, then int32 mantissas."""
-    exponent, mantissas = _block(mean.total)
-    return _WINDOW_HEADER.pack(float(mean.count), len(mean.total), exponent) + mantissas.tobytes()
-
-
-def _decode_window(value: bytes, dim: int, hashtag: str) -> RunningMean:
-    count, stored_dim, exponent = _WINDOW_HEADER.unpack_from(value, 0)
-    if stored_dim != dim:
-        raise DimensionError(f"a window of {hashtag!r} holds {stored_dim}-d sums; the store is {dim}-d")
-    mantissas = np.frombuffer(value, dtype="<i4", offset=_WINDOW_HEADER.size).astype(np.float64)
-    return RunningMean(int(count), np.ldexp(mantissas, -exponent))
-
-
-def _vector_of(value: bytes, dim: int, hashtag: str) -> npt.NDArray[np.float64]:
-    if len(value) == 4 * dim:
-        return np.frombuffer(value, dtype="<f4").astype(np.float64)
-    if len(value) == 8 * dim:
-        return np.frombuffer(value, dtype="<f8")
-    raise DimensionError(
-        f"a log record of {hashtag!r} holds {len(value)} bytes: not a {dim}-d float32/float64 vector"
-    )
-
-
-def _block(total: npt.NDArray[np.float64]) -> tuple[int, npt.NDArray[np.int32]]:
-    """A sum as block floating point: the shared exponent and the int32 mantissas.
-
-    The exponent puts the largest |component| in [2**30, 2**31) (capped so that ``2**e``
-    stays a normal double); each component rounds half to even onto the grid ``2**-e``.
-    """
-    mx = float(np.abs(total).max())
-    exponent = 0
-    if mx > 0:
-        exponent = min(31 - math.frexp(mx)[1], 1000)
-        if np.rint(math.ldexp(mx, exponent)) >= 2**31:
-            exponent -= 1
-    return exponent, np.rint(np.ldexp(total, exponent)).astype("<i4")
-
-
-def _encode_state(mean: RunningMean, marks: dict[str, int]) -> tuple[bytes, bytes]:
-    """The ``s`` and ``m`` fields of a folded mean (:func:`_block`), with its watermarks."""
-    total = mean.total
-    exponent, mantissas = _block(total)
-    head = min(len(total), HEAD_COMPONENTS)
-    m = [_META_HEADER.pack(float(mean.count), len(total), exponent), mantissas[head:].tobytes()]
-    m += [pid.encode() + b"\0" + struct.pack("<d", offset) for pid, offset in sorted(marks.items())]
-    return mantissas[:head].tobytes(), b"".join(m)
-
-
-def _decode_marks(m: bytes) -> dict[str, int]:
-    """The folded watermarks in ``m``: ``"topic:partition" -> highest offset folded``."""
-    _, dim, _ = _META_HEADER.unpack_from(m, 0)
-    pos = _META_HEADER.size + 4 * (dim - min(dim, HEAD_COMPONENTS))
-    marks: dict[str, int] = {}
-    while pos < len(m):
-        end = m.index(b"\0", pos)
-        (offset,) = struct.unpack_from("<d", m, end + 1)
-        marks[m[pos:end].decode()] = int(offset)
-        pos = end + 9
-    return marks
-
-
 __all__ = [
-    "HEAD_COMPONENTS",
     "ApplyResult",
     "Contribution",
     "DimensionError",

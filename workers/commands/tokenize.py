@@ -18,7 +18,7 @@ from typing import Any
 from transformers import AutoConfig, BertweetTokenizer
 
 from workers.adapters.bertweet_tokenizer import fast_for
-from workers.adapters.encoder import is_bertweet, load_hf_tokenizer, max_tokens, resolve_model
+from workers.adapters.model_loading import is_bertweet, load_hf_tokenizer, max_tokens, resolve_model
 
 BATCH = 1024  # lines per tokenizer call: amortises per-call costs, keeps memory flat
 

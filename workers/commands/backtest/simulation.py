@@ -18,6 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from stream import backtest as bt
+from stream import drift_injection as di
 from stream.alert_params import EVALUATION_INTERVAL, Params, seconds
 from stream.cleaning import Prepared
 from stream.drift import Mover
@@ -76,10 +77,10 @@ class BacktestConfig:
     #: An audit's events (the ``votes`` topic as JSON lines): each refit's agreement with them.
     audit_votes: Path | None = None
 
-    def parsed(self) -> list[bt.Injection]:
+    def parsed(self) -> list[di.Injection]:
         if not self.injections:
             raise ValueError("at least one --inject is needed")
-        return [bt.parse_injection(text) for text in self.injections]
+        return [di.parse_injection(text) for text in self.injections]
 
     def __post_init__(self) -> None:
         if not 0.0 < self.warmup < 1.0:
@@ -182,7 +183,7 @@ class Feed:
 def load_feed(
     feeds: Sequence[str | Path],
     config: BacktestConfig,
-    injections: list[bt.Injection],
+    injections: list[di.Injection],
     progress: ProgressFactory,
     timings: dict[str, float],
 ) -> Feed:
@@ -229,7 +230,7 @@ class Walk:
     scored, in the control run and in each drifted run."""
 
     def __init__(
-        self, feed: Feed, config: BacktestConfig, injections: list[bt.Injection], k: int, r: int
+        self, feed: Feed, config: BacktestConfig, injections: list[di.Injection], k: int, r: int
     ) -> None:
         self.feed, self.config, self.injections, self.k, self.r = feed, config, injections, k, r
         self.ks = tuple(sorted({*DEFAULT_KS, k}))
@@ -330,7 +331,7 @@ class Walk:
         vocabulary = list(thesaurus.hashtags)
 
         def synonym(h: str, taken: set[str]) -> str | None:
-            return bt.mutual_synonym(h, taken, lambda x: thesaurus.neighbours(x, k) if x in thesaurus else [])
+            return di.mutual_synonym(h, taken, lambda x: thesaurus.neighbours(x, k) if x in thesaurus else [])
 
         for inj in self.injections:
             start = feed.starts[inj.label]
@@ -345,7 +346,7 @@ class Walk:
                 if feed.t_events[j] < start
                 else whole[j - lo]
                 if whole is not None
-                else bt.inject(
+                else di.inject(
                     inj.kind,
                     inj.fraction,
                     recs,
