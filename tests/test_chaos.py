@@ -27,7 +27,7 @@ import pytest
 import redis
 
 from stream.records import parse_tweet
-from tests.live import assert_means_equal, batch_means, counts_reach, means_of, plain_tweets
+from tests.live import assert_means_equal, batch_means, counts_reach, means_of, plain_tweets, run_reval
 from workers.adapters.annoy_thesaurus import AnnoyThesaurus
 from workers.adapters.feeds import sample_feed
 from workers.adapters.kafka_client import _admin, create_topics
@@ -550,21 +550,22 @@ def test_passwords_are_never_logged(broker: str, tiny_bertweet: Path, tmp_path: 
         wait_for("tweets applied", lambda: counts_reach(stack, batch_means(lines, stack.model)), 90, 1)
         embed.stop()
         wrong = {**stack.env, "REVAL_REDIS_URL": server.url.replace(secret, secret + "-wrong")}
-        failed = subprocess.run(
-            [REVAL, "worker", "embed", "--metrics-port", str(find_free_port())],
+        failed = run_reval(
+            "worker",
+            "embed",
+            "--metrics-port",
+            str(find_free_port()),
             env=wrong,
-            capture_output=True,
-            text=True,
             timeout=120,
             cwd=tmp_path,
         )
         assert failed.returncode != 0
         assert "invalid username-password" in (failed.stdout + failed.stderr).lower()
-        accept = subprocess.run(
-            [REVAL, "admin", "accept-topic", stack.topics["tweets"]],
+        accept = run_reval(
+            "admin",
+            "accept-topic",
+            stack.topics["tweets"],
             env={**wrong, "REVAL_KAFKA_SASL_PASSWORD": secret},
-            capture_output=True,
-            text=True,
             timeout=60,
         )
         assert accept.returncode == 1

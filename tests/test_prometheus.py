@@ -32,7 +32,8 @@ from workers.adapters.feeds import sample_feed
 from workers.adapters.prometheus_rules import render_config, render_rules
 from workers.adapters.store import ThesaurusStore
 from workers.dev.ports import find_free_port
-from workers.dev.stack import REVAL, Stack, terminate, tweet_lines, wait_for
+from workers.dev.processes import terminate
+from workers.dev.stack import REVAL, Stack, tweet_lines, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

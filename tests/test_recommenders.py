@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from click.testing import Result
 from typer.testing import CliRunner
 
 from stream.hashtags import extract_hashtags
@@ -274,6 +275,13 @@ def read_events(path: Path) -> list[dict[str, object]]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
 
 
+def recommend(method: str, train: Path, feed: Path, *options: str) -> Result:
+    """``reval recommend -m METHOD --train TRAIN --feed FEED OPTIONS...`` in-process."""
+    return runner.invoke(
+        app, ["recommend", "-m", method, "--train", str(train), "--feed", str(feed), *options]
+    )
+
+
 def test_recommend_cli_writes_events_reval_score_accepts_and_the_canary(
     train_and_feed: tuple[Path, Path], tmp_path: Path
 ) -> None:
@@ -284,23 +292,7 @@ def test_recommend_cli_writes_events_reval_score_accepts_and_the_canary(
     scores = {}
     for method in ("popular", "least-popular", "mowe"):
         out = tmp_path / f"{method}.jsonl"
-        result = runner.invoke(
-            app,
-            [
-                "recommend",
-                "--method",
-                method,
-                "--train",
-                str(train),
-                "--feed",
-                str(feed),
-                "-r",
-                "5",
-                "--out",
-                str(out),
-                "--with-truth",
-            ],
-        )
+        result = recommend(method, train, feed, "-r", "5", "--out", str(out), "--with-truth")
         assert result.exit_code == 0, result.output
         events = read_events(out)
         assert [e["tweet_id"] for e in events] == [t.id for t in hashtagged]
@@ -323,25 +315,8 @@ def test_recommend_cli_writes_events_reval_score_accepts_and_the_canary(
 def test_recommend_cli_options(train_and_feed: tuple[Path, Path], tmp_path: Path) -> None:
     train, feed = train_and_feed
     out = tmp_path / "recs.jsonl"
-    result = runner.invoke(
-        app,
-        [
-            "recommend",
-            "-m",
-            "popular-users",
-            "--train",
-            str(train),
-            "--feed",
-            str(feed),
-            "-r",
-            "3",
-            "--out",
-            str(out),
-            "--recommender-name",
-            "baseline-1",
-            "--all-tweets",
-        ],
-    )
+    options = ["-r", "3", "--out", str(out), "--recommender-name", "baseline-1", "--all-tweets"]
+    result = recommend("popular-users", train, feed, *options)
     assert result.exit_code == 0, result.output
     assert "no user ids" in result.output  # the sample feed has none: warned, then by tweet count
     events = read_events(out)
@@ -349,26 +324,11 @@ def test_recommend_cli_options(train_and_feed: tuple[Path, Path], tmp_path: Path
     assert all("ground_truth" not in e and e["recommender"] == "baseline-1" for e in events)
     assert len({tuple(e["recommended"]) for e in events}) == 1  # type: ignore[arg-type]
 
-    result = runner.invoke(app, ["recommend", "-m", "popular", "--train", str(train), "--feed", str(feed)])
+    result = recommend("popular", train, feed)
     assert result.exit_code == 2 and "--out" in result.output
-    result = runner.invoke(
-        app, ["recommend", "-m", "best", "--train", str(train), "--feed", str(feed), "--out", str(out)]
-    )
+    result = recommend("best", train, feed, "--out", str(out))
     assert result.exit_code == 2 and "unknown method" in result.output
-    result = runner.invoke(
-        app,
-        [
-            "recommend",
-            "-m",
-            "popular",
-            "--train",
-            str(tmp_path / "nope.jsonl"),
-            "--feed",
-            str(feed),
-            "--out",
-            str(out),
-        ],
-    )
+    result = recommend("popular", tmp_path / "nope.jsonl", feed, "--out", str(out))
     assert result.exit_code == 2 and "not found" in result.output
 
 
@@ -389,24 +349,8 @@ def test_recommend_cli_produces_to_kafka(broker: str, train_and_feed: tuple[Path
     train, feed = train_and_feed
     topic = f"recommendations-{uuid.uuid4().hex[:8]}"
     create_topics(broker, {topic: 2})
-    result = runner.invoke(
-        app,
-        [
-            "recommend",
-            "-m",
-            "popular",
-            "--train",
-            str(train),
-            "--feed",
-            str(feed),
-            "-r",
-            "2",
-            "--topic",
-            topic,
-            "--broker",
-            broker,
-            "--with-truth",
-        ],
+    result = recommend(
+        "popular", train, feed, "-r", "2", "--topic", topic, "--broker", broker, "--with-truth"
     )
     assert result.exit_code == 0, result.output
     expected = {t.id: t for p in read_tweets([feed]) if (t := p.value) is not None and t.hashtags}

@@ -60,7 +60,7 @@ from workers.adapters.redis_client import clear_prefix
 from workers.adapters.redis_thesaurus import RedisThesauri
 from workers.commands.demo_view import Output, Scrape, snapshot
 from workers.dev.ports import find_free_port
-from workers.dev.processes import die_with_parent, stop_on_signals
+from workers.dev.processes import die_with_parent, stop_on_signals, terminate
 from workers.dev.tansu import TansuBroker
 from workers.settings import Settings
 
@@ -103,12 +103,7 @@ def private_redis(directory: Path, timeout: float = 20.0) -> Iterator[str]:
             time.sleep(0.05)
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+        terminate(proc, 10)
 
 
 @contextlib.contextmanager

@@ -3,12 +3,18 @@ stop cleanly on SIGTERM / SIGHUP as on Ctrl-C."""
 
 from __future__ import annotations
 
+import abc
+import atexit
 import contextlib
 import ctypes
+import functools
 import signal
+import subprocess
 import sys
-from collections.abc import Iterator
-from types import FrameType
+import weakref
+from collections.abc import Callable, Iterator
+from types import FrameType, TracebackType
+from typing import Self
 
 _PR_SET_PDEATHSIG = 1
 
@@ -19,6 +25,17 @@ def die_with_parent() -> None:
     if sys.platform.startswith("linux"):
         with contextlib.suppress(OSError, AttributeError):
             ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def terminate(proc: subprocess.Popen[bytes], timeout: float = 15.0) -> None:
+    """SIGTERM, then SIGKILL if the process has not exited within ``timeout`` seconds."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
@@ -47,3 +64,42 @@ def shielded() -> Iterator[None]:
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+class LocalService(abc.ABC):
+    """A service run as local child processes (a broker, a cluster): ``with X() as x`` starts
+    and stops it; one still running when the interpreter exits is stopped by an ``atexit``
+    hook (:meth:`_stop_at_exit`, undone by :meth:`_forget_at_exit` in ``stop``)."""
+
+    _atexit: Callable[[], None] | None = None
+
+    @abc.abstractmethod
+    def start(self) -> Self: ...
+
+    @abc.abstractmethod
+    def stop(self) -> None: ...
+
+    def _stop_at_exit(self) -> None:
+        # A partial of its own: atexit.unregister drops every registration equal to it.  A
+        # weak reference, so the hook does not keep a forgotten service alive.
+        self._atexit = functools.partial(_stop_if_alive, weakref.ref(self))
+        atexit.register(self._atexit)
+
+    def _forget_at_exit(self) -> None:
+        if self._atexit is not None:
+            atexit.unregister(self._atexit)
+            self._atexit = None
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
+def _stop_if_alive(ref: weakref.ReferenceType[LocalService]) -> None:
+    service = ref()
+    if service is not None:
+        service.stop()
