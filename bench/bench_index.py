@@ -39,7 +39,6 @@ import argparse
 import json
 import os
 import platform
-import shlex
 import statistics
 import subprocess
 import sys
@@ -53,7 +52,7 @@ from typing import TypeVar
 import numpy as np
 import redis
 
-from bench.results import cpu_model, publish
+from bench.results import bench_command, cpu_model, publish
 from stream.hubness import DEFAULT_METHOD, candidate_count, centred, exact_candidates, scores
 from stream.records import Recommendation
 from stream.scoring import DEFAULT_KS, NeighbourCache, score_event
@@ -300,7 +299,7 @@ def main(argv: list[str] | None = None) -> str:
             f"| ≥ 0.9 |",
         ]
 
-    command = "python -m bench.bench_index " + shlex.join(argv if argv is not None else sys.argv[1:])
+    command = bench_command("bench_index", argv)
     report = "\n".join(
         [
             "## Thesaurus to the scorers at scale (issue 12 §4)",

@@ -4,6 +4,8 @@ BENCHMARKS.md) and, with ``--out FILE``, write the same text there."""
 from __future__ import annotations
 
 import platform
+import shlex
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -18,6 +20,16 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def bench_command(module: str, argv: Sequence[str] | None = None) -> str:
+    """The command line a section quotes: ``python -m bench.MODULE`` and its arguments
+    (``argv``, or the process's own), shell-quoted.
+
+    >>> bench_command("bench_redis", ["--out", "my results.md"])
+    "python -m bench.bench_redis --out 'my results.md'"
+    """
+    return f"python -m bench.{module} {shlex.join(sys.argv[1:] if argv is None else argv)}".strip()
 
 
 def publish(lines: Sequence[str] | str, out: Path | None) -> str:
