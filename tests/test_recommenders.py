@@ -168,20 +168,9 @@ def test_random_recommender_draws_by_popularity_without_repeats() -> None:
 
 
 def test_popular_users_counts_distinct_users() -> None:
-    tweets = [
-        tweet(1, "#spam", "u1"),
-        tweet(2, "#spam", "u1"),
-        tweet(3, "#spam", "u1"),
-        tweet(4, "#spam", "u1"),
-        tweet(5, "#flood", "u1"),
-        tweet(6, "#flood", "u2"),
-        tweet(7, "#flood", "u3"),
-        tweet(8, "#rain", "u4"),
-        tweet(9, "#rain", "u5"),
-        tweet(10, "#rain", "u5"),
-        tweet(11, "#help", "u6"),
-        tweet(12, "#help", "u7"),
-    ]
+    posts = [("spam", "u1")] * 4 + [("flood", "u1"), ("flood", "u2"), ("flood", "u3")]
+    posts += [("rain", "u4"), ("rain", "u5"), ("rain", "u5"), ("help", "u6"), ("help", "u7")]
+    tweets = [tweet(i, f"#{tag}", user) for i, (tag, user) in enumerate(posts, start=1)]
     query = tweet(99, "x")
     assert PopularRecommender().fit(tweets).recommend(query, 4) == ["spam", "flood", "rain", "help"]
     by_users = PopularByUsersRecommender().fit(tweets)

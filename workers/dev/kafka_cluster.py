@@ -51,7 +51,7 @@ from workers.adapters.kafka_client import BrokerError
 from workers.dev.kafka_jars import KafkaSetupError, java_binary, kafka_jars, pinned_version
 from workers.dev.kafka_tls import Security, tls_files
 from workers.dev.ports import find_free_port, free_run, port_is_free
-from workers.dev.processes import LocalService, die_with_parent
+from workers.dev.processes import LocalService, spawn
 
 __all__ = [
     "KafkaCluster",
@@ -381,14 +381,7 @@ class KafkaCluster(LocalService):
             f"-Dlog4j2.configurationFile={node.folder / 'log4j2.properties'}",
             "-cp", f"{jars}/*", "kafka.Kafka", str(node.folder / "server.properties"),
         ]  # fmt: skip
-        node.proc = subprocess.Popen(
-            cmd,
-            stdin=subprocess.DEVNULL,
-            stdout=node.log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            preexec_fn=die_with_parent,  # a kill -9 of whoever started it takes it along
-        )
+        node.proc = spawn(cmd, node.log)
 
     def wait_ready(self, timeout: float | None = None) -> None:
         """Until every running node is registered with the controller and answers metadata."""

@@ -12,9 +12,10 @@ import signal
 import subprocess
 import sys
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
 from types import FrameType, TracebackType
-from typing import Self
+from typing import IO, Any, Self
 
 _PR_SET_PDEATHSIG = 1
 
@@ -25,6 +26,23 @@ def die_with_parent() -> None:
     if sys.platform.startswith("linux"):
         with contextlib.suppress(OSError, AttributeError):
             ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def spawn(
+    command: Sequence[str | Path], log: IO[Any], *, env: Mapping[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """A child service: output (both streams) to ``log``, no stdin, its own process group (a
+    signal to the group reaches its children; Ctrl-C reaches only us, who stop it in order),
+    and it dies with us even after a SIGKILL (:func:`die_with_parent`)."""
+    return subprocess.Popen(
+        command,
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        preexec_fn=die_with_parent,
+        env=env,
+    )
 
 
 def terminate(proc: subprocess.Popen[bytes], timeout: float = 15.0) -> None:

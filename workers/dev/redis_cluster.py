@@ -48,7 +48,7 @@ import redis
 from redis.crc import key_slot
 
 from workers.dev.ports import port_is_free
-from workers.dev.processes import LocalService, die_with_parent
+from workers.dev.processes import LocalService, spawn
 
 __all__ = ["ClusterNode", "LocalRedisCluster", "RedisClusterError", "redis_binary"]
 
@@ -200,14 +200,7 @@ class LocalRedisCluster(LocalService):
             "--appendonly", "yes", "--appendfsync", "everysec", "--save", "",
             "--logfile", "redis.log", "--daemonize", "no",
         ]  # fmt: skip
-        node.proc = subprocess.Popen(
-            args,
-            stdin=subprocess.DEVNULL,
-            stdout=node.log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            preexec_fn=die_with_parent,  # a kill -9 of whoever started it takes it along
-        )
+        node.proc = spawn(args, node.log)
         node.paused = False
 
     def _wait_ping(self, node: ClusterNode) -> None:

@@ -39,7 +39,7 @@ from typing import IO, Any, Self
 
 from workers.adapters.kafka_client import BrokerError, list_topics
 from workers.dev.ports import find_free_port, port_is_free
-from workers.dev.processes import LocalService, die_with_parent
+from workers.dev.processes import LocalService, spawn
 
 __all__ = ["BrokerStartError", "TansuBroker", "resolve_broker_binary"]
 
@@ -233,15 +233,7 @@ class TansuBroker(LocalService):
         self._log_file = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
         env = {**os.environ, "NO_COLOR": "1", **(self.env or {})}
         try:
-            self._proc = subprocess.Popen(
-                self.command(),
-                stdin=subprocess.DEVNULL,
-                stdout=self._log_file,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # own process group: stop() signals the group
-                preexec_fn=die_with_parent,  # and it never outlives us, even after a SIGKILL
-                env=env,
-            )
+            self._proc = spawn(self.command(), self._log_file, env=env)  # stop() signals its group
         except OSError as exc:
             self._close_log()
             raise BrokerStartError(f"cannot start Tansu broker: {exc}") from exc
