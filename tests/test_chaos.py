@@ -551,13 +551,7 @@ def test_passwords_are_never_logged(broker: str, tiny_bertweet: Path, tmp_path: 
         embed.stop()
         wrong = {**stack.env, "REVAL_REDIS_URL": server.url.replace(secret, secret + "-wrong")}
         failed = run_reval(
-            "worker",
-            "embed",
-            "--metrics-port",
-            str(find_free_port()),
-            env=wrong,
-            timeout=120,
-            cwd=tmp_path,
+            "worker", "embed", "--metrics-port", str(find_free_port()), env=wrong, timeout=120, cwd=tmp_path
         )
         assert failed.returncode != 0
         assert "invalid username-password" in (failed.stdout + failed.stderr).lower()

@@ -170,13 +170,7 @@ def test_tansu_refuses_exactly_once_in_one_line(tmp_path: Path) -> None:
             "REVAL_TOPIC_DEAD_LETTER": "dlq",
         }
         done = run_reval(
-            "worker",
-            "score",
-            "--metrics-port",
-            str(find_free_port()),
-            env=env,
-            timeout=120,
-            cwd=tmp_path,
+            "worker", "score", "--metrics-port", str(find_free_port()), env=env, timeout=120, cwd=tmp_path
         )
     assert done.returncode == 2
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]

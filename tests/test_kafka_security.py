@@ -59,14 +59,7 @@ def test_workers_replay_and_admin_over_sasl_ssl_never_log_the_password(
         lines = plain_tweets(300)
         feed = tmp_path / "feed.jsonl"
         feed.write_text("\n".join(lines) + "\n")
-        replay = run_reval(
-            "replay",
-            str(feed),
-            "--speed",
-            "max",
-            env=stack.env,
-            timeout=180,
-        )
+        replay = run_reval("replay", str(feed), "--speed", "max", env=stack.env, timeout=180)
         assert replay.returncode == 0, replay.stderr
         logs += [replay.stdout, replay.stderr]
         expected = batch_means(lines, stack.model)
@@ -107,13 +100,7 @@ def test_workers_replay_and_admin_over_sasl_ssl_never_log_the_password(
         assert "authentication" in error_lines[0].lower()
         logs += [failed.stdout, failed.stderr]
 
-        admin = run_reval(
-            "admin",
-            "accept-topic",
-            stack.topics["tweets"],
-            env=stack.env,
-            timeout=120,
-        )
+        admin = run_reval("admin", "accept-topic", stack.topics["tweets"], env=stack.env, timeout=120)
         assert admin.returncode == 0, admin.stderr
         logs += [admin.stdout, admin.stderr]
         worker.stop()
