@@ -12,8 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from click.testing import Result
-from typer.testing import CliRunner
+from typer.testing import CliRunner, Result
 
 from stream.hashtags import extract_hashtags
 from stream.recommenders import (
