@@ -44,7 +44,7 @@ from pathlib import Path
 import numpy as np
 import redis
 
-from bench.results import bench_command, publish
+from bench.results import bench_command, publish, spread
 from workers.adapters.redis_means import Contribution, RedisMeans
 from workers.service.stores import means_of
 from workers.settings import Settings
@@ -434,7 +434,7 @@ def main(argv: list[str] | None = None) -> str:
         rate = statistics.median(m.rates)
         cpu = m.server_seconds / m.updates
         rows.append(
-            f"| {m.name} | {rate:,.0f} | {min(m.rates):,.0f}–{max(m.rates):,.0f} "
+            f"| {m.name} | {rate:,.0f} | {spread(m.rates)} "
             f"| {m.updates:,} | {apply_rate / rate:,.1f}× | {cpu * 1e6:,.1f} "
             f"| {m.server_seconds / m.tweets * 1e6:,.1f} | {cpu / apply_cpu:,.1f}× |"
         )

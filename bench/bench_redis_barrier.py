@@ -39,7 +39,7 @@ import redis
 from redis.cluster import RedisCluster
 
 from bench.bench_redis import batched, workload_parser
-from bench.results import bench_command, publish
+from bench.results import bench_command, publish, spread
 from workers.adapters.redis_client import Client, Replication, clear_prefix, connect
 from workers.adapters.redis_means import Contribution, RedisMeans
 from workers.adapters.redis_state import RedisSamples, RedisSeen
@@ -145,7 +145,7 @@ def measure(
         cpu = m.server_seconds / m.tweets
         rows.append(
             f"| {target} | {m.name} | {statistics.median(m.rates):,.0f} | "
-            f"{min(m.rates):,.0f}–{max(m.rates):,.0f} | {ms:.2f} | {ms - base_ms:+.2f} | "
+            f"{spread(m.rates)} | {ms:.2f} | {ms - base_ms:+.2f} | "
             f"{ms / base_ms:.2f}× | {cpu * 1e6:,.1f} | {cpu / base_cpu:.2f}× |"
         )
         m.close()

@@ -32,6 +32,15 @@ def bench_command(module: str, argv: Sequence[str] | None = None) -> str:
     return f"python -m bench.{module} {shlex.join(sys.argv[1:] if argv is None else argv)}".strip()
 
 
+def spread(values: Sequence[float]) -> str:
+    """The range of a measurement's rounds, as a table cell shows it.
+
+    >>> spread([1200.4, 980.0, 1500.2])
+    '980–1,500'
+    """
+    return f"{min(values):,.0f}–{max(values):,.0f}"
+
+
 def publish(lines: Sequence[str] | str, out: Path | None) -> str:
     """Print the results (``lines`` joined, one per line) and write them to ``out`` when
     given; return the text.
