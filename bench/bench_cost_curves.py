@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import shlex
 import sys
 import time
 from pathlib import Path
@@ -26,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.bench_index import vocabulary
-from bench.results import publish
+from bench.results import bench_command, publish
 from stream.batch_scoring import score_events
 from stream.hubness import DEFAULT_METHOD
 from stream.records import Recommendation
@@ -100,7 +99,7 @@ def main(argv: list[str] | None = None) -> str:
                 grid_rates.append((max(ks), rate(events, grid_cache, ks)))
     load_after = os.getloadavg()[0]
 
-    command = "python -m bench.bench_cost_curves " + shlex.join(argv if argv is not None else sys.argv[1:])
+    command = bench_command("bench_cost_curves", argv)
     lines = [
         "## How cost grows (bench/bench_cost_curves.py, issue 27 §5)",
         "",

@@ -28,9 +28,7 @@ from __future__ import annotations
 import argparse
 import functools
 import os
-import shlex
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -42,8 +40,9 @@ import numpy as np
 import redis
 
 from bench.bench_encoder import embeddable_tweets
-from bench.bench_score_worker import cpu_seconds, scored, to_kafka
+from bench.bench_score_worker import cpu_seconds, scored, time_scoring, to_kafka
 from bench.bench_scoring import clustered_vectors, make_events
+from bench.results import bench_command
 from workers.adapters.annoy_thesaurus import AnnoyThesaurus
 from workers.adapters.redis_client import clear_prefix
 from workers.dev.broker import LocalBroker, local_broker
@@ -107,7 +106,7 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path)
     args = p.parse_args()
-    command = "python -m bench.bench_engines " + " ".join(shlex.quote(x) for x in sys.argv[1:])
+    command = bench_command("bench_engines")
     specs = [s for s in args.engines.split(",") if s]
     load_before = os.getloadavg()
     rng = np.random.default_rng(args.seed)
@@ -200,15 +199,7 @@ def scale_out(
         workers = [stack.start("score")]
         stack.wait_ready(*workers, timeout=300)
 
-        def total() -> float:
-            return sum(scored(w.port) for w in workers if w.proc.poll() is None)
-
-        def run(batch: list[Any]) -> float:
-            target = total() + len(batch)
-            t0 = time.perf_counter()
-            stack.send("recommendations", to_kafka(batch))
-            wait_for("every event scored", lambda: total() >= target, 900, 0.25)
-            return time.perf_counter() - t0
+        run = functools.partial(time_scoring, stack, workers)
 
         def events(n: int, tag: str) -> list[Any]:
             return fresh(make_events(names, labels, n, rng), tag)

@@ -39,8 +39,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import os
-import shlex
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -53,7 +51,7 @@ import torch
 # Part (a) needs only these (a GPU machine may have no Kafka or Redis client installed);
 # part (b)'s imports are in bench_worker.
 from bench.bench_encoder import build_base_model, embeddable_tweets, load_texts
-from bench.results import cpu_model, publish
+from bench.results import bench_command, cpu_model, publish
 from workers.adapters.bertweet_tokenizer import FastBertweetTokenizer, fast_for
 from workers.adapters.encoder import Encoder
 from workers.adapters.gpu_batching import DEFAULT_TOKEN_BUDGET
@@ -388,7 +386,7 @@ def main() -> None:
     p.add_argument("--out", type=Path, help="also write the markdown section here")
     p.add_argument("--profile", type=Path, help="torch.profiler table of the device half")
     args = p.parse_args()
-    command = "python -m bench.bench_gpu " + " ".join(shlex.quote(x) for x in sys.argv[1:])
+    command = bench_command("bench_gpu")
     t_start = time.perf_counter()
     device = resolve_device(args.device)
     peak = args.peak_tflops * 1e12

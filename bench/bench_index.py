@@ -39,7 +39,6 @@ import argparse
 import json
 import os
 import platform
-import shlex
 import statistics
 import subprocess
 import sys
@@ -53,7 +52,7 @@ from typing import TypeVar
 import numpy as np
 import redis
 
-from bench.results import cpu_model, publish
+from bench.results import bench_command, cpu_model, publish, spread
 from stream.hubness import DEFAULT_METHOD, candidate_count, centred, exact_candidates, scores
 from stream.records import Recommendation
 from stream.scoring import DEFAULT_KS, NeighbourCache, score_event
@@ -300,13 +299,13 @@ def main(argv: list[str] | None = None) -> str:
             f"| scorer set-up per version, {what} | {statistics.median(setup_s[mode]):.2f} s | |",
             f"| scoring, {what}: first pass over a fresh table (cold) / the same cache again (warm), "
             f"events per CPU second, median (range) | {statistics.median(got['cold']):,.0f} "
-            f"({min(got['cold']):,.0f}–{max(got['cold']):,.0f}) / {statistics.median(got['warm']):,.0f} "
-            f"({min(got['warm']):,.0f}–{max(got['warm']):,.0f}) | |",
+            f"({spread(got['cold'])}) / {statistics.median(got['warm']):,.0f} "
+            f"({spread(got['warm'])}) | |",
             f"| cold/warm, {what}: median of the rounds' ratios, CPU (wall) | **{ratio:.2f}** ({wall:.2f}) "
             f"| ≥ 0.9 |",
         ]
 
-    command = "python -m bench.bench_index " + shlex.join(argv if argv is not None else sys.argv[1:])
+    command = bench_command("bench_index", argv)
     report = "\n".join(
         [
             "## Thesaurus to the scorers at scale (issue 12 §4)",

@@ -59,7 +59,7 @@ import numpy as np
 import torch
 
 from bench.bench_encoder import build_base_model, load_texts
-from bench.results import cpu_model, publish
+from bench.results import bench_command, cpu_model, publish
 from workers.adapters.cpu_fast import cpu_supports_int8, int8_available
 from workers.adapters.encoder import Encoder
 
@@ -363,7 +363,7 @@ def main() -> None:
         p.error("need --rounds >= 1 and --tweets >= --rounds")
     command = "python " + " ".join(shlex.quote(x) for x in [sys.argv[0], *sys.argv[1:]])
     if Path(sys.argv[0]).resolve() == Path(__file__).resolve():
-        command = "python -m bench.bench_int8 " + " ".join(shlex.quote(x) for x in sys.argv[1:])
+        command = bench_command("bench_int8")
 
     t_start = time.perf_counter()
     load_before = os.getloadavg()

@@ -35,9 +35,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import shlex
 import statistics
-import sys
 import time
 import uuid
 from collections.abc import Sequence
@@ -46,7 +44,7 @@ from pathlib import Path
 import numpy as np
 import redis
 
-from bench.results import publish
+from bench.results import bench_command, publish, spread
 from workers.adapters.redis_means import Contribution, RedisMeans
 from workers.service.stores import means_of
 from workers.settings import Settings
@@ -363,24 +361,36 @@ def feed_through(
     }
 
 
-def main(argv: list[str] | None = None) -> str:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def workload_parser(
+    doc: str | None, *, tweets: int, batch: int, rounds: int, order: str
+) -> argparse.ArgumentParser:
+    """The options of a Redis write-path bench (this one's and bench_redis_barrier's): the
+    Redis, the workload (:func:`workload`, :func:`batched`), the timed slices and rounds."""
+    parser = argparse.ArgumentParser(description=(doc or "").splitlines()[0])
     parser.add_argument("--url", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
-    parser.add_argument("--tweets", type=int, default=20_000)
-    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--tweets", type=int, default=tweets)
+    parser.add_argument("--batch", type=int, default=batch)
     parser.add_argument("--hashtags", type=int, default=5_000)
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--dim", type=int, default=768)
     parser.add_argument("--slice", type=float, default=2.0, help="seconds per timed slice")
-    parser.add_argument("--rounds", type=int, default=2, help="ABCD DCBA rounds")
+    parser.add_argument("--rounds", type=int, default=rounds, help=f"{order} rounds")
     parser.add_argument("--out", type=Path)
-    args = parser.parse_args(argv)
+    return parser
 
+
+def batched(args: argparse.Namespace) -> list[list[Contribution]]:
+    """The workload the options of :func:`workload_parser` ask for, in batches."""
+    tweets = workload(args.tweets, args.hashtags, args.dim, args.partitions)
+    return [tweets[i : i + args.batch] for i in range(0, len(tweets), args.batch)]
+
+
+def main(argv: list[str] | None = None) -> str:
+    args = workload_parser(__doc__, tweets=20_000, batch=64, rounds=2, order="ABCD DCBA").parse_args(argv)
     client = redis.Redis.from_url(args.url)
     server = client.info("server")
     mem_info = client.info("memory")
-    tweets = workload(args.tweets, args.hashtags, args.dim, args.partitions)
-    batches = [tweets[i : i + args.batch] for i in range(0, len(tweets), args.batch)]
+    batches = batched(args)
     total_updates = sum(n_updates(b) for b in batches)
 
     # 1. The whole feed through each write path, Redis' own CPU around it; for apply, then a
@@ -424,7 +434,7 @@ def main(argv: list[str] | None = None) -> str:
         rate = statistics.median(m.rates)
         cpu = m.server_seconds / m.updates
         rows.append(
-            f"| {m.name} | {rate:,.0f} | {min(m.rates):,.0f}–{max(m.rates):,.0f} "
+            f"| {m.name} | {rate:,.0f} | {spread(m.rates)} "
             f"| {m.updates:,} | {apply_rate / rate:,.1f}× | {cpu * 1e6:,.1f} "
             f"| {m.server_seconds / m.tweets * 1e6:,.1f} | {cpu / apply_cpu:,.1f}× |"
         )
@@ -436,7 +446,7 @@ def main(argv: list[str] | None = None) -> str:
     def per(x: float, n: int) -> str:
         return f"{x / n * 1e6:,.1f}"
 
-    command = "python -m bench.bench_redis " + shlex.join(argv if argv is not None else sys.argv[1:])
+    command = bench_command("bench_redis", argv)
     e2e = now["plan_s"] + now["exec_s"]
     with_read = (round1["write_cpu"] + round1["read_cpu"]) / (now["write_cpu"] + now["read_cpu"])
     report = "\n".join(

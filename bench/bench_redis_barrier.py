@@ -28,22 +28,18 @@ Kafka partitions, 1-3 hashtags per tweet drawn Zipf(1.1) from 5,000, one claim k
 
 from __future__ import annotations
 
-import argparse
 import os
 import platform
-import shlex
 import statistics
-import sys
 import time
 import uuid
 from collections.abc import Callable
-from pathlib import Path
 
 import redis
 from redis.cluster import RedisCluster
 
-from bench.bench_redis import workload
-from bench.results import publish
+from bench.bench_redis import batched, workload_parser
+from bench.results import bench_command, publish, spread
 from workers.adapters.redis_client import Client, Replication, clear_prefix, connect
 from workers.adapters.redis_means import Contribution, RedisMeans
 from workers.adapters.redis_state import RedisSamples, RedisSeen
@@ -149,7 +145,7 @@ def measure(
         cpu = m.server_seconds / m.tweets
         rows.append(
             f"| {target} | {m.name} | {statistics.median(m.rates):,.0f} | "
-            f"{min(m.rates):,.0f}–{max(m.rates):,.0f} | {ms:.2f} | {ms - base_ms:+.2f} | "
+            f"{spread(m.rates)} | {ms:.2f} | {ms - base_ms:+.2f} | "
             f"{ms / base_ms:.2f}× | {cpu * 1e6:,.1f} | {cpu / base_cpu:.2f}× |"
         )
         m.close()
@@ -186,21 +182,10 @@ def clear_prefix_of(client: Client, prefix: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> str:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--url", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
-    parser.add_argument("--tweets", type=int, default=4_000)
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--hashtags", type=int, default=5_000)
-    parser.add_argument("--partitions", type=int, default=4)
-    parser.add_argument("--dim", type=int, default=768)
-    parser.add_argument("--slice", type=float, default=2.0, help="seconds per timed slice")
-    parser.add_argument("--rounds", type=int, default=4, help="ABC CBA rounds")
+    parser = workload_parser(__doc__, tweets=4_000, batch=32, rounds=4, order="ABC CBA")
     parser.add_argument("--calls", type=int, default=500, help="barrier calls timed alone")
-    parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
-
-    tweets = workload(args.tweets, args.hashtags, args.dim, args.partitions)
-    batches = [tweets[i : i + args.batch] for i in range(0, len(tweets), args.batch)]
+    batches = batched(args)
     rows, alone = [], []
     with LocalRedisCluster() as local:
         client = connect(local.url, cluster=True)
@@ -226,7 +211,7 @@ def main(argv: list[str] | None = None) -> str:
     rows += measure("single Redis", methods, cpu_of(args.url), args.slice, args.rounds)
     single.close()
 
-    command = "python -m bench.bench_redis_barrier " + shlex.join(argv if argv is not None else sys.argv[1:])
+    command = bench_command("bench_redis_barrier", argv)
     report = "\n".join(
         [
             "## What the failover guarantee costs on the write path (`bench/bench_redis_barrier.py`)",

@@ -20,23 +20,22 @@ the design allows.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
-import shlex
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-from bench.bench_score_worker import REDIS_URL, scored, to_kafka
+from bench.bench_score_worker import REDIS_URL, time_scoring
 from bench.bench_scoring import clustered_vectors, make_events
-from bench.results import publish
+from bench.results import bench_command, publish
 from stream.records import Recommendation
 from workers.adapters.annoy_thesaurus import AnnoyThesaurus
 from workers.adapters.redis_client import clear_prefix
-from workers.dev.stack import Stack, Worker, wait_for
+from workers.dev.stack import Stack, Worker
 from workers.dev.tansu import TansuBroker
 
 
@@ -49,7 +48,7 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path)
     args = p.parse_args()
-    command = "python -m bench.bench_scale " + " ".join(shlex.quote(x) for x in sys.argv[1:])
+    command = bench_command("bench_scale")
     load_before = os.getloadavg()
     rng = np.random.default_rng(args.seed)
     names = [f"tag{i}" for i in range(args.vocab)]
@@ -71,15 +70,7 @@ def main() -> None:
         stack.wait_ready(*workers)
         second = workers[1]
 
-        def total() -> float:
-            return sum(scored(w.port) for w in workers if w.proc.poll() is None)
-
-        def run(events: list[Recommendation]) -> float:
-            target = total() + len(events)
-            t0 = time.perf_counter()
-            stack.send("recommendations", to_kafka(events))
-            wait_for("every event scored", lambda: total() >= target, 900, 0.25)
-            return time.perf_counter() - t0
+        run = functools.partial(time_scoring, stack, workers)
 
         run(batches[0])  # warm-up: both workers joined, thesaurus loaded
         running = 2

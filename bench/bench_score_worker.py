@@ -52,9 +52,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
 import signal
-import sys
 import tempfile
 import time
 import urllib.request
@@ -67,12 +65,13 @@ import numpy as np
 import redis
 
 from bench.bench_scoring import as_records, clustered_vectors, make_events
+from bench.results import bench_command
 from workers.adapters.annoy_thesaurus import AnnoyThesaurus
 from workers.adapters.exporter import Exporter
 from workers.adapters.redis_client import clear_prefix
 from workers.dev.broker import ENGINES, local_broker
 from workers.dev.kafka_cluster import KafkaCluster
-from workers.dev.stack import Stack, wait_for
+from workers.dev.stack import Stack, Worker, wait_for
 from workers.service.runtime import encode_json
 from workers.service.score import SCORE_BATCH, Scorer, collect_less_often
 from workers.settings import Settings
@@ -117,6 +116,20 @@ def scored(port: int) -> float:
     )
 
 
+def time_scoring(stack: Stack, workers: list[Worker], events: list[Any]) -> float:
+    """Seconds from sending ``events`` to the recommendations topic until the live ones of
+    ``workers`` (a list the caller may grow and shrink) have scored as many more."""
+
+    def total() -> float:
+        return sum(scored(w.port) for w in workers if w.proc.poll() is None)
+
+    target = total() + len(events)
+    t0 = time.perf_counter()
+    stack.send("recommendations", to_kafka(events))
+    wait_for("every event scored", lambda: total() >= target, 900, 0.25)
+    return time.perf_counter() - t0
+
+
 def cpu_seconds(pid: int | None) -> float:
     """User + system CPU seconds of a process, all its threads (0 when there is none)."""
     if pid is None:
@@ -155,7 +168,7 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path)
     args = p.parse_args()
-    command = "python -m bench.bench_score_worker " + " ".join(shlex.quote(x) for x in sys.argv[1:])
+    command = bench_command("bench_score_worker")
     load_before = os.getloadavg()
     collect_less_often()  # the step runs as in the worker, with its collector thresholds
     rng = np.random.default_rng(args.seed)

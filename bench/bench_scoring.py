@@ -185,17 +185,24 @@ def time_it(fn: Callable[[], Any]) -> float:
     return time.perf_counter() - t0
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def workload_parser(doc: str | None, *, events: int, per: str, rounds: int) -> argparse.ArgumentParser:
+    """The options of a scoring bench on a synthetic clustered thesaurus (this one's and
+    bench_signals'): vocabulary, dimension, clusters, events per round, rounds, seed, --out."""
+    p = argparse.ArgumentParser(description=(doc or "").split("\n")[0])
     p.add_argument("--vocab", type=int, default=5000, help="hashtags in the thesaurus")
     p.add_argument("--dim", type=int, default=768)
     p.add_argument("--clusters", type=int, default=100)
-    p.add_argument("--n-trees", type=int, default=50, help="Annoy trees (workers' default: 50)")
-    p.add_argument("--events", type=int, default=5000, help="events per round and mode")
-    p.add_argument("--naive-events", type=int, default=40, help="events per round, naive")
-    p.add_argument("--rounds", type=int, default=4)
+    p.add_argument("--events", type=int, default=events, help=f"events per round and {per}")
+    p.add_argument("--rounds", type=int, default=rounds)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, help="also write the markdown section here")
+    return p
+
+
+def main() -> None:
+    p = workload_parser(__doc__, events=5000, per="mode", rounds=4)
+    p.add_argument("--n-trees", type=int, default=50, help="Annoy trees (workers' default: 50)")
+    p.add_argument("--naive-events", type=int, default=40, help="events per round, naive")
     args = p.parse_args()
     command = "python " + " ".join(shlex.quote(x) for x in [sys.argv[0], *sys.argv[1:]])
     t_start = time.perf_counter()

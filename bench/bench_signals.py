@@ -28,22 +28,16 @@ Per backtest: ``stream.backtest.signals`` (every rule) over a day of evaluation 
 
 from __future__ import annotations
 
-import argparse
 import os
 import platform
-import shlex
 import statistics
-import sys
 import time
-from collections.abc import Callable
 from functools import partial
-from pathlib import Path
-from typing import Any
 
 import numpy as np
 
-from bench.bench_scoring import clustered_vectors, make_events
-from bench.results import publish
+from bench.bench_scoring import clustered_vectors, make_events, time_it, workload_parser
+from bench.results import bench_command, publish
 from stream import backtest as bt
 from stream.chance import ChanceModel
 from stream.drift import recent_shift
@@ -52,23 +46,9 @@ from stream.slices import Bands
 from workers.adapters.annoy_thesaurus import AnnoyThesaurus, thesaurus_drift
 
 
-def timed(fn: Callable[[], Any]) -> float:
-    started = time.perf_counter()
-    fn()
-    return time.perf_counter() - started
-
-
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--vocab", type=int, default=5000, help="hashtags in the thesaurus")
-    p.add_argument("--dim", type=int, default=768)
-    p.add_argument("--clusters", type=int, default=100)
-    p.add_argument("--events", type=int, default=3000, help="events per round and variant")
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", type=Path, help="also write the markdown section here")
-    args = p.parse_args()
-    command = "python -m bench.bench_signals " + " ".join(shlex.quote(x) for x in sys.argv[1:])
+    args = workload_parser(__doc__, events=3000, per="variant", rounds=3).parse_args()
+    command = bench_command("bench_signals")
     rng = np.random.default_rng(args.seed)
     names = [f"tag{i}" for i in range(args.vocab)]
     vectors, labels = clustered_vectors(args.vocab, args.dim, args.clusters, rng)
@@ -80,14 +60,14 @@ def main() -> None:
     moved = vectors + rng.normal(scale=0.3 / np.sqrt(args.dim), size=vectors.shape).astype(np.float32)
     newer = AnnoyThesaurus.build(names, moved, counts=counts, model_id="bench", n_trees=50)
     table = thesaurus.table
-    build["+ null model (ChanceModel)"] = timed(lambda: ChanceModel(table))
-    build["+ bands (Bands)"] = timed(lambda: Bands(table.hashtags, table.counts))
-    build["+ drift from the previous version"] = timed(lambda: thesaurus_drift(thesaurus, newer))
+    build["+ null model (ChanceModel)"] = time_it(lambda: ChanceModel(table))
+    build["+ bands (Bands)"] = time_it(lambda: Bands(table.hashtags, table.counts))
+    build["+ drift from the previous version"] = time_it(lambda: thesaurus_drift(thesaurus, newer))
     # The window means' signal: each hashtag's recent mean (a fifth of its tweets) vs before.
     totals = vectors.astype(np.float64) * np.asarray(counts, dtype=np.float64)[:, None]
     recent_counts = [c // 5 for c in counts]
     recent_totals = moved.astype(np.float64) * np.asarray(recent_counts, dtype=np.float64)[:, None]
-    build["+ recent shift (window means)"] = timed(
+    build["+ recent shift (window means)"] = time_it(
         lambda: recent_shift(names, totals, counts, recent_totals, recent_counts)
     )
 
@@ -111,7 +91,7 @@ def main() -> None:
     order = list(caches)
     for _ in range(args.rounds):
         for name in order + order[::-1]:
-            per_event[name].append(timed(partial(run, caches[name])) / len(events))
+            per_event[name].append(time_it(partial(run, caches[name])) / len(events))
 
     t = np.arange(0.0, 30 * 86400.0, 60.0)  # an event a minute for 30 days
     n = len(t)
@@ -119,7 +99,7 @@ def main() -> None:
     rules = bt.Rules(15.0, 3600.0, tuple(86400.0 * d for d in range(1, 8)), 0.2, 1800.0, 50, 0.5, 4.6, 0.0,
                      3600.0, 0.2, 0.05, 3600.0, 3600.0, 86400.0, 0.2, 0.1, 1800.0)  # fmt: skip
     at = np.arange(t[0], t[-1], rules.step)
-    rule_s = timed(lambda: bt.signals(series, at, rules))
+    rule_s = time_it(lambda: bt.signals(series, at, rules))
 
     base = statistics.median(per_event["A base"])
     lines = [

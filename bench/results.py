@@ -4,6 +4,8 @@ BENCHMARKS.md) and, with ``--out FILE``, write the same text there."""
 from __future__ import annotations
 
 import platform
+import shlex
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -18,6 +20,25 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def bench_command(module: str, argv: Sequence[str] | None = None) -> str:
+    """The command line a section quotes: ``python -m bench.MODULE`` and its arguments
+    (``argv``, or the process's own), shell-quoted.
+
+    >>> bench_command("bench_redis", ["--out", "my results.md"])
+    "python -m bench.bench_redis --out 'my results.md'"
+    """
+    return f"python -m bench.{module} {shlex.join(sys.argv[1:] if argv is None else argv)}".strip()
+
+
+def spread(values: Sequence[float]) -> str:
+    """The range of a measurement's rounds, as a table cell shows it.
+
+    >>> spread([1200.4, 980.0, 1500.2])
+    '980–1,500'
+    """
+    return f"{min(values):,.0f}–{max(values):,.0f}"
 
 
 def publish(lines: Sequence[str] | str, out: Path | None) -> str:

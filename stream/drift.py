@@ -31,7 +31,7 @@ support, which filters nothing: its movers may then be rare hashtags.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -140,12 +140,9 @@ class Mover:
     new_neighbours: tuple[str, ...]
 
     def to_dict(self) -> dict[str, Any]:
+        """The fields by name, in their order; the neighbours as JSON lists."""
         return {
-            "hashtag": self.hashtag,
-            "cosine": self.cosine,
-            "jaccard": self.jaccard,
-            "support_old": self.support_old,
-            "support_new": self.support_new,
+            **asdict(self),
             "old_neighbours": list(self.old_neighbours),
             "new_neighbours": list(self.new_neighbours),
         }

@@ -104,13 +104,7 @@ class ExactScores:
 
     def as_dict(self) -> dict[str, float]:
         """The scores by name, in the order of :attr:`NAMES`."""
-        return {
-            "hit_rate": self.hit_rate,
-            "precision": self.precision,
-            "recall": self.recall,
-            "f1": self.f1,
-            "hit_ratio": self.hit_ratio,
-        }
+        return {name: getattr(self, name) for name in self.NAMES}
 
 
 def exact_from_ranks(matrix: Sequence[Sequence[int]], n_truth: int) -> ExactScores:

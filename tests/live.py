@@ -3,6 +3,9 @@ and the state the workers left in Redis (shared by the pipeline, chaos and scale
 
 from __future__ import annotations
 
+import subprocess
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +20,26 @@ from workers.adapters.encoder import Encoder
 from workers.adapters.feeds import sample_feed
 from workers.adapters.redis_means import RedisMeans
 from workers.adapters.redis_reservoir import RedisReservoir
-from workers.dev.stack import Stack, tweet_lines
+from workers.dev.stack import REVAL, Stack, tweet_lines
+
+
+def run_reval(
+    *args: str, env: Mapping[str, str], timeout: float, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``reval ARGS`` run to its end: its exit status, stdout and stderr (text)."""
+    return subprocess.run([REVAL, *args], env=env, capture_output=True, text=True, timeout=timeout, cwd=cwd)
+
+
+@contextmanager
+def prefixed_redis(url: str, prefix: str) -> Iterator[redis.Redis]:
+    """A client of the Redis at ``url``; the keys under ``prefix:`` are deleted afterwards."""
+    client = redis.Redis.from_url(url)
+    try:
+        yield client
+    finally:
+        for key in client.scan_iter(match=f"{prefix}:*"):
+            client.delete(key)
+        client.close()
 
 
 def batch_means(lines: list[str], model: Path) -> HashtagMeans:

@@ -12,28 +12,23 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
-def test_bench_scoring_runs_on_a_tiny_workload(tmp_path: Path) -> None:
-    out = tmp_path / "scoring.md"
-    workload = ["--vocab", "300", "--dim", "32", "--clusters", "10", "--events", "60", "--naive-events", "5"]
+def run_bench(module: str, *args: str, out: Path, timeout: float = 300) -> str:
+    """Run ``bench.<module>`` with ``args`` writing its report to ``out``; the report."""
     subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "bench.bench_scoring",
-            *workload,
-            "--rounds",
-            "1",
-            "--n-trees",
-            "5",
-            "--out",
-            str(out),
-        ],
+        [sys.executable, "-m", f"bench.{module}", *args, "--out", str(out)],
         cwd=REPO,
         check=True,
         capture_output=True,
-        timeout=300,
+        timeout=timeout,
     )
-    text = out.read_text()
+    return out.read_text()
+
+
+def test_bench_scoring_runs_on_a_tiny_workload(tmp_path: Path) -> None:
+    workload = ["--vocab", "300", "--dim", "32", "--clusters", "10", "--events", "60", "--naive-events", "5"]
+    text = run_bench(
+        "bench_scoring", *workload, "--rounds", "1", "--n-trees", "5", out=tmp_path / "scoring.md"
+    )
     assert "| Scorer admit + apply + json.dumps |" in text and "| naive:" in text
 
 
@@ -44,15 +39,7 @@ GPU_SMOKE += ["--token-budget", "2048", "--tokenize-workers", "0"]
 @pytest.mark.slow
 def test_bench_gpu_encoder_part_runs_on_cpu(tmp_path: Path) -> None:
     # The GPU benchmark's encoder part (new path vs naive HF baseline, MFU) on CPU, tiny model.
-    out = tmp_path / "gpu.md"
-    subprocess.run(
-        [sys.executable, "-m", "bench.bench_gpu", *GPU_SMOKE, "--no-worker", "--out", str(out)],
-        cwd=REPO,
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
-    text = out.read_text()
+    text = run_bench("bench_gpu", *GPU_SMOKE, "--no-worker", out=tmp_path / "gpu.md")
     assert "CPU SMOKE RUN (not a GPU result)" in text
     assert "| new: token budget 2048" in text and "| naive HF: fp32, batch 32" in text
     assert "(required >= 0.999)" in text and "### (b)" not in text
@@ -62,57 +49,24 @@ def test_bench_gpu_encoder_part_runs_on_cpu(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_bench_gpu_worker_part_runs_on_cpu(tmp_path: Path) -> None:
     # ... and its embed-worker part: a local Tansu broker, the Redis at 127.0.0.1:6379.
-    out = tmp_path / "gpu.md"
     worker = ["--worker-batch", "64", "--worker-tweets", "64", "--worker-rounds", "1"]
-    subprocess.run(
-        [sys.executable, "-m", "bench.bench_gpu", *GPU_SMOKE, *worker, "--out", str(out)],
-        cwd=REPO,
-        check=True,
-        capture_output=True,
-        timeout=600,
-    )
-    text = out.read_text()
+    text = run_bench("bench_gpu", *GPU_SMOKE, *worker, out=tmp_path / "gpu.md", timeout=600)
     assert "### (b) Embed worker end to end" in text
     assert "Every tweet embedded (dropped 0, rejected 0)." in text
 
 
 @pytest.mark.integration
 def test_bench_redis_barrier_runs_on_a_tiny_workload(tmp_path: Path, redis_url: str) -> None:
-    out = tmp_path / "barrier.md"
     workload = ["--tweets", "96", "--dim", "16", "--slice", "0.2", "--rounds", "1", "--calls", "20"]
-    subprocess.run(
-        [sys.executable, "-m", "bench.bench_redis_barrier", *workload, "--url", redis_url, "--out", str(out)],
-        cwd=REPO,
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
-    text = out.read_text()
+    text = run_bench("bench_redis_barrier", *workload, "--url", redis_url, out=tmp_path / "barrier.md")
     assert "| cluster 3+3 | barrier: WAIT 1 (cluster default) |" in text
     assert "| single Redis | check only (single-Redis default) |" in text
 
 
 @pytest.mark.slow
 def test_bench_cost_curves_runs_and_plots(tmp_path: Path) -> None:
-    out = tmp_path / "curves.md"
     workload = ["--sizes", "300,600", "--dim", "32", "--events", "100", "--grid-size", "600", "--trees", "5"]
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "bench.bench_cost_curves",
-            *workload,
-            "--out",
-            str(out),
-            "--plots",
-            str(tmp_path),
-        ],
-        cwd=REPO,
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
-    text = out.read_text()
+    text = run_bench("bench_cost_curves", *workload, "--plots", str(tmp_path), out=tmp_path / "curves.md")
     assert "| 600 |" in text and "| largest k | events/s |" in text and "| 100 |" in text
     for png in ("cost_build_vs_vocabulary.png", "cost_scoring_vs_vocabulary.png", "cost_scoring_vs_k.png"):
         assert (tmp_path / png).read_bytes().startswith(b"\x89PNG")

@@ -27,7 +27,7 @@ import pytest
 import redis
 
 from stream.records import parse_tweet
-from tests.live import assert_means_equal, batch_means, counts_reach, means_of, plain_tweets
+from tests.live import assert_means_equal, batch_means, counts_reach, means_of, plain_tweets, run_reval
 from workers.adapters.annoy_thesaurus import AnnoyThesaurus
 from workers.adapters.feeds import sample_feed
 from workers.adapters.kafka_client import _admin, create_topics
@@ -438,17 +438,25 @@ def test_a_recreated_topic_pauses_the_embed_worker_until_accepted(stack: Stack) 
 # --------------------------------------------------------------------------- hostile input
 
 
-def test_hostile_records_get_one_dead_letter_each_and_metrics_stay_bounded(stack: Stack) -> None:
-    """Defects 7 and 8: label values unbounded; records dead-lettered twice, counters doubled."""
-    from kafka import KafkaProducer
-    from kafka.admin import ConfigResource, ConfigResourceType
+#: The reasons a bad tweet record is dead-lettered for.
+TWEET_REASONS = {
+    "not_json",
+    "invalid_utf8",
+    "not_object",
+    "missing_field",
+    "bad_type",
+    "bad_value",
+    "bad_time",
+    "oversize",
+}
 
+
+def hostile_records(n: int) -> list[tuple[bytes | None, bytes]]:
+    """``n`` bad tweet records, five kinds in turn: random bytes, bad UTF-8, deep nesting,
+    ids of the wrong type or beyond int() limits, no id and a bad time."""
     rng = random.Random(11)
-    embed, score = stack.start("embed"), stack.start("score")
-    stack.wait_ready(embed, score)
-    good = plain_tweets(200)
     hostile: list[tuple[bytes | None, bytes]] = []
-    for i in range(10_000):
+    for i in range(n):
         kind = i % 5
         if kind == 0:
             value = bytes(rng.getrandbits(8) for _ in range(rng.randint(1, 200)))
@@ -463,21 +471,22 @@ def test_hostile_records_get_one_dead_letter_each_and_metrics_stay_bounded(stack
         else:
             value = json.dumps({"text": "no id #x", "created_at": "yesterday"}).encode()
         hostile.append((f"h{i}".encode(), value))
-    mixed: list[tuple[bytes | None, bytes]] = []
-    per = -(-len(hostile) // len(good))  # every hostile record goes, between good neighbours
-    for i, record in enumerate(keyed(good)):
-        mixed.append(record)
-        mixed += hostile[i * per : (i + 1) * per]
-    assert len(mixed) == len(good) + len(hostile)
-    # Kafka refuses records over 1 MB unless the topic allows more (as a topic fed by another
-    # system might): the worker must still dead-letter them, not choke.
+    return hostile
+
+
+def send_huge_tweets(stack: Stack, n: int) -> None:
+    """``n`` tweets of 5 MB.  Kafka refuses records over 1 MB unless the topic allows more (as
+    a topic fed by another system might): the worker must still dead-letter them, not choke."""
+    from kafka import KafkaProducer
+    from kafka.admin import ConfigResource, ConfigResourceType
+
     with _admin(stack.bootstrap, timeout=10) as admin:
         topic = ConfigResource(
             ConfigResourceType.TOPIC, stack.topics["tweets"], {"max.message.bytes": "6000000"}
         )
         admin.alter_configs([topic])
     huge = KafkaProducer(bootstrap_servers=stack.bootstrap, max_request_size=6_000_000)
-    for i in range(3):  # 5 MB values
+    for i in range(n):
         huge.send(
             stack.topics["tweets"],
             key=f"big{i}".encode(),
@@ -485,6 +494,21 @@ def test_hostile_records_get_one_dead_letter_each_and_metrics_stay_bounded(stack
         )
     huge.flush()
     huge.close()
+
+
+def test_hostile_records_get_one_dead_letter_each_and_metrics_stay_bounded(stack: Stack) -> None:
+    """Defects 7 and 8: label values unbounded; records dead-lettered twice, counters doubled."""
+    embed, score = stack.start("embed"), stack.start("score")
+    stack.wait_ready(embed, score)
+    good = plain_tweets(200)
+    hostile = hostile_records(10_000)
+    mixed: list[tuple[bytes | None, bytes]] = []
+    per = -(-len(hostile) // len(good))  # every hostile record goes, between good neighbours
+    for i, record in enumerate(keyed(good)):
+        mixed.append(record)
+        mixed += hostile[i * per : (i + 1) * per]
+    assert len(mixed) == len(good) + len(hostile)
+    send_huge_tweets(stack, 3)
     stack.send("tweets", mixed)
     names = ["n" * 10_000 + str(i) for i in range(20)] + ["ok-name"]
     events = [
@@ -505,16 +529,7 @@ def test_hostile_records_get_one_dead_letter_each_and_metrics_stay_bounded(stack
     dead = letters(stack)
     sources = Counter((d["source"]["topic"], d["source"]["partition"], d["source"]["offset"]) for d in dead)
     assert len(dead) == n_bad and all(n == 1 for n in sources.values())  # exactly one letter each
-    assert {d["reason"] for d in dead} <= {
-        "not_json",
-        "invalid_utf8",
-        "not_object",
-        "missing_field",
-        "bad_type",
-        "bad_value",
-        "bad_time",
-        "oversize",
-    }
+    assert {d["reason"] for d in dead} <= TWEET_REASONS
     wait_for(
         "all consumed",
         lambda: (
@@ -550,21 +565,16 @@ def test_passwords_are_never_logged(broker: str, tiny_bertweet: Path, tmp_path: 
         wait_for("tweets applied", lambda: counts_reach(stack, batch_means(lines, stack.model)), 90, 1)
         embed.stop()
         wrong = {**stack.env, "REVAL_REDIS_URL": server.url.replace(secret, secret + "-wrong")}
-        failed = subprocess.run(
-            [REVAL, "worker", "embed", "--metrics-port", str(find_free_port())],
-            env=wrong,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            cwd=tmp_path,
+        failed = run_reval(
+            "worker", "embed", "--metrics-port", str(find_free_port()), env=wrong, timeout=120, cwd=tmp_path
         )
         assert failed.returncode != 0
         assert "invalid username-password" in (failed.stdout + failed.stderr).lower()
-        accept = subprocess.run(
-            [REVAL, "admin", "accept-topic", stack.topics["tweets"]],
+        accept = run_reval(
+            "admin",
+            "accept-topic",
+            stack.topics["tweets"],
             env={**wrong, "REVAL_KAFKA_SASL_PASSWORD": secret},
-            capture_output=True,
-            text=True,
             timeout=60,
         )
         assert accept.returncode == 1

@@ -19,12 +19,15 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from tests.test_chaos import RedisServer
 from workers.dev.stack import Stack, wait_for
+
+if TYPE_CHECKING:
+    from workers.dev.kafka_cluster import KafkaCluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -295,6 +298,66 @@ def test_with_no_intact_version_events_wait_for_one(
 # --------------------------------------------------------------------------- N3
 
 
+def secured_env(
+    cluster: KafkaCluster, sasl: str, redis_url: str, topics: dict[str, str], model: Path, tmp_path: Path
+) -> dict[str, str]:
+    """A worker's environment for Kafka with SASL/SCRAM over TLS and a Redis with a password."""
+    return {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "REVAL_BROKER": cluster.bootstrap,
+        "REVAL_KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
+        "REVAL_KAFKA_SASL_MECHANISM": "SCRAM-SHA-256",
+        "REVAL_KAFKA_SASL_USERNAME": "reval",
+        "REVAL_KAFKA_SASL_PASSWORD": sasl,
+        "REVAL_KAFKA_SSL_CAFILE": str(cluster.ca_file),
+        "REVAL_REDIS_URL": redis_url,
+        "REVAL_REDIS_PREFIX": "secrets",
+        "REVAL_APP_ID": "secrets",
+        "REVAL_TOPIC_TWEETS": topics["tweets"],
+        "REVAL_TOPIC_RECOMMENDATIONS": topics["recommendations"],
+        "REVAL_TOPIC_SCORES": topics["scores"],
+        "REVAL_TOPIC_DEAD_LETTER": topics["dead_letter"],
+        "REVAL_PARTITIONS": "2",
+        "REVAL_MODEL": str(model),
+        "REVAL_DTYPE": "float32",
+        "REVAL_INDEX_DIR": str(tmp_path / "index"),
+        "REVAL_INDEX_INTERVAL_S": "1",
+        "REVAL_RELOAD_INTERVAL_S": "0.5",
+        "REVAL_SESSION_TIMEOUT_S": "6",
+    }
+
+
+def feed_and_score(cluster: KafkaCluster, topics: dict[str, str], log: Path) -> None:
+    """200 tweets, then (once a thesaurus is in use, says the worker's log) 20 events; wait
+    until 20 scores are out."""
+    from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+
+    from tests.live import plain_tweets
+    from workers.dev.stack import keyed
+
+    options = cluster.client_options()
+    producer = KafkaProducer(bootstrap_servers=cluster.bootstrap, **options)
+    for key, value in keyed(plain_tweets(200)):
+        producer.send(topics["tweets"], key=key, value=value)
+    wait_for("a thesaurus", lambda: "scoring with thesaurus" in log.read_text(errors="replace"), 120, 1)
+    for i in range(20):
+        producer.send(topics["recommendations"], key=b"%d" % i, value=event(str(i))[1])
+    producer.flush()
+    producer.close()
+
+    def scores() -> int:
+        consumer = KafkaConsumer(bootstrap_servers=cluster.bootstrap, consumer_timeout_ms=1500, **options)
+        parts = [TopicPartition(topics["scores"], p) for p in range(2)]
+        consumer.assign(parts)
+        consumer.seek_to_beginning(*parts)
+        n = len(list(consumer))
+        consumer.close()
+        return n
+
+    wait_for("20 scores", lambda: scores() >= 20, 120, 2)
+
+
 def test_no_secret_setting_in_any_log_at_debug_level(tiny_bertweet: Path, tmp_path: Path) -> None:
     """N3: kafka-python's admin client logged its configuration, SASL password included, at
     debug level.  Every role in one worker at --loglevel debug, on Kafka with SASL/SCRAM over
@@ -304,13 +367,10 @@ def test_no_secret_setting_in_any_log_at_debug_level(tiny_bertweet: Path, tmp_pa
     import subprocess
     from urllib.parse import quote
 
-    from kafka import KafkaConsumer, KafkaProducer, TopicPartition
-
-    from tests.live import plain_tweets
     from workers.adapters.kafka_client import create_topics
     from workers.dev.kafka_cluster import KafkaCluster, Security
     from workers.dev.ports import find_free_port
-    from workers.dev.stack import REVAL, keyed
+    from workers.dev.stack import REVAL
 
     sasl, wrong, redis_pw = "sasl-Pw-31c9e", "wrong-Pw-8d02a", "r3dis/Pw+7#q"
     secrets = {sasl, wrong, redis_pw, quote(redis_pw, safe="")}
@@ -319,30 +379,8 @@ def test_no_secret_setting_in_any_log_at_debug_level(tiny_bertweet: Path, tmp_pa
     with KafkaCluster(nodes=1, data_dir=tmp_path / "kafka", security=Security({"reval": sasl})) as cluster:
         options = cluster.client_options()
         create_topics(cluster.bootstrap, {**{t: 2 for t in topics.values()}, "dlq": 1}, **options)
-        env = {
-            **os.environ,
-            "HF_HUB_OFFLINE": "1",
-            "REVAL_BROKER": cluster.bootstrap,
-            "REVAL_KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
-            "REVAL_KAFKA_SASL_MECHANISM": "SCRAM-SHA-256",
-            "REVAL_KAFKA_SASL_USERNAME": "reval",
-            "REVAL_KAFKA_SASL_PASSWORD": sasl,
-            "REVAL_KAFKA_SSL_CAFILE": str(cluster.ca_file),
-            "REVAL_REDIS_URL": f"redis://:{quote(redis_pw, safe='')}@127.0.0.1:{server.port}/0",
-            "REVAL_REDIS_PREFIX": "secrets",
-            "REVAL_APP_ID": "secrets",
-            "REVAL_TOPIC_TWEETS": topics["tweets"],
-            "REVAL_TOPIC_RECOMMENDATIONS": topics["recommendations"],
-            "REVAL_TOPIC_SCORES": topics["scores"],
-            "REVAL_TOPIC_DEAD_LETTER": topics["dead_letter"],
-            "REVAL_PARTITIONS": "2",
-            "REVAL_MODEL": str(tiny_bertweet),
-            "REVAL_DTYPE": "float32",
-            "REVAL_INDEX_DIR": str(tmp_path / "index"),
-            "REVAL_INDEX_INTERVAL_S": "1",
-            "REVAL_RELOAD_INTERVAL_S": "0.5",
-            "REVAL_SESSION_TIMEOUT_S": "6",
-        }
+        redis_url = f"redis://:{quote(redis_pw, safe='')}@127.0.0.1:{server.port}/0"
+        env = secured_env(cluster, sasl, redis_url, topics, tiny_bertweet, tmp_path)
         log = tmp_path / "worker.log"
         command = [REVAL, "worker", "embed", "index", "score", "--loglevel", "debug"]
         with log.open("wb") as out:
@@ -357,29 +395,7 @@ def test_no_secret_setting_in_any_log_at_debug_level(tiny_bertweet: Path, tmp_pa
             wait_for(
                 "the worker ready", lambda: "[^Worker]: Ready" in log.read_text(errors="replace"), 180, 1
             )
-            producer = KafkaProducer(bootstrap_servers=cluster.bootstrap, **options)
-            for key, value in keyed(plain_tweets(200)):
-                producer.send(topics["tweets"], key=key, value=value)
-            wait_for(
-                "a thesaurus", lambda: "scoring with thesaurus" in log.read_text(errors="replace"), 120, 1
-            )
-            for i in range(20):
-                producer.send(topics["recommendations"], key=b"%d" % i, value=event(str(i))[1])
-            producer.flush()
-            producer.close()
-
-            def scores() -> int:
-                consumer = KafkaConsumer(
-                    bootstrap_servers=cluster.bootstrap, consumer_timeout_ms=1500, **options
-                )
-                parts = [TopicPartition(topics["scores"], p) for p in range(2)]
-                consumer.assign(parts)
-                consumer.seek_to_beginning(*parts)
-                n = len(list(consumer))
-                consumer.close()
-                return n
-
-            wait_for("20 scores", lambda: scores() >= 20, 120, 2)
+            feed_and_score(cluster, topics, log)
         finally:
             worker.send_signal(signal.SIGTERM)
             worker.wait(60)

@@ -29,6 +29,14 @@ class Case:
     env: tuple[tuple[str, str], ...] = ()
 
 
+def recommend(method: str, train: str, feed: str, out: str) -> tuple[str, ...]:
+    return ("recommend", "-m", method, "--train", train, "--feed", feed, "--out", out)
+
+
+def build(feed: str, out: str, *options: str, model: str = "model") -> tuple[str, ...]:
+    return ("thesaurus", "build", feed, "--model", model, "--out", out, *options)
+
+
 @dataclass(frozen=True)
 class Ran:
     code: int
@@ -88,56 +96,21 @@ CASES = [
     Case("synonyms-negative-k", ("synonyms", "-t", "th", "-k", "-1", "news"), 2, "-k"),
     Case(
         "recommend-train-dir",
-        ("recommend", "-m", "popular", "--train", "folder", "--feed", "feed.jsonl", "--out", "o.jsonl"),
+        recommend("popular", "folder", "feed.jsonl", "o.jsonl"),
         2,
         "folder is a directory",
     ),
-    Case(
-        "recommend-feed-txt",
-        ("recommend", "-m", "popular", "--train", "feed.jsonl", "--feed", "notes.txt", "--out", "o.jsonl"),
-        2,
-        "notes.txt",
-    ),
-    Case(
-        "recommend-unknown-method",
-        ("recommend", "-m", "best", "--train", "feed.jsonl", "--feed", "feed.jsonl", "--out", "o.jsonl"),
-        2,
-        "'best'",
-    ),
+    Case("recommend-feed-txt", recommend("popular", "feed.jsonl", "notes.txt", "o.jsonl"), 2, "notes.txt"),
+    Case("recommend-unknown-method", recommend("best", "feed.jsonl", "feed.jsonl", "o.jsonl"), 2, "'best'"),
     Case(
         "recommend-out-under-a-file",
-        (
-            "recommend",
-            "-m",
-            "popular",
-            "--train",
-            "feed.jsonl",
-            "--feed",
-            "feed.jsonl",
-            "--out",
-            "notes.txt/o.jsonl",
-        ),
+        recommend("popular", "feed.jsonl", "feed.jsonl", "notes.txt/o.jsonl"),
         2,
         "notes.txt",
     ),
-    Case(
-        "build-batch-size-0",
-        ("thesaurus", "build", "feed.jsonl", "--model", "model", "--out", "t2", "--batch-size", "0"),
-        2,
-        "--batch-size",
-    ),
-    Case(
-        "build-out-under-a-file",
-        ("thesaurus", "build", "feed.jsonl", "--model", "model", "--out", "notes.txt/t"),
-        2,
-        "notes.txt",
-    ),
-    Case(
-        "build-over-user-files",
-        ("thesaurus", "build", "feed.jsonl", "--model", "model", "--out", "."),
-        2,
-        "refusing",
-    ),
+    Case("build-batch-size-0", build("feed.jsonl", "t2", "--batch-size", "0"), 2, "--batch-size"),
+    Case("build-out-under-a-file", build("feed.jsonl", "notes.txt/t"), 2, "notes.txt"),
+    Case("build-over-user-files", build("feed.jsonl", "."), 2, "refusing"),
     Case("build-bad-hubness", ("thesaurus", "build", "feed.jsonl", "--out", "t3", "--hubness", "x"), 2, "x"),
     Case("evaluate-out-under-a-file", ("evaluate", "feed.jsonl", "--out", "notes.txt/r"), 2, "notes.txt"),
     Case("evaluate-over-user-files", ("evaluate", "feed.jsonl", "--out", "."), 2, "refusing"),
@@ -154,22 +127,12 @@ CASES = [
     ),
     Case(
         "recommend-feed-random-bytes",
-        ("recommend", "-m", "popular", "--train", "feed.jsonl", "--feed", "random.jsonl", "--out", "o.jsonl"),
+        recommend("popular", "feed.jsonl", "random.jsonl", "o.jsonl"),
         1,
         "were bad",
     ),
-    Case(
-        "build-random-bytes",
-        ("thesaurus", "build", "random.jsonl", "--model", "model", "--out", "t4"),
-        1,
-        "were bad",
-    ),
-    Case(
-        "build-model-offline",
-        ("thesaurus", "build", "feed.jsonl", "--model", "vinai/bertweet-base", "--out", "t5"),
-        1,
-        "--model",
-    ),
+    Case("build-random-bytes", build("random.jsonl", "t4"), 1, "were bad"),
+    Case("build-model-offline", build("feed.jsonl", "t5", model="vinai/bertweet-base"), 1, "--model"),
     Case(
         "worker-no-broker",
         ("worker", "score", "--broker", "127.0.0.1:1", "--metrics-port", "0"),

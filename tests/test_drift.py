@@ -31,6 +31,16 @@ DIM = 16
 CLUSTERS = ("flood", "vote", "game")
 PER_CLUSTER = 11  # a hashtag's top-10 is its cluster: a move to another cluster replaces it
 TWEETS = 12  # per hashtag: well above the default minimum support
+#: The top-level keys of ``reval thesaurus diff --json`` (the JSON contract).
+DIFF_KEYS = {
+    "compared",
+    "only_old",
+    "only_new",
+    "shift_quantiles",
+    "jaccard_quantiles",
+    "share_top10_changed_over_half",
+    "movers",
+}
 
 
 def _centres(rng: np.random.Generator) -> dict[str, npt.NDArray[np.float64]]:
@@ -147,15 +157,7 @@ def test_only_old_only_new_and_summary() -> None:
     drift = compare(_snapshot(before), _snapshot(after))
     assert (drift.compared, drift.only_old, drift.only_new) == (len(_names()) - 1, 1, 1)
     payload = drift.to_dict()
-    assert set(payload) == {
-        "compared",
-        "only_old",
-        "only_new",
-        "shift_quantiles",
-        "jaccard_quantiles",
-        "share_top10_changed_over_half",
-        "movers",
-    }
+    assert set(payload) == DIFF_KEYS
     assert set(payload["shift_quantiles"]) == {"p50", "p90", "p99"}
     json.dumps(payload)  # JSON-serialisable as it is
 
@@ -275,15 +277,7 @@ def test_diff_json_matches_the_contract(tmp_path: Path, capsys: pytest.CaptureFi
     store.publish(_build(True))
     assert thesaurus_diff(tmp_path / "old", tmp_path / "store", as_json=True, top=5, min_support=5) == 0
     payload = json.loads(capsys.readouterr().out)
-    assert set(payload) == {
-        "compared",
-        "only_old",
-        "only_new",
-        "shift_quantiles",
-        "jaccard_quantiles",
-        "share_top10_changed_over_half",
-        "movers",
-    }
+    assert set(payload) == DIFF_KEYS
     assert payload["compared"] == len(_names()) + 1
     assert (payload["only_old"], payload["only_new"]) == (0, 0)
     for key in ("shift_quantiles", "jaccard_quantiles"):

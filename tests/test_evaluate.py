@@ -7,6 +7,7 @@ import gzip
 import itertools
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -122,6 +123,44 @@ def evaluate(feed: Path, out: Path, model: Path, *extra: str) -> None:
     assert "mean [95% CI]" in result.output
 
 
+def assert_cells_inside_their_intervals(cells: list[dict[str, Any]], test_tweets: int) -> None:
+    """Every scored cell: its #REval and its chance-corrected kappa inside their bootstrap
+    intervals, over every test tweet."""
+    for c in cells:
+        if c["reval_hit_ratio"] is not None:
+            assert c["ci_low"] <= c["reval_hit_ratio"] <= c["ci_high"]
+            assert c["events"] == test_tweets and c["reval_hit_ratio_corrected"] is not None
+            # the kappa of the cell's sums, inside its bootstrap interval
+            assert c["corrected_ci_low"] <= c["reval_hit_ratio_corrected"] <= c["corrected_ci_high"]
+            assert c["corrected_null_reason"] is None
+
+
+def assert_reval_score_agrees(out: Path, cell: dict[tuple[Any, ...], dict[str, Any]]) -> None:
+    """The same numbers come out of `reval score` on the written events and thesaurus."""
+    result = runner.invoke(
+        app,
+        [
+            "score",
+            str(out / "recommendations.jsonl"),
+            "-t",
+            str(out / "thesauri" / "bertag-center+csls"),
+            "-k",
+            ",".join(map(str, KS)),
+            "-r",
+            "1,5,10",
+            "--json",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    scored = json.loads(result.stdout)
+    for r in (1, 5, 10):
+        for k in KS:
+            got = scored["by_r"][str(r)]["by_k"][str(k)]
+            want = cell[7, "bertag", "mowe", str(r), k]
+            assert got["reval_hit_ratio"] == pytest.approx(want["reval_hit_ratio"])
+            assert got["reval_hit_ratio_corrected"] == pytest.approx(want["reval_hit_ratio_corrected"])
+
+
 @pytest.mark.slow
 def test_evaluate_writes_outputs_deterministically(
     small_feed: Path, tiny_bertweet: Path, tmp_path: Path
@@ -153,13 +192,7 @@ def test_evaluate_writes_outputs_deterministically(
     assert {c["seed"] for c in cells} == {7, "all"} and {c["r"] for c in cells} == {"1", "5", "10"}
     assert len(cells) == 2 * 3 * 4 * 3 * len(KS)  # seed 7 and pooled; embeddings; recommenders; r; k
     cell = {(c["seed"], c["variant"], c["recommender"], c["r"], c["k"]): c for c in cells}
-    for c in cells:
-        if c["reval_hit_ratio"] is not None:
-            assert c["ci_low"] <= c["reval_hit_ratio"] <= c["ci_high"]
-            assert c["events"] == data["test_tweets"] and c["reval_hit_ratio_corrected"] is not None
-            # the kappa of the cell's sums, inside its bootstrap interval
-            assert c["corrected_ci_low"] <= c["reval_hit_ratio_corrected"] <= c["corrected_ci_high"]
-            assert c["corrected_null_reason"] is None
+    assert_cells_inside_their_intervals(cells, data["test_tweets"])
     for r in (1, 5, 10):
         # k = 0 is exact match: the same for every thesaurus, and what `exact` reports.
         assert by["bertag", r, 0] == by["word2vec", r, 0] == by["fasttext", r, 0]
@@ -186,29 +219,7 @@ def test_evaluate_writes_outputs_deterministically(
     top = next(iter(results["synonyms"]["bertag/center+csls"]))
     assert f"| #{top} (" in synonyms and "Word2Vec" in synonyms and "skewness of N_10" in synonyms
 
-    # The same numbers come out of `reval score` on the written events and thesaurus.
-    result = runner.invoke(
-        app,
-        [
-            "score",
-            str(first / "recommendations.jsonl"),
-            "-t",
-            str(first / "thesauri" / "bertag-center+csls"),
-            "-k",
-            ",".join(map(str, KS)),
-            "-r",
-            "1,5,10",
-            "--json",
-        ],
-    )
-    assert result.exit_code == 0, result.output
-    scored = json.loads(result.stdout)
-    for r in (1, 5, 10):
-        for k in KS:
-            got = scored["by_r"][str(r)]["by_k"][str(k)]
-            want = cell[7, "bertag", "mowe", str(r), k]
-            assert got["reval_hit_ratio"] == pytest.approx(want["reval_hit_ratio"])
-            assert got["reval_hit_ratio_corrected"] == pytest.approx(want["reval_hit_ratio_corrected"])
+    assert_reval_score_agrees(first, cell)
 
 
 def test_evaluate_random_split_and_options(small_feed: Path, tmp_path: Path) -> None:

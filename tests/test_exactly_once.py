@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import threading
 import time
 from collections import Counter
@@ -23,9 +22,9 @@ import pytest
 from kafka import KafkaConsumer, TopicPartition
 
 from stream.records import parse_tweet
-from tests.live import plain_tweets
+from tests.live import plain_tweets, run_reval
 from workers.dev.ports import find_free_port
-from workers.dev.stack import REVAL, Stack, Worker, wait_for
+from workers.dev.stack import Stack, Worker, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -170,13 +169,8 @@ def test_tansu_refuses_exactly_once_in_one_line(tmp_path: Path) -> None:
             "REVAL_TOPIC_SCORES": "sc",
             "REVAL_TOPIC_DEAD_LETTER": "dlq",
         }
-        done = subprocess.run(
-            [REVAL, "worker", "score", "--metrics-port", str(find_free_port())],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            cwd=tmp_path,
+        done = run_reval(
+            "worker", "score", "--metrics-port", str(find_free_port()), env=env, timeout=120, cwd=tmp_path
         )
     assert done.returncode == 2
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]

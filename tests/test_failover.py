@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 from kafka.errors import KafkaError
 
+from stream.means import HashtagMeans
 from stream.records import parse_tweet
 from tests.live import assert_means_equal, batch_means, counts_reach, plain_tweets
 from workers.adapters.kafka_client import BrokerError
@@ -91,6 +92,32 @@ def close(stack: Stack) -> None:
         assert worker.proc.poll() is not None, f"worker {worker.roles} still running"
 
 
+def start_all_roles(
+    stack: Stack, tweets: int, events: int, timeout: float
+) -> tuple[list[str], HashtagMeans, list[tuple[bytes, bytes]], Worker]:
+    """The workload (tweets, their batch means, recommendation events) and one worker of
+    every role, ready."""
+    lines = plain_tweets(tweets)
+    expected = batch_means(lines, stack.model)
+    recs = events_for(plain_tweets(events, start=3000))
+    worker = stack.start("embed", "index", "score")
+    stack.wait_ready(worker, timeout=timeout)
+    return lines, expected, recs, worker
+
+
+def assert_nothing_lost(
+    stack: Stack, expected: HashtagMeans, events: list[tuple[bytes, bytes]], timeouts: tuple[float, float]
+) -> None:
+    """Every tweet applied once, every event settled, redeliveries scored alike, no dead letter."""
+    wait_for("every tweet applied", lambda: counts_reach(stack, expected), timeouts[0], 1.0)
+    time.sleep(2)  # and nothing applied twice after the counts matched
+    assert_means_equal(stack, expected)
+    wanted = {key.decode() for key, _ in events}
+    wait_for("every event settled", lambda: settled(stack, wanted) == wanted, timeouts[1], 1.0)
+    assert_scores_consistent(stack)
+    assert stack.read_json("dead_letter") == []
+
+
 @pytest.fixture
 def one_node(tmp_path: Path) -> Iterator[KafkaCluster]:
     with KafkaCluster(nodes=1, data_dir=tmp_path / "kafka") as cluster:
@@ -108,11 +135,7 @@ def test_kill_9_of_the_only_broker_mid_stream_loses_nothing(
 ) -> None:
     stack = Stack(one_node.bootstrap, redis_url, tiny_bertweet, tmp_path / "stack", partitions=2)
     try:
-        lines = plain_tweets(1200)
-        expected = batch_means(lines, stack.model)
-        events = events_for(plain_tweets(900, start=3000))
-        worker = stack.start("embed", "index", "score")
-        stack.wait_ready(worker, timeout=180)
+        lines, expected, events, worker = start_all_roles(stack, 1200, 900, timeout=180)
         half, third = len(lines) // 2, len(events) // 3
         stack.send("tweets", keyed(lines[:half]))
         stack.send("recommendations", events[:third])
@@ -123,13 +146,7 @@ def test_kill_9_of_the_only_broker_mid_stream_loses_nothing(
         stack.send("tweets", keyed(lines[half:]))
         stack.send("recommendations", events[third:])
 
-        wait_for("every tweet applied", lambda: counts_reach(stack, expected), 300, 1.0)
-        time.sleep(2)  # and nothing applied twice after the counts matched
-        assert_means_equal(stack, expected)
-        wanted = {key.decode() for key, _ in events}
-        wait_for("every event settled", lambda: settled(stack, wanted) == wanted, 240, 1.0)
-        assert_scores_consistent(stack)
-        assert stack.read_json("dead_letter") == []
+        assert_nothing_lost(stack, expected, events, timeouts=(300, 240))
         alive(worker)  # it rode through the outage: no supervisor restarted it
     finally:
         close(stack)
@@ -159,11 +176,7 @@ def test_three_nodes_leader_kill_and_rolling_restart_lose_nothing(
         cluster.bootstrap, redis_url, tiny_bertweet, tmp_path / "stack", partitions=3, replication=3
     )
     try:
-        lines = plain_tweets(1500)
-        expected = batch_means(lines, stack.model)
-        events = events_for(plain_tweets(1200, start=3000))
-        worker = stack.start("embed", "index", "score")
-        stack.wait_ready(worker, timeout=240)
+        lines, expected, events, worker = start_all_roles(stack, 1500, 1200, timeout=240)
         tweets = list(keyed(lines))
         third, ev_third = len(tweets) // 3, len(events) // 3
         stack.send("tweets", tweets[:third])
@@ -194,13 +207,7 @@ def test_three_nodes_leader_kill_and_rolling_restart_lose_nothing(
         sender.join(180)
         stack.send("recommendations", events[2 * ev_third :])
 
-        wait_for("every tweet applied", lambda: counts_reach(stack, expected), 360, 1.0)
-        time.sleep(2)
-        assert_means_equal(stack, expected)
-        wanted = {key.decode() for key, _ in events}
-        wait_for("every event settled", lambda: settled(stack, wanted) == wanted, 300, 1.0)
-        assert_scores_consistent(stack)
-        assert stack.read_json("dead_letter") == []
+        assert_nothing_lost(stack, expected, events, timeouts=(360, 300))
         alive(worker)  # the worker rode through the leader kill and the rolling restart
     finally:
         close(stack)

@@ -8,16 +8,15 @@ no log, at any level, whatever happens.
 from __future__ import annotations
 
 import json
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.live import assert_means_equal, batch_means, counts_reach, plain_tweets
+from tests.live import assert_means_equal, batch_means, counts_reach, plain_tweets, run_reval
 from workers.dev.kafka_cluster import KafkaCluster, Security
 from workers.dev.ports import find_free_port
-from workers.dev.stack import REVAL, Stack, wait_for
+from workers.dev.stack import Stack, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -60,13 +59,7 @@ def test_workers_replay_and_admin_over_sasl_ssl_never_log_the_password(
         lines = plain_tweets(300)
         feed = tmp_path / "feed.jsonl"
         feed.write_text("\n".join(lines) + "\n")
-        replay = subprocess.run(
-            [REVAL, "replay", str(feed), "--speed", "max"],
-            env=stack.env,
-            capture_output=True,
-            text=True,
-            timeout=180,
-        )
+        replay = run_reval("replay", str(feed), "--speed", "max", env=stack.env, timeout=180)
         assert replay.returncode == 0, replay.stderr
         logs += [replay.stdout, replay.stderr]
         expected = batch_means(lines, stack.model)
@@ -89,11 +82,14 @@ def test_workers_replay_and_admin_over_sasl_ssl_never_log_the_password(
 
         # A wrong password: the worker stops with one line that names the setting.
         wrong = {**stack.env, "REVAL_KAFKA_SASL_PASSWORD": SECRET + "-wrong"}
-        failed = subprocess.run(
-            [REVAL, "worker", "embed", "--metrics-port", str(find_free_port()), "--loglevel", "debug"],
+        failed = run_reval(
+            "worker",
+            "embed",
+            "--metrics-port",
+            str(find_free_port()),
+            "--loglevel",
+            "debug",
             env=wrong,
-            capture_output=True,
-            text=True,
             timeout=180,
             cwd=tmp_path,
         )
@@ -104,13 +100,7 @@ def test_workers_replay_and_admin_over_sasl_ssl_never_log_the_password(
         assert "authentication" in error_lines[0].lower()
         logs += [failed.stdout, failed.stderr]
 
-        admin = subprocess.run(
-            [REVAL, "admin", "accept-topic", stack.topics["tweets"]],
-            env=stack.env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        admin = run_reval("admin", "accept-topic", stack.topics["tweets"], env=stack.env, timeout=120)
         assert admin.returncode == 0, admin.stderr
         logs += [admin.stdout, admin.stderr]
         worker.stop()

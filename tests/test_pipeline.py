@@ -11,13 +11,13 @@ from typing import Any
 
 import pytest
 
-from stream.records import parse_recommendation, parse_tweet
+from stream.records import Tweet, parse_recommendation, parse_tweet
 from stream.scoring import NeighbourCache, score_event
 from tests.live import assert_means_equal, assert_reservoir_equal, batch_means, counts_reach, plain_tweets
 from workers.adapters.feeds import sample_feed
 from workers.adapters.redis_means import RedisMeans
 from workers.adapters.store import ThesaurusStore
-from workers.dev.stack import Stack, keyed, tweet_lines, wait_for
+from workers.dev.stack import Stack, Worker, keyed, tweet_lines, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -29,17 +29,9 @@ def stack(broker: str, redis_url: str, tiny_bertweet: Path, tmp_path: Path) -> I
     s.close()
 
 
-def test_end_to_end_scores_equal_offline_and_metrics(stack: Stack) -> None:
-    embed, index, score = stack.start("embed"), stack.start("index"), stack.start("score")
-    stack.wait_ready(embed, index, score)
-    lines = tweet_lines(sample_feed(), 600)
-    stack.send("tweets", keyed(lines))
-    store = ThesaurusStore(stack.index_dir)
-    wait_for("a first index version", store.current_version, timeout=120)
-    wait_for("the scorer to load it", lambda: score.metric("reval_scoring_thesaurus_version") >= 1, 30)
-
-    tweets = [parse_tweet(line) for line in lines]
-    tagged = [t for t in tweets if t.hashtags][:60]
+def recommendation_events(tagged: list[Tweet]) -> list[dict[str, Any]]:
+    """Two recommenders' events for hashtagged tweets (a third joined with their tweet by id,
+    the rest carrying their ground truth) and one with no hashtags at all."""
     events: list[dict[str, Any]] = []
     for i, tweet in enumerate(tagged):
         event: dict[str, Any] = {
@@ -51,12 +43,13 @@ def test_end_to_end_scores_equal_offline_and_metrics(stack: Stack) -> None:
             event["ground_truth"] = list(tweet.hashtags)
         events.append(event)
     events.append({"tweet_id": "nohashtags", "recommended": ["x"], "ground_truth": []})
-    stack.send("recommendations", ((e["tweet_id"].encode(), json.dumps(e).encode()) for e in events))
+    return events
 
-    results = wait_for(
-        "every event scored", lambda: (r := stack.read_json("scores")) and len(r) >= len(events) and r, 120
-    )
-    assert len(results) == len(events)
+
+def assert_scores_equal_offline(
+    results: list[dict[str, Any]], events: list[dict[str, Any]], store: ThesaurusStore, tweets: list[Tweet]
+) -> None:
+    """Each live score is the offline score of the same event on the version it names."""
     by_id = {r["tweet_id"]: r for r in results}
     truth = {t.id: t.hashtags for t in tweets}
     for raw in events:
@@ -76,6 +69,9 @@ def test_end_to_end_scores_equal_offline_and_metrics(stack: Stack) -> None:
         assert got["scorable"] == offline["scorable"]
         assert got["thesaurus_version"] == thesaurus.version  # the content hash, as `reval score` prints
 
+
+def assert_score_metrics(score: Worker, results: list[dict[str, Any]], events: list[dict[str, Any]]) -> None:
+    """The scorer's /metrics add up what its scores say, per recommender."""
     scorable = [r for r in results if r["scorable"]]
     for rec in ("rec0", "rec1"):
         mine = [r for r in scorable if r["recommender"] == rec]
@@ -98,6 +94,53 @@ def test_end_to_end_scores_equal_offline_and_metrics(stack: Stack) -> None:
     assert score.metric("reval_join_total", outcome="matched") == sum(
         1 for e in events if "ground_truth" not in e
     )
+
+
+def assert_hot_swap(stack: Stack, store: ThesaurusStore, score: Worker, tweet: Tweet) -> None:
+    """More tweets make a new version, picked up without restarting the scorer."""
+    first = store.current_version()
+    stack.send("tweets", keyed(tweet_lines(sample_feed(), 400, start=600)))
+    wait_for("a new index version", lambda: store.current_version() != first, timeout=60)
+    newest = store.current_version()
+    assert newest is not None
+    again = {
+        "tweet_id": tweet.id,
+        "recommender": "rec0-late",  # rec0's key (tweet id, recommender) was scored: a duplicate
+        "recommended": ["terremoto"],
+        "ground_truth": list(tweet.hashtags),
+    }
+    wait_for(
+        "the scorer to load the new version",
+        lambda: score.metric("reval_scoring_thesaurus_version") >= int(newest[1:]),
+        30,
+    )
+    stack.send("recommendations", [(b"again", json.dumps(again).encode())])
+    # By its recommender: the records of two partitions come back in no fixed order.
+    late = lambda: [r for r in stack.read_json("scores") if r["recommender"] == "rec0-late"]  # noqa: E731
+    later = wait_for("the late event", late, 60)
+    assert later[0]["index_version"] == store.current_version() or later[0]["index_version"] >= newest
+
+
+def test_end_to_end_scores_equal_offline_and_metrics(stack: Stack) -> None:
+    embed, index, score = stack.start("embed"), stack.start("index"), stack.start("score")
+    stack.wait_ready(embed, index, score)
+    lines = tweet_lines(sample_feed(), 600)
+    stack.send("tweets", keyed(lines))
+    store = ThesaurusStore(stack.index_dir)
+    wait_for("a first index version", store.current_version, timeout=120)
+    wait_for("the scorer to load it", lambda: score.metric("reval_scoring_thesaurus_version") >= 1, 30)
+
+    tweets = [parse_tweet(line) for line in lines]
+    tagged = [t for t in tweets if t.hashtags][:60]
+    events = recommendation_events(tagged)
+    stack.send("recommendations", ((e["tweet_id"].encode(), json.dumps(e).encode()) for e in events))
+
+    results = wait_for(
+        "every event scored", lambda: (r := stack.read_json("scores")) and len(r) >= len(events) and r, 120
+    )
+    assert len(results) == len(events)
+    assert_scores_equal_offline(results, events, store, tweets)
+    assert_score_metrics(score, results, events)
     topic = stack.topics["tweets"]
     wait_for(
         "the embed worker to consume every tweet",
@@ -111,29 +154,7 @@ def test_end_to_end_scores_equal_offline_and_metrics(stack: Stack) -> None:
         30,
     )
     assert all(v >= 0 for v in lag)
-
-    # Hot swap: more tweets make a new version, picked up without restarting the scorer.
-    first = store.current_version()
-    stack.send("tweets", keyed(tweet_lines(sample_feed(), 400, start=600)))
-    wait_for("a new index version", lambda: store.current_version() != first, timeout=60)
-    newest = store.current_version()
-    assert newest is not None
-    again = {
-        "tweet_id": tagged[0].id,
-        "recommender": "rec0-late",  # rec0's key (tweet id, recommender) was scored: a duplicate
-        "recommended": ["terremoto"],
-        "ground_truth": list(tagged[0].hashtags),
-    }
-    wait_for(
-        "the scorer to load the new version",
-        lambda: score.metric("reval_scoring_thesaurus_version") >= int(newest[1:]),
-        30,
-    )
-    stack.send("recommendations", [(b"again", json.dumps(again).encode())])
-    # By its recommender: the records of two partitions come back in no fixed order.
-    late = lambda: [r for r in stack.read_json("scores") if r["recommender"] == "rec0-late"]  # noqa: E731
-    later = wait_for("the late event", late, 60)
-    assert later[0]["index_version"] == store.current_version() or later[0]["index_version"] >= newest
+    assert_hot_swap(stack, store, score, tagged[0])
 
 
 def test_kill_9_mid_stream_loses_nothing_and_counts_nothing_twice(stack: Stack) -> None:

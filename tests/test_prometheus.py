@@ -20,6 +20,7 @@ import time
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,12 +28,14 @@ import pytest
 
 from stream.alert_params import TEST
 from stream.records import parse_tweet
+from tests.live import run_reval
 from tests.test_deploy import DEPLOY, dashboard, panel_queries, require_binary
 from workers.adapters.feeds import sample_feed
 from workers.adapters.prometheus_rules import render_config, render_rules
 from workers.adapters.store import ThesaurusStore
 from workers.dev.ports import find_free_port
-from workers.dev.stack import REVAL, Stack, terminate, tweet_lines, wait_for
+from workers.dev.processes import terminate
+from workers.dev.stack import Stack, Worker, tweet_lines, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -203,77 +206,175 @@ def substitute(expr: str, variables: dict[str, str]) -> str:
     return expr
 
 
-# One real Prometheus (minutes to set up) checked phase by phase, in order:
-def test_rules_alerts_and_dashboard_against_real_prometheus(stack: Stack, tmp_path: Path) -> None:  # noqa: PLR0915
-    started = time.monotonic()
+@dataclass
+class Monitoring:
+    """The three workers, scraped every second by a real Prometheus that sends its alerts to
+    a real Alertmanager."""
+
+    embed: Worker
+    index: Worker
+    score: Worker
+    prometheus: Prometheus
+    alertmanager: Alertmanager
+
+
+@pytest.fixture
+def monitoring(stack: Stack, tmp_path: Path) -> Iterator[Monitoring]:
     prometheus_bin = require_binary("prometheus")
     alertmanager_bin = require_binary("prometheus-alertmanager")
     embed, index, score = stack.start("embed"), stack.start("index"), stack.start("score")
-
     rules = tmp_path / "rules.yml"
     rules.write_text(render_rules(TEST))
     alertmanager = Alertmanager(alertmanager_bin, tmp_path)
-    targets = {
-        "embed": [f"127.0.0.1:{embed.port}"],
-        "index": [f"127.0.0.1:{index.port}"],
-        "score": [f"127.0.0.1:{score.port}"],
-    }
-    config = render_config(
-        targets,
-        rule_files=(str(rules),),
-        scrape_interval="1s",
-        evaluation_interval="1s",
-        alertmanagers=(f"127.0.0.1:{alertmanager.port}",),
-    )
-    prometheus = Prometheus(prometheus_bin, tmp_path, config)
-    traffic: Traffic | None = None
     try:
-        stack.wait_ready(embed, index, score, timeout=180)
-
-        # Tweets through the product's own replay command (key = id, event-time timestamps).
-        replayed = subprocess.run(
-            [REVAL, "replay", str(sample_feed()), "--limit", "1500", "--json"],
-            env=stack.env,
-            capture_output=True,
-            text=True,
-            timeout=180,
+        targets = {
+            "embed": [f"127.0.0.1:{embed.port}"],
+            "index": [f"127.0.0.1:{index.port}"],
+            "score": [f"127.0.0.1:{score.port}"],
+        }
+        config = render_config(
+            targets,
+            rule_files=(str(rules),),
+            scrape_interval="1s",
+            evaluation_interval="1s",
+            alertmanagers=(f"127.0.0.1:{alertmanager.port}",),
         )
-        assert replayed.returncode == 0, replayed.stderr[-3000:]
-        # ... and some bad records, for the dead-letter panels
-        stack.send("tweets", [(b"bad1", b"{not json"), (b"bad2", b'{"text": "no id #x"}')])
-        stack.send("recommendations", [(b"bad3", b"[1, 2, 3]")])
+        prometheus = Prometheus(prometheus_bin, tmp_path, config)
+        try:
+            yield Monitoring(embed, index, score, prometheus, alertmanager)
+        finally:
+            prometheus.stop()
+    finally:
+        alertmanager.stop()
 
-        store = ThesaurusStore(stack.index_dir)
-        wait_for("a thesaurus version", store.current_version, 120)
-        wait_for("the scorer to load it", lambda: score.metric("reval_scoring_thesaurus_version") >= 1, 60)
-        wait_for(
-            "all tweets embedded",
-            lambda: embed.metric("reval_records_consumed_total", topic=stack.topics["tweets"]) >= 1502,
-            120,
-        )
-        version = store.current_version()
-        time.sleep(3)  # the index catches up with the last embedded tweets
-        current = store.current_version() or version
-        assert current is not None
-        thesaurus = store.load(current)
-        tweets = [
-            (t.id, list(t.hashtags))
-            for t in map(parse_tweet, tweet_lines(sample_feed(), 1500))
-            if t.hashtags and all(h in thesaurus for h in t.hashtags)
-        ]
-        assert len(tweets) > 100
-        vocabulary = sorted({tag for _, tags in tweets for tag in tags})
-        traffic = Traffic(stack, tweets, vocabulary)
-        traffic.start()
 
-        flaky_states: list[str] = []
+def replay_sample(stack: Stack, m: Monitoring) -> list[tuple[str, list[str]]]:
+    """The sample feed through the product's own replay command (key = id, event-time
+    timestamps) and some bad records (for the dead-letter panels); once a thesaurus is built
+    and loaded, the tweets (id, hashtags) all of whose hashtags it knows."""
+    replayed = run_reval(
+        "replay", str(sample_feed()), "--limit", "1500", "--json", env=stack.env, timeout=180
+    )
+    assert replayed.returncode == 0, replayed.stderr[-3000:]
+    stack.send("tweets", [(b"bad1", b"{not json"), (b"bad2", b'{"text": "no id #x"}')])
+    stack.send("recommendations", [(b"bad3", b"[1, 2, 3]")])
 
-        def quiet_for_steady() -> None:
-            states = prometheus.alerts(ALERT)
-            assert "steady" not in states, f"{ALERT} for the undisturbed recommender: {states}"
-            if "flaky" in states:
-                flaky_states.append(states["flaky"])
-            assert traffic is not None and traffic.error is None, traffic.error
+    store = ThesaurusStore(stack.index_dir)
+    wait_for("a thesaurus version", store.current_version, 120)
+    wait_for("the scorer to load it", lambda: m.score.metric("reval_scoring_thesaurus_version") >= 1, 60)
+    wait_for(
+        "all tweets embedded",
+        lambda: m.embed.metric("reval_records_consumed_total", topic=stack.topics["tweets"]) >= 1502,
+        120,
+    )
+    version = store.current_version()
+    time.sleep(3)  # the index catches up with the last embedded tweets
+    current = store.current_version() or version
+    assert current is not None
+    thesaurus = store.load(current)
+    tweets = [
+        (t.id, list(t.hashtags))
+        for t in map(parse_tweet, tweet_lines(sample_feed(), 1500))
+        if t.hashtags and all(h in thesaurus for h in t.hashtags)
+    ]
+    assert len(tweets) > 100
+    return tweets
+
+
+class SteadyWatch:
+    """Called at every look: the undisturbed recommender never alerts, the traffic thread
+    has not failed; flaky's alert states are kept in order (:attr:`flaky_states`)."""
+
+    def __init__(self, prometheus: Prometheus, traffic: Traffic) -> None:
+        self.prometheus, self.traffic = prometheus, traffic
+        self.flaky_states: list[str] = []
+
+    def __call__(self) -> None:
+        states = self.prometheus.alerts(ALERT)
+        assert "steady" not in states, f"{ALERT} for the undisturbed recommender: {states}"
+        if "flaky" in states:
+            self.flaky_states.append(states["flaky"])
+        assert self.traffic.error is None, self.traffic.error
+
+
+def assert_recording_rules_have_values(prometheus: Prometheus) -> None:
+    """Every window's recording rules (k=0 is the exact hit ratio); the #REval alert's
+    statistic from the workers' corrected sums: flaky lost its skill above chance (far past
+    the bound), steady did not."""
+    for window in TEST.windows:
+        for expr in (
+            f"reval:hit_ratio:mean{window}",
+            f"reval:exact_match:mean{window}",
+            f"reval:semantic_gap:mean{window}",
+            f"reval:scored_events:rate{window}",
+            f"reval:unknown_hashtag_share:ratio{window}",
+            f"reval:corrected_excess:rate{window}",
+            f"reval:corrected_room:rate{window}",
+            f"reval:hit_ratio_corrected:kappa{window}",
+        ):
+            assert {"steady", "flaky"} <= set(prometheus.value(expr)), expr
+    kappa = prometheus.value(f'reval:hit_ratio_corrected:kappa{QW}{{k="{K}", r="{R}"}}')
+    skill = prometheus.value(f'reval:hit_ratio_corrected:baseline{{k="{K}", r="{R}"}}')
+    assert kappa["flaky"] < 0.5 * skill["flaky"] and kappa["steady"] > 0.5 * skill["steady"], (
+        kappa,
+        skill,
+    )
+    llr = prometheus.value(f'reval:skill_loss:llr{{k="{K}", r="{R}"}}')
+    bound = math.log(1 / TEST.false_alarm_probability)
+    assert llr["flaky"] > bound > llr["steady"], llr
+    gap0 = prometheus.value(f'reval:semantic_gap:mean5m{{k="0", r="{R}"}}')
+    assert all(abs(v) < 1e-9 for v in gap0.values()), gap0
+    assert prometheus.value(f'reval:semantic_gap:mean5m{{k="{K}", r="{R}"}}')["flaky"] >= 0
+    for expr in (
+        "reval:consumer_lag:sum",
+        f"reval:tweets_embedded:rate{TEST.embed_window}",
+        f"reval:dead_letter_ratio:ratio{TEST.dead_letter_window}",
+        "reval:exact_match:baseline",
+    ):
+        assert prometheus.query(expr), f"{expr}: no data"
+
+
+def assert_dashboard_has_data(prometheus: Prometheus) -> None:
+    """Every query of every dashboard panel returns data, variables substituted the way
+    Grafana does; the variables' own queries (label_values) are answered too."""
+    board = dashboard()
+    variables: dict[str, str] = {}
+    for var in board["templating"]["list"]:
+        match = re.fullmatch(r"label_values\((\w+), (\w+)\)", var.get("definition", ""))
+        if match:
+            values = prometheus.api(f"label/{match[2]}/values", **{"match[]": match[1]})
+            assert values, var["name"]
+            variables[var["name"]] = values
+    assert {"steady", "flaky"} <= set(variables["recommender"])
+    assert K in variables["k"] and R in variables["r"]
+    substitutions = {
+        "recommender": "(steady|flaky)",
+        "k": K,
+        "r": R,
+        "window": "5m",
+        "__rate_interval": "15s",
+        "datasource": "prometheus",
+    }
+    empty = []
+    for title, expr in panel_queries(board):
+        query = substitute(expr, substitutions)
+        if not prometheus.query(query):
+            empty.append(f"{title}: {query}")
+    assert not empty, "dashboard queries without data:\n" + "\n".join(empty)
+
+
+# One real Prometheus (minutes to set up) checked phase by phase, in order:
+def test_rules_alerts_and_dashboard_against_real_prometheus(stack: Stack, monitoring: Monitoring) -> None:
+    started = time.monotonic()
+    prometheus = monitoring.prometheus
+    stack.wait_ready(monitoring.embed, monitoring.index, monitoring.score, timeout=180)
+    tweets = replay_sample(stack, monitoring)
+    vocabulary = sorted({tag for _, tags in tweets for tag in tags})
+    traffic = Traffic(stack, tweets, vocabulary)
+    traffic.start()
+    try:
+        quiet_for_steady = SteadyWatch(prometheus, traffic)
+        flaky_states = quiet_for_steady.flaky_states
 
         # Phase 1: both recommenders good, until the baseline (30-50 s back) exists.
         baseline = f'reval:hit_ratio:baseline{{k="{K}", r="{R}"}}'
@@ -305,85 +406,23 @@ def test_rules_alerts_and_dashboard_against_real_prometheus(stack: Stack, tmp_pa
         after = prometheus.value(f'reval:hit_ratio:mean{QW}{{k="{K}", r="{R}"}}')
         assert after["flaky"] < 0.8 * prometheus.value(baseline)["flaky"] and after["steady"] > 0.7, after
 
-        # The recording rules have values (every window; k=0 is the exact hit ratio).
-        for window in TEST.windows:
-            for expr in (
-                f"reval:hit_ratio:mean{window}",
-                f"reval:exact_match:mean{window}",
-                f"reval:semantic_gap:mean{window}",
-                f"reval:scored_events:rate{window}",
-                f"reval:unknown_hashtag_share:ratio{window}",
-                f"reval:corrected_excess:rate{window}",
-                f"reval:corrected_room:rate{window}",
-                f"reval:hit_ratio_corrected:kappa{window}",
-            ):
-                assert {"steady", "flaky"} <= set(prometheus.value(expr)), expr
-        # The #REval alert's statistic, from the workers' corrected sums: flaky lost its skill
-        # above chance (far past the bound), steady did not.
-        kappa = prometheus.value(f'reval:hit_ratio_corrected:kappa{QW}{{k="{K}", r="{R}"}}')
-        skill = prometheus.value(f'reval:hit_ratio_corrected:baseline{{k="{K}", r="{R}"}}')
-        assert kappa["flaky"] < 0.5 * skill["flaky"] and kappa["steady"] > 0.5 * skill["steady"], (
-            kappa,
-            skill,
-        )
-        llr = prometheus.value(f'reval:skill_loss:llr{{k="{K}", r="{R}"}}')
-        bound = math.log(1 / TEST.false_alarm_probability)
-        assert llr["flaky"] > bound > llr["steady"], llr
-        gap0 = prometheus.value(f'reval:semantic_gap:mean5m{{k="0", r="{R}"}}')
-        assert all(abs(v) < 1e-9 for v in gap0.values()), gap0
-        assert prometheus.value(f'reval:semantic_gap:mean5m{{k="{K}", r="{R}"}}')["flaky"] >= 0
-        for expr in (
-            "reval:consumer_lag:sum",
-            f"reval:tweets_embedded:rate{TEST.embed_window}",
-            f"reval:dead_letter_ratio:ratio{TEST.dead_letter_window}",
-            "reval:exact_match:baseline",
-        ):
-            assert prometheus.query(expr), f"{expr}: no data"
+        assert_recording_rules_have_values(prometheus)
         quiet_for_steady()
 
         # Alertmanager got it from Prometheus.
         def received() -> bool:
             return any(
                 a["labels"].get("alertname") == ALERT and a["labels"].get("recommender") == "flaky"
-                for a in alertmanager.received()
+                for a in monitoring.alertmanager.received()
             )
 
         wait_for("the alert at Alertmanager", received, 30, 0.5)
-
-        # Every query of every dashboard panel returns data, variables substituted the way
-        # Grafana does; the variables' own queries (label_values) are answered too.
-        board = dashboard()
-        variables: dict[str, str] = {}
-        for var in board["templating"]["list"]:
-            match = re.fullmatch(r"label_values\((\w+), (\w+)\)", var.get("definition", ""))
-            if match:
-                values = prometheus.api(f"label/{match[2]}/values", **{"match[]": match[1]})
-                assert values, var["name"]
-                variables[var["name"]] = values
-        assert {"steady", "flaky"} <= set(variables["recommender"])
-        assert K in variables["k"] and R in variables["r"]
-        substitutions = {
-            "recommender": "(steady|flaky)",
-            "k": K,
-            "r": R,
-            "window": "5m",
-            "__rate_interval": "15s",
-            "datasource": "prometheus",
-        }
-        empty = []
-        for title, expr in panel_queries(board):
-            query = substitute(expr, substitutions)
-            if not prometheus.query(query):
-                empty.append(f"{title}: {query}")
-        assert not empty, "dashboard queries without data:\n" + "\n".join(empty)
+        assert_dashboard_has_data(prometheus)
         quiet_for_steady()
         print(
             f"\nalert fired {fired_after:.1f}s after the switch; events sent: {traffic.sent}; "
             f"test took {time.monotonic() - started:.0f}s"
         )
     finally:
-        if traffic is not None:
-            traffic.halt.set()
-            traffic.join(10)
-        prometheus.stop()
-        alertmanager.stop()
+        traffic.halt.set()
+        traffic.join(10)

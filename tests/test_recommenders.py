@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from typer.testing import CliRunner
+from typer.testing import CliRunner, Result
 
 from stream.hashtags import extract_hashtags
 from stream.recommenders import (
@@ -167,20 +167,9 @@ def test_random_recommender_draws_by_popularity_without_repeats() -> None:
 
 
 def test_popular_users_counts_distinct_users() -> None:
-    tweets = [
-        tweet(1, "#spam", "u1"),
-        tweet(2, "#spam", "u1"),
-        tweet(3, "#spam", "u1"),
-        tweet(4, "#spam", "u1"),
-        tweet(5, "#flood", "u1"),
-        tweet(6, "#flood", "u2"),
-        tweet(7, "#flood", "u3"),
-        tweet(8, "#rain", "u4"),
-        tweet(9, "#rain", "u5"),
-        tweet(10, "#rain", "u5"),
-        tweet(11, "#help", "u6"),
-        tweet(12, "#help", "u7"),
-    ]
+    posts = [("spam", "u1")] * 4 + [("flood", "u1"), ("flood", "u2"), ("flood", "u3")]
+    posts += [("rain", "u4"), ("rain", "u5"), ("rain", "u5"), ("help", "u6"), ("help", "u7")]
+    tweets = [tweet(i, f"#{tag}", user) for i, (tag, user) in enumerate(posts, start=1)]
     query = tweet(99, "x")
     assert PopularRecommender().fit(tweets).recommend(query, 4) == ["spam", "flood", "rain", "help"]
     by_users = PopularByUsersRecommender().fit(tweets)
@@ -274,6 +263,13 @@ def read_events(path: Path) -> list[dict[str, object]]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
 
 
+def recommend(method: str, train: Path, feed: Path, *options: str) -> Result:
+    """``reval recommend -m METHOD --train TRAIN --feed FEED OPTIONS...`` in-process."""
+    return runner.invoke(
+        app, ["recommend", "-m", method, "--train", str(train), "--feed", str(feed), *options]
+    )
+
+
 def test_recommend_cli_writes_events_reval_score_accepts_and_the_canary(
     train_and_feed: tuple[Path, Path], tmp_path: Path
 ) -> None:
@@ -284,23 +280,7 @@ def test_recommend_cli_writes_events_reval_score_accepts_and_the_canary(
     scores = {}
     for method in ("popular", "least-popular", "mowe"):
         out = tmp_path / f"{method}.jsonl"
-        result = runner.invoke(
-            app,
-            [
-                "recommend",
-                "--method",
-                method,
-                "--train",
-                str(train),
-                "--feed",
-                str(feed),
-                "-r",
-                "5",
-                "--out",
-                str(out),
-                "--with-truth",
-            ],
-        )
+        result = recommend(method, train, feed, "-r", "5", "--out", str(out), "--with-truth")
         assert result.exit_code == 0, result.output
         events = read_events(out)
         assert [e["tweet_id"] for e in events] == [t.id for t in hashtagged]
@@ -323,25 +303,8 @@ def test_recommend_cli_writes_events_reval_score_accepts_and_the_canary(
 def test_recommend_cli_options(train_and_feed: tuple[Path, Path], tmp_path: Path) -> None:
     train, feed = train_and_feed
     out = tmp_path / "recs.jsonl"
-    result = runner.invoke(
-        app,
-        [
-            "recommend",
-            "-m",
-            "popular-users",
-            "--train",
-            str(train),
-            "--feed",
-            str(feed),
-            "-r",
-            "3",
-            "--out",
-            str(out),
-            "--recommender-name",
-            "baseline-1",
-            "--all-tweets",
-        ],
-    )
+    options = ["-r", "3", "--out", str(out), "--recommender-name", "baseline-1", "--all-tweets"]
+    result = recommend("popular-users", train, feed, *options)
     assert result.exit_code == 0, result.output
     assert "no user ids" in result.output  # the sample feed has none: warned, then by tweet count
     events = read_events(out)
@@ -349,26 +312,11 @@ def test_recommend_cli_options(train_and_feed: tuple[Path, Path], tmp_path: Path
     assert all("ground_truth" not in e and e["recommender"] == "baseline-1" for e in events)
     assert len({tuple(e["recommended"]) for e in events}) == 1  # type: ignore[arg-type]
 
-    result = runner.invoke(app, ["recommend", "-m", "popular", "--train", str(train), "--feed", str(feed)])
+    result = recommend("popular", train, feed)
     assert result.exit_code == 2 and "--out" in result.output
-    result = runner.invoke(
-        app, ["recommend", "-m", "best", "--train", str(train), "--feed", str(feed), "--out", str(out)]
-    )
+    result = recommend("best", train, feed, "--out", str(out))
     assert result.exit_code == 2 and "unknown method" in result.output
-    result = runner.invoke(
-        app,
-        [
-            "recommend",
-            "-m",
-            "popular",
-            "--train",
-            str(tmp_path / "nope.jsonl"),
-            "--feed",
-            str(feed),
-            "--out",
-            str(out),
-        ],
-    )
+    result = recommend("popular", tmp_path / "nope.jsonl", feed, "--out", str(out))
     assert result.exit_code == 2 and "not found" in result.output
 
 
@@ -389,24 +337,8 @@ def test_recommend_cli_produces_to_kafka(broker: str, train_and_feed: tuple[Path
     train, feed = train_and_feed
     topic = f"recommendations-{uuid.uuid4().hex[:8]}"
     create_topics(broker, {topic: 2})
-    result = runner.invoke(
-        app,
-        [
-            "recommend",
-            "-m",
-            "popular",
-            "--train",
-            str(train),
-            "--feed",
-            str(feed),
-            "-r",
-            "2",
-            "--topic",
-            topic,
-            "--broker",
-            broker,
-            "--with-truth",
-        ],
+    result = recommend(
+        "popular", train, feed, "-r", "2", "--topic", topic, "--broker", broker, "--with-truth"
     )
     assert result.exit_code == 0, result.output
     expected = {t.id: t for p in read_tweets([feed]) if (t := p.value) is not None and t.hashtags}

@@ -14,6 +14,7 @@ import pytest
 import redis
 
 from stream.thesaurus import ThesaurusFormatError, ThesaurusSource
+from tests.live import prefixed_redis
 from workers.adapters.annoy_thesaurus import AnnoyThesaurus
 from workers.adapters.exporter import Exporter
 from workers.adapters.redis_thesaurus import SCORER_FILES, RedisThesauri
@@ -27,11 +28,8 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture
 def client(redis_url: str, redis_prefix: str) -> Iterator[redis.Redis]:
-    r = redis.Redis.from_url(redis_url)
-    yield r
-    for key in r.scan_iter(match=f"{redis_prefix}:*"):
-        r.delete(key)
-    r.close()
+    with prefixed_redis(redis_url, redis_prefix) as c:
+        yield c
 
 
 def _thesaurus(seed: int, n: int = 300) -> AnnoyThesaurus:
@@ -47,13 +45,20 @@ def _thesaurus(seed: int, n: int = 300) -> AnnoyThesaurus:
     )
 
 
+def _published(
+    tmp_path: Path, client: redis.Redis, prefix: str, seed: int
+) -> tuple[ThesaurusStore, str, RedisThesauri, int]:
+    """A version published to a store, then to Redis: (store, version, Redis's copy, bytes sent)."""
+    store = ThesaurusStore(tmp_path / "store")
+    version = store.publish(_thesaurus(seed))
+    thesauri = RedisThesauri(client, prefix)
+    return store, version, thesauri, thesauri.publish(store.root / version, version)
+
+
 def test_a_published_version_loads_from_redis_as_from_its_directory(
     tmp_path: Path, client: redis.Redis, redis_prefix: str
 ) -> None:
-    store = ThesaurusStore(tmp_path / "store")
-    version = store.publish(_thesaurus(1))
-    thesauri = RedisThesauri(client, redis_prefix)
-    stored = thesauri.publish(store.root / version, version)
+    store, version, thesauri, stored = _published(tmp_path, client, redis_prefix, 1)
     # Either is a scorer's source of versions (stream.thesaurus.ThesaurusSource), to the letter.
     sources: list[ThesaurusSource] = [store, thesauri]
     assert [(s.current_version(), s.versions()) for s in sources] == [(version, [version])] * 2
@@ -73,10 +78,7 @@ def test_a_published_version_loads_from_redis_as_from_its_directory(
 def test_a_damaged_or_missing_version_is_refused(
     tmp_path: Path, client: redis.Redis, redis_prefix: str
 ) -> None:
-    store = ThesaurusStore(tmp_path / "store")
-    version = store.publish(_thesaurus(2))
-    thesauri = RedisThesauri(client, redis_prefix)
-    thesauri.publish(store.root / version, version)
+    _, version, thesauri, _ = _published(tmp_path, client, redis_prefix, 2)
     data = bytearray(cast(bytes | None, client.hget(thesauri.key(version), TABLE_FILE)) or b"")
     data[len(data) // 2] ^= 0xFF
     client.hset(thesauri.key(version), TABLE_FILE, bytes(data))

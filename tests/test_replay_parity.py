@@ -10,15 +10,17 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from stream.records import parse_tweet
 from stream.windows import RollingMean
+from tests.live import run_reval
 from workers.adapters.feeds import sample_feed
 from workers.adapters.redis_means import RedisMeans
 from workers.adapters.store import ThesaurusStore
-from workers.dev.stack import REVAL, Stack, tweet_lines, wait_for
+from workers.dev.stack import REVAL, Stack, Worker, tweet_lines, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -73,24 +75,15 @@ def replay(stack: Stack, path: Path, topic: str) -> None:
     )
 
 
-def test_replay_matches_offline_scoring_and_event_time_windows(stack: Stack, tmp_path: Path) -> None:
-    embed, index, score = stack.start("embed"), stack.start("index"), stack.start("score")
-    stack.wait_ready(embed, index, score)
-    lines = tweet_lines(sample_feed(), 800, start=2000)
-    feed = tmp_path / "feed.jsonl"
-    feed.write_text("\n".join(lines) + "\n")
-    events = popular_events(lines)
-    recs = tmp_path / "recs.jsonl"
-    recs.write_text("".join(json.dumps(e) + "\n" for e in events))
-
-    replay(stack, feed, "tweets")
+def wait_until_settled(stack: Stack, embed: Worker, score: Worker, tweets: int) -> str:
+    """Wait until every tweet is embedded, the index built on all of them and the scorer uses
+    that version; the version."""
     means = RedisMeans.from_url(stack.redis_url, prefix=stack.prefix)
     store = ThesaurusStore(stack.index_dir)
-
     seen: dict[str, float] = {}
 
     def settled() -> bool:
-        done = embed.metric("reval_records_consumed_total", topic=stack.topics["tweets"]) == len(lines)
+        done = embed.metric("reval_records_consumed_total", topic=stack.topics["tweets"]) == tweets
         current = store.current_version()
         ready = bool(
             done
@@ -111,6 +104,63 @@ def test_replay_matches_offline_scoring_and_event_time_windows(stack: Stack, tmp
     wait_for("the index to settle on the whole feed", settled, 120, 1.0)
     version = store.current_version()
     assert version is not None
+    return version
+
+
+def score_offline(stack: Stack, recs: Path, version: str, events: Path) -> dict[str, Any]:
+    """``reval score`` of the events file on the thesaurus version; its summary (--json),
+    each event's score written to ``events``."""
+    offline = run_reval(
+        "score",
+        str(recs),
+        "-t",
+        str(stack.index_dir / version),
+        "-k",
+        ",".join(map(str, KS)),
+        "-r",
+        "1,5,10",
+        "--json",
+        "--events",
+        str(events),
+        env=stack.env,
+        timeout=600,
+    )
+    assert offline.returncode == 0, offline.stderr[-3000:]
+    summary: dict[str, Any] = json.loads(offline.stdout)
+    return summary
+
+
+def assert_rolling_windows(score: Worker, results: list[dict[str, Any]]) -> None:
+    """Event-time windows: the same bucketing as the worker, recomputed from the results."""
+    metrics = score.metrics()
+    for label, seconds in WINDOWS.items():
+        window = RollingMean(seconds, size=1)
+        for result in results:
+            window.update(result["event_time"], [0.0])
+        inside = [res for res in results if window.covers(res["event_time"])]
+        assert inside
+        for r in ("1", "5", "10"):
+            for k in (0, 10, 70):
+                expected_mean = sum(res["reval_hit_ratio"][r][str(k)] for res in inside) / len(inside)
+                key = (
+                    "reval_hit_ratio_rolling",
+                    tuple(sorted({"recommender": "popular", "k": str(k), "r": r, "window": label}.items())),
+                )
+                assert metrics[key] == pytest.approx(expected_mean, abs=1e-9), (label, r, k)
+
+
+def test_replay_matches_offline_scoring_and_event_time_windows(stack: Stack, tmp_path: Path) -> None:
+    embed, index, score = stack.start("embed"), stack.start("index"), stack.start("score")
+    stack.wait_ready(embed, index, score)
+    lines = tweet_lines(sample_feed(), 800, start=2000)
+    feed = tmp_path / "feed.jsonl"
+    feed.write_text("\n".join(lines) + "\n")
+    events = popular_events(lines)
+    recs = tmp_path / "recs.jsonl"
+    recs.write_text("".join(json.dumps(e) + "\n" for e in events))
+
+    replay(stack, feed, "tweets")
+    version = wait_until_settled(stack, embed, score, len(lines))
 
     replay(stack, recs, "recommendations")
     results = wait_for(
@@ -120,27 +170,7 @@ def test_replay_matches_offline_scoring_and_event_time_windows(stack: Stack, tmp
     assert {r["index_version"] for r in results} == {version}
 
     offline_events = tmp_path / "offline.jsonl"
-    offline = subprocess.run(
-        [
-            REVAL,
-            "score",
-            str(recs),
-            "-t",
-            str(stack.index_dir / version),
-            "-k",
-            ",".join(map(str, KS)),
-            "-r",
-            "1,5,10",
-            "--json",
-            "--events",
-            str(offline_events),
-        ],
-        check=True,
-        capture_output=True,
-        text=True,
-        env=stack.env,
-    )
-    summary = json.loads(offline.stdout)
+    summary = score_offline(stack, recs, version, offline_events)
     by_id = {r["tweet_id"]: r for r in results}
     for line in offline_events.read_text().splitlines():
         expected = json.loads(line)
@@ -161,20 +191,4 @@ def test_replay_matches_offline_scoring_and_event_time_windows(stack: Stack, tmp
             offline_mean = summary["by_r"][r]["by_k"][str(k)]["reval_hit_ratio"]
             assert live_count == summary["by_r"][r]["events"] - summary["by_r"][r]["unscorable"]
             assert live_sum / live_count == pytest.approx(offline_mean, abs=1e-9)
-
-    # Event-time windows: the same bucketing as the worker, recomputed from the results.
-    metrics = score.metrics()
-    for label, seconds in WINDOWS.items():
-        window = RollingMean(seconds, size=1)
-        for result in results:
-            window.update(result["event_time"], [0.0])
-        inside = [res for res in results if window.covers(res["event_time"])]
-        assert inside
-        for r in ("1", "5", "10"):
-            for k in (0, 10, 70):
-                expected_mean = sum(res["reval_hit_ratio"][r][str(k)] for res in inside) / len(inside)
-                key = (
-                    "reval_hit_ratio_rolling",
-                    tuple(sorted({"recommender": "popular", "k": str(k), "r": r, "window": label}.items())),
-                )
-                assert metrics[key] == pytest.approx(expected_mean, abs=1e-9), (label, r, k)
+    assert_rolling_windows(score, results)

@@ -38,6 +38,89 @@ def figures(page: str) -> dict[str, str]:
     return dict(FIGURE.findall(page))
 
 
+def _curves() -> dict[str, Any]:
+    """Detection curves: one with a deployed point and a missing delay, one with no points."""
+    return {
+        "reval_drop": {
+            "parameter": "false_alarm_probability",
+            "points": [
+                {
+                    "value": 0.1,
+                    "false_alarms_per_day": 0.5,
+                    "delays": {HOSTILE: 3600.0, "stale:60": None},
+                },
+                {
+                    "value": 0.01,
+                    "deployed": True,
+                    "false_alarms_per_day": None,
+                    "delays": {HOSTILE: None},
+                },
+            ],
+        },
+        "exact_drop": {"parameter": "quality_drop_fraction", "points": None},
+    }
+
+
+def _k_curve(t: list[str]) -> dict[str, Any]:
+    return {
+        "ks": [0, 5, 10],
+        "last_window": {"from": t[2], "events": 8},
+        "control": [0.1, None, 0.3],
+        "drifts": {HOSTILE: [0.0, 0.1, None], "stale:60": [None, None, None]},
+        "after_injection": {HOSTILE: {"control": [0.1, 0.2, 0.3], "drifted": [0.0, None, 0.2]}},
+    }
+
+
+def _thesaurus(t: list[str]) -> dict[str, Any]:
+    """Two refits (the second without hubness), a mover whose name is markup."""
+    return {
+        "refits": [
+            {"at": t[0], "hashtags": 10, "hubness": {"skewness": 1.2}, "drift": None},
+            {
+                "at": t[2],
+                "hashtags": 12,
+                "hubness": None,
+                "drift": {"shift": {"p50": 0.01, "p90": None}, "top10_changed_share": 0.2},
+            },
+        ],
+        "movers": [
+            {
+                "hashtag": "<i>flood</i>",
+                "cosine": 0.5,
+                "jaccard": None,
+                "old_neighbours": ["rain"],
+                "new_neighbours": None,
+            }
+        ],
+    }
+
+
+def _series(t: list[str]) -> dict[str, Any]:
+    """The time series, nulls inside and one drift's series shorter than the others."""
+    return {
+        "t": t,
+        "window_s": 7200.0,
+        "control": {
+            "reval": [0.5, None, 0.4, 0.45],
+            "corrected": [0.2, None, 0.1, 0.15],
+            "exact": [0.3, None, 0.2, 0.25],
+        },
+        "drifts": {
+            HOSTILE: {
+                "reval": [0.5, None, 0.2, 0.1],
+                "corrected": [None] * 4,
+                "exact": [0.3, 0.1],
+            },  # short: padded
+            "stale:60": {
+                "reval": [0.5, 0.4, 0.1, 0.0],
+                "corrected": [0.2, 0.1, -0.1, -0.2],
+                "exact": [0.3, 0.2, 0.0, 0.0],
+            },
+        },
+        "control_firing": {"reval_drop": [0, 0, 0, 0]},
+    }
+
+
 def small_run(tmp_path: Path, *, slices: bool = True) -> Path:
     """A two-drift run with nulls wherever the real one may have them."""
     t = [
@@ -86,82 +169,17 @@ def small_run(tmp_path: Path, *, slices: bool = True) -> Path:
             }
         },
         "goal": {"random": True, "stale": False},
-        "curves": {
-            "reval_drop": {
-                "parameter": "false_alarm_probability",
-                "points": [
-                    {
-                        "value": 0.1,
-                        "false_alarms_per_day": 0.5,
-                        "delays": {HOSTILE: 3600.0, "stale:60": None},
-                    },
-                    {
-                        "value": 0.01,
-                        "deployed": True,
-                        "false_alarms_per_day": None,
-                        "delays": {HOSTILE: None},
-                    },
-                ],
-            },
-            "exact_drop": {"parameter": "quality_drop_fraction", "points": None},
-        },
-        "k_curve": {
-            "ks": [0, 5, 10],
-            "last_window": {"from": t[2], "events": 8},
-            "control": [0.1, None, 0.3],
-            "drifts": {HOSTILE: [0.0, 0.1, None], "stale:60": [None, None, None]},
-            "after_injection": {HOSTILE: {"control": [0.1, 0.2, 0.3], "drifted": [0.0, None, 0.2]}},
-        },
-        "thesaurus": {
-            "refits": [
-                {"at": t[0], "hashtags": 10, "hubness": {"skewness": 1.2}, "drift": None},
-                {
-                    "at": t[2],
-                    "hashtags": 12,
-                    "hubness": None,
-                    "drift": {"shift": {"p50": 0.01, "p90": None}, "top10_changed_share": 0.2},
-                },
-            ],
-            "movers": [
-                {
-                    "hashtag": "<i>flood</i>",
-                    "cosine": 0.5,
-                    "jaccard": None,
-                    "old_neighbours": ["rain"],
-                    "new_neighbours": None,
-                }
-            ],
-        },
+        "curves": _curves(),
+        "k_curve": _k_curve(t),
+        "thesaurus": _thesaurus(t),
         "signal_rules": {"reval_drop": "RevalRecommenderQualityDrop"},
     }
     if slices:
         detection["slices"] = {
             "lang=<en>": {"events": 300, "control": 0.25, "drifts": {HOSTILE: 0.1, "stale:60": None}}
         }
-    series = {
-        "t": t,
-        "window_s": 7200.0,
-        "control": {
-            "reval": [0.5, None, 0.4, 0.45],
-            "corrected": [0.2, None, 0.1, 0.15],
-            "exact": [0.3, None, 0.2, 0.25],
-        },
-        "drifts": {
-            HOSTILE: {
-                "reval": [0.5, None, 0.2, 0.1],
-                "corrected": [None] * 4,
-                "exact": [0.3, 0.1],
-            },  # short: padded
-            "stale:60": {
-                "reval": [0.5, 0.4, 0.1, 0.0],
-                "corrected": [0.2, 0.1, -0.1, -0.2],
-                "exact": [0.3, 0.2, 0.0, 0.0],
-            },
-        },
-        "control_firing": {"reval_drop": [0, 0, 0, 0]},
-    }
     (tmp_path / "detection.json").write_text(json.dumps(detection))
-    (tmp_path / "series.json").write_text(json.dumps(series))
+    (tmp_path / "series.json").write_text(json.dumps(_series(t)))
     return tmp_path
 
 

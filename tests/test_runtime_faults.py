@@ -201,24 +201,8 @@ def redis_client(scratch_redis: str) -> Iterator[redis.Redis]:
     client.close()
 
 
-@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(
-    kinds=st.lists(KINDS, min_size=1, max_size=24),
-    batch_sizes=st.lists(st.integers(1, 9), min_size=1, max_size=6),
-    crash_at=st.frozensets(st.integers(1, 60), max_size=2),
-    crash_before_commit=st.lists(st.booleans(), max_size=6),
-    flaky=st.sampled_from([0, 0, 3, 7]),
-)
-# One Hypothesis run of inputs and crashes against the model of what must be settled.
-def test_every_record_is_settled_once_whatever_the_input_and_the_crashes(  # noqa: PLR0915
-    scratch_redis: str,
-    redis_client: redis.Redis,
-    kinds: list[tuple[str, Any]],
-    batch_sizes: list[int],
-    crash_at: frozenset[int],
-    crash_before_commit: list[bool],
-    flaky: int,
-) -> None:
+def planned_records(kinds: list[tuple[str, Any]]) -> tuple[list[Planned], list[Record]]:
+    """The planned inputs (each with what must come of it) and their records, in order."""
     earlier: list[str] = []
     planned = []
     for i, (kind, arg) in enumerate(kinds):
@@ -229,6 +213,79 @@ def test_every_record_is_settled_once_whatever_the_input_and_the_crashes(  # noq
     records = [
         Record(TOPIC, 0, i, 1_700_000_000_000, p.tweet_id.encode(), p.value) for i, p in enumerate(planned)
     ]
+    return planned, records
+
+
+async def run_with_crashes(
+    config: Settings,
+    redis_client: redis.Redis,
+    producer: FakeProducer,
+    records: list[Record],
+    batch_sizes: list[int],
+    crash_before_commit: list[bool],
+) -> tuple[int, list[Process]]:
+    """One process per loop, started, then crashed or done, until every record is committed;
+    the crashes and the processes that finished."""
+    crashes, finished = 0, []
+    committed, batch_no = 0, 0
+    while committed < len(records):
+        process = Process.start(config, redis_client, producer)
+        position = committed
+        try:
+            while position < len(records):
+                size = batch_sizes[batch_no % len(batch_sizes)]
+                batch = records[position : position + size]
+                await process.runtime.process(process.step, batch)
+                if batch_no < len(crash_before_commit) and crash_before_commit[batch_no]:
+                    batch_no += 1
+                    raise Crash("after delivery, before the commit")
+                batch_no += 1
+                position = committed = position + len(batch)
+            finished.append(process)
+        except Crash:
+            crashes += 1
+        finally:
+            process.runtime.close()
+    return crashes, finished
+
+
+def outcomes_by_record(
+    broker: Broker, planned: list[Planned], records: list[Record]
+) -> dict[int, list[tuple[str, bytes]]]:
+    """What the broker got for each input record: its scores and dead letters' reasons (a
+    letter's key and size checked on the way)."""
+    outcomes: dict[int, list[tuple[str, bytes]]] = defaultdict(list)
+    by_tweet = {p.tweet_id: i for i, p in enumerate(planned) if p.expect != "duplicate?"}
+    for key, value in broker.log["scores"]:
+        assert key is not None
+        outcomes[by_tweet[key.decode()]].append(("score", value))
+    for key, value in broker.log["dlq"]:
+        letter = json.loads(value)
+        assert key == letter_key(records[letter["source"]["offset"]])
+        assert len(value) <= LETTERS_BROKER_LIMIT
+        outcomes[letter["source"]["offset"]].append((letter["reason"], b""))
+    return outcomes
+
+
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    kinds=st.lists(KINDS, min_size=1, max_size=24),
+    batch_sizes=st.lists(st.integers(1, 9), min_size=1, max_size=6),
+    crash_at=st.frozensets(st.integers(1, 60), max_size=2),
+    crash_before_commit=st.lists(st.booleans(), max_size=6),
+    flaky=st.sampled_from([0, 0, 3, 7]),
+)
+# One Hypothesis run of inputs and crashes against the model of what must be settled.
+def test_every_record_is_settled_once_whatever_the_input_and_the_crashes(
+    scratch_redis: str,
+    redis_client: redis.Redis,
+    kinds: list[tuple[str, Any]],
+    batch_sizes: list[int],
+    crash_at: frozenset[int],
+    crash_before_commit: list[bool],
+    flaky: int,
+) -> None:
+    planned, records = planned_records(kinds)
     prefix = f"test-rt-{uuid.uuid4().hex[:10]}"
     config = Settings(
         redis_url=scratch_redis,
@@ -242,45 +299,14 @@ def test_every_record_is_settled_once_whatever_the_input_and_the_crashes(  # noq
     )
     broker = Broker({"scores": SCORES_BROKER_LIMIT, "dlq": LETTERS_BROKER_LIMIT})
     producer = FakeProducer(broker, LIMIT, flaky=flaky, crash_at=crash_at)
-    crashes, finished = 0, []
-
-    async def run() -> None:
-        nonlocal crashes
-        committed, batch_no = 0, 0
-        while committed < len(records):  # one process per loop: started, then crashed or done
-            process = Process.start(config, redis_client, producer)
-            position = committed
-            try:
-                while position < len(records):
-                    size = batch_sizes[batch_no % len(batch_sizes)]
-                    batch = records[position : position + size]
-                    await process.runtime.process(process.step, batch)
-                    if batch_no < len(crash_before_commit) and crash_before_commit[batch_no]:
-                        batch_no += 1
-                        raise Crash("after delivery, before the commit")
-                    batch_no += 1
-                    position = committed = position + len(batch)
-                finished.append(process)
-            except Crash:
-                crashes += 1
-            finally:
-                process.runtime.close()
-
-    try:
-        asyncio.run(run())  # a fail-stop or a stop (Halted) fails the test: input alone caused it
+    try:  # a fail-stop or a stop (Halted) fails the test: input alone caused it
+        crashes, finished = asyncio.run(
+            run_with_crashes(config, redis_client, producer, records, batch_sizes, crash_before_commit)
+        )
     finally:
         clear_prefix(scratch_redis, prefix)
 
-    outcomes: dict[int, list[tuple[str, bytes]]] = defaultdict(list)
-    by_tweet = {p.tweet_id: i for i, p in enumerate(planned) if p.expect != "duplicate?"}
-    for key, value in broker.log["scores"]:
-        assert key is not None
-        outcomes[by_tweet[key.decode()]].append(("score", value))
-    for key, value in broker.log["dlq"]:
-        letter = json.loads(value)
-        assert key == letter_key(records[letter["source"]["offset"]])
-        assert len(value) <= LETTERS_BROKER_LIMIT
-        outcomes[letter["source"]["offset"]].append((letter["reason"], b""))
+    outcomes = outcomes_by_record(broker, planned, records)
     for i, p in enumerate(planned):
         kinds_seen = {kind for kind, _ in outcomes[i]}
         if p.expect == "duplicate?":

@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 
 import workers.adapters.thesaurus_files as thesaurus_files
 from stream.thesaurus import ExactThesaurus, JsonThesaurus, Thesaurus, ThesaurusFormatError, ThesaurusMetadata
+from tests.store_reader import read_until
 from workers.adapters import annoy_thesaurus
 from workers.adapters import store as store_module
 from workers.adapters.annoy_thesaurus import AnnoyThesaurus, angular_to_cosine, cosine_to_angular
@@ -626,17 +627,10 @@ def test_concurrent_readers_always_get_a_whole_version(tmp_path: Path) -> None:
         built.append(th)
     store.publish(built[0])
     stop = threading.Event()
-    problems: list[str] = []
+    read: list[tuple[int, list[str]]] = []
 
     def reader() -> None:
-        while not stop.is_set():
-            try:
-                th = store.load_current()
-            except Exception as exc:
-                problems.append(repr(exc))
-                continue
-            if th is None or len(th) != sizes[th.version]:
-                problems.append(f"bad load {th!r}")
+        read.append(read_until(store, sizes, stop.is_set))
 
     threads = [threading.Thread(target=reader) for _ in range(2)]
     for t in threads:
@@ -648,27 +642,8 @@ def test_concurrent_readers_always_get_a_whole_version(tmp_path: Path) -> None:
         stop.set()
         for t in threads:
             t.join()
-    assert problems == []
+    assert len(read) == 2 and [problems for _, problems in read] == [[], []]
     assert len(store.versions()) == 1
-
-
-_READER_SCRIPT = """
-import json, sys, pathlib
-from workers.adapters.store import ThesaurusStore
-root, sizes = pathlib.Path(sys.argv[1]), json.loads(sys.argv[2])
-store, loads, problems = ThesaurusStore(root), 0, []
-(root.parent / "reader-started").touch()
-while not (root.parent / "stop").exists():
-    try:
-        th = store.load_current()
-    except Exception as exc:
-        problems.append(repr(exc))
-        continue
-    if th is None or len(th) != sizes[th.version]:
-        problems.append(f"bad load {th!r}")
-    loads += 1
-print(json.dumps({"loads": loads, "problems": problems[:5]}))
-"""
 
 
 def test_reader_in_another_process_sees_whole_versions(tmp_path: Path) -> None:
@@ -682,7 +657,7 @@ def test_reader_in_another_process_sees_whole_versions(tmp_path: Path) -> None:
     sizes = json.dumps({th.version: len(th) for th in built})
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     reader = subprocess.Popen(
-        [sys.executable, "-c", _READER_SCRIPT, str(root), sizes],
+        [sys.executable, "-m", "tests.store_reader", str(root), sizes],
         stdout=subprocess.PIPE,
         env=env,
         text=True,

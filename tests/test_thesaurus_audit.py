@@ -15,6 +15,7 @@ import redis
 
 from stream.audit import Area, AuditState, Plan
 from stream.coherence import bottom_k
+from tests.live import prefixed_redis
 from workers.adapters.exporter import Exporter
 from workers.adapters.redis_means import Contribution
 from workers.adapters.redis_reservoir import RedisReservoir
@@ -35,11 +36,8 @@ TOPICS = {topic: words.split(" ") for topic, words in WORDS.items()}
 
 @pytest.fixture
 def client(redis_url: str, redis_prefix: str) -> Iterator[redis.Redis]:
-    c = redis.Redis.from_url(redis_url)
-    yield c
-    for key in c.scan_iter(match=f"{redis_prefix}:*"):
-        c.delete(key)
-    c.close()
+    with prefixed_redis(redis_url, redis_prefix) as c:
+        yield c
 
 
 def test_the_reservoir_is_the_bottom_k_whatever_the_order_redeliveries_and_writers(

@@ -62,48 +62,27 @@ redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
 return ARGV[1]
 """
 
-# ARGV: hashtags json, ttl.  Returns {eid1, payload1, ...}: the events waiting for it
-# (left in place until settled).
+# One script per join step serves both guarantees: ``claim`` is the record's claim with
+# exactly-once scores and '' without (then nothing is claimed and nothing comes back held).
+
+# ARGV: hashtags json, ttl, claim.  Returns {eid1, payload1, held1, ...}: the events waiting
+# for it (left in place until settled), each claimed for this tweet's record unless another
+# record holds it (then that record's claim comes back as held, and the event is not this
+# record's to score); held is '' otherwise.
 _PUT_TWEET = """
 redis.call('HSET', KEYS[1], 't', ARGV[1])
 local out = {}
 local fields = redis.call('HKEYS', KEYS[1])
 for _, f in ipairs(fields) do
   if string.sub(f, 1, 2) == 'e:' then
-    table.insert(out, string.sub(f, 3))
-    table.insert(out, redis.call('HGET', KEYS[1], f))
-  end
-end
-redis.call('EXPIRE', KEYS[1], ARGV[2])
-return out
-"""
-
-# ARGV: eid, payload, ttl.  Returns {'dup'} | {'match', hashtags json} | {'wait'}.  A match
-# stores the event too, until settled: a crash before its score is acknowledged leaves it
-# to be answered again.
-_PUT_EVENT = """
-if redis.call('HEXISTS', KEYS[1], 'd:' .. ARGV[1]) == 1 then return {'dup'} end
-redis.call('HSET', KEYS[1], 'e:' .. ARGV[1], ARGV[2])
-redis.call('EXPIRE', KEYS[1], ARGV[3])
-local truth = redis.call('HGET', KEYS[1], 't')
-if truth then return {'match', truth} end
-return {'wait'}
-"""
-
-# ARGV: hashtags json, ttl, claim.  Returns {eid1, payload1, claim1, ...}: the events waiting
-# for it, each claimed for this tweet's record unless another record holds it (then that
-# record's claim comes back, and the event is not this record's to score).
-_PUT_TWEET_CLAIMING = """
-redis.call('HSET', KEYS[1], 't', ARGV[1])
-local out = {}
-local fields = redis.call('HKEYS', KEYS[1])
-for _, f in ipairs(fields) do
-  if string.sub(f, 1, 2) == 'e:' then
     local eid = string.sub(f, 3)
-    local held = redis.call('HGET', KEYS[1], 'c:' .. eid)
-    if not held or held == ARGV[3] then
-      redis.call('HSET', KEYS[1], 'c:' .. eid, ARGV[3])
-      held = ''
+    local held = ''
+    if ARGV[3] ~= '' then
+      held = redis.call('HGET', KEYS[1], 'c:' .. eid)
+      if not held or held == ARGV[3] then
+        redis.call('HSET', KEYS[1], 'c:' .. eid, ARGV[3])
+        held = ''
+      end
     end
     table.insert(out, eid)
     table.insert(out, redis.call('HGET', KEYS[1], f))
@@ -114,26 +93,22 @@ redis.call('EXPIRE', KEYS[1], ARGV[2])
 return out
 """
 
-# ARGV: eid, payload, ttl, claim.  As _PUT_EVENT; a match is claimed for the event's own
-# record, or comes back {'claimed', claim} when another record holds it.
-_PUT_EVENT_CLAIMING = """
+# ARGV: eid, payload, ttl, claim.  Returns {'dup'} | {'match', hashtags json} | {'wait'} |
+# {'claimed', claim}.  A match stores the event too, until settled: a crash before its score
+# is acknowledged leaves it to be answered again.  With a claim, a match is claimed for the
+# event's own record, or comes back {'claimed', claim} when another record holds it.
+_PUT_EVENT = """
 if redis.call('HEXISTS', KEYS[1], 'd:' .. ARGV[1]) == 1 then return {'dup'} end
 redis.call('HSET', KEYS[1], 'e:' .. ARGV[1], ARGV[2])
 redis.call('EXPIRE', KEYS[1], ARGV[3])
 local truth = redis.call('HGET', KEYS[1], 't')
 if not truth then return {'wait'} end
-local held = redis.call('HGET', KEYS[1], 'c:' .. ARGV[1])
-if held and held ~= ARGV[4] then return {'claimed', held} end
-redis.call('HSET', KEYS[1], 'c:' .. ARGV[1], ARGV[4])
+if ARGV[4] ~= '' then
+  local held = redis.call('HGET', KEYS[1], 'c:' .. ARGV[1])
+  if held and held ~= ARGV[4] then return {'claimed', held} end
+  redis.call('HSET', KEYS[1], 'c:' .. ARGV[1], ARGV[4])
+end
 return {'match', truth}
-"""
-
-# ARGV: eid.  As _DUE, claiming the event for the expiry (no tweet will score it now).
-_DUE_CLAIMING = """
-if redis.call('HEXISTS', KEYS[1], 't') == 1 then return false end
-local payload = redis.call('HGET', KEYS[1], 'e:' .. ARGV[1])
-if payload then redis.call('HSET', KEYS[1], 'c:' .. ARGV[1], 'expire') end
-return payload
 """
 
 #: The claim of an event the expiry took.
@@ -149,11 +124,14 @@ if payload then return string.len(payload) end
 return 0
 """
 
-# ARGV: eid.  The payload of an event still waiting and unmatched (false when it was
-# settled, or its tweet came: then the join answers it).
+# ARGV: eid, claim.  The payload of an event still waiting and unmatched (false when it was
+# settled, or its tweet came: then the join answers it).  A claim ('expire', or '') claims it
+# for the expiry: no tweet will score it now.
 _DUE = """
 if redis.call('HEXISTS', KEYS[1], 't') == 1 then return false end
-return redis.call('HGET', KEYS[1], 'e:' .. ARGV[1])
+local payload = redis.call('HGET', KEYS[1], 'e:' .. ARGV[1])
+if payload and ARGV[2] ~= '' then redis.call('HSET', KEYS[1], 'c:' .. ARGV[1], ARGV[2]) end
+return payload
 """
 
 
@@ -287,6 +265,11 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+def _claims(claims: Sequence[str] | None, n: int) -> Sequence[str]:
+    """The scripts' claim argument per call: '' (claim nothing) without exactly-once."""
+    return [""] * n if claims is None else claims
+
+
 @dataclass(frozen=True)
 class Waiting:
     """An event in the join: answered by its tweet (``truth``) or due to expire (``truth`` None).
@@ -328,9 +311,6 @@ class RedisJoin:
         self._put_event = cast(Any, client).register_script(_PUT_EVENT)
         self._settle = cast(Any, client).register_script(_SETTLE)
         self._due = cast(Any, client).register_script(_DUE)
-        self._put_tweet_claiming = cast(Any, client).register_script(_PUT_TWEET_CLAIMING)
-        self._put_event_claiming = cast(Any, client).register_script(_PUT_EVENT_CLAIMING)
-        self._due_claiming = cast(Any, client).register_script(_DUE_CLAIMING)
 
     def key(self, tweet_id: str) -> str:
         return f"{self.prefix}:j:{{{tweet_id}}}"
@@ -343,22 +323,16 @@ class RedisJoin:
         say which other record holds it (:attr:`Waiting.held_by`)."""
         if not tweets:
             return []
-        calls: list[tuple[str, tuple[Any, ...]]]
-        if claims is None:
-            calls = [(self.key(t), (json.dumps(list(tags)), self.ttl)) for t, tags in tweets]
-            script, width = self._put_tweet, 2
-        else:
-            calls = [
-                (self.key(t), (json.dumps(list(tags)), self.ttl, claim))
-                for (t, tags), claim in zip(tweets, claims, strict=True)
-            ]
-            script, width = self._put_tweet_claiming, 3
+        calls: list[tuple[str, tuple[Any, ...]]] = [
+            (self.key(t), (json.dumps(list(tags)), self.ttl, claim))
+            for (t, tags), claim in zip(tweets, _claims(claims, len(tweets)), strict=True)
+        ]
         with replicated(self.replication):
-            replies = eval_many(self.client, script, calls)
+            replies = eval_many(self.client, self._put_tweet, calls)
         found = []
         for call, ((tweet_id, hashtags), reply) in enumerate(zip(tweets, replies, strict=True)):
-            for i in range(0, len(reply), width):
-                held = _text(reply[i + 2]) if width == 3 else ""
+            for i in range(0, len(reply), 3):
+                held = _text(reply[i + 2])
                 found.append(
                     Waiting(
                         tweet_id, _text(reply[i]), _text(reply[i + 1]), list(hashtags), call, held or None
@@ -375,18 +349,12 @@ class RedisJoin:
         ``("claimed", claim)`` when another record holds the event."""
         if not events:
             return []
-        calls: list[tuple[str, tuple[Any, ...]]]
-        if claims is None:
-            calls = [(self.key(t), (e, payload, self.ttl)) for t, e, payload in events]
-            script = self._put_event
-        else:
-            calls = [
-                (self.key(t), (e, payload, self.ttl, claim))
-                for (t, e, payload), claim in zip(events, claims, strict=True)
-            ]
-            script = self._put_event_claiming
+        calls: list[tuple[str, tuple[Any, ...]]] = [
+            (self.key(t), (e, payload, self.ttl, claim))
+            for (t, e, payload), claim in zip(events, _claims(claims, len(events)), strict=True)
+        ]
         with replicated(self.replication):
-            return self._put_events(events, calls, now, script)
+            return self._put_events(events, calls, now, self._put_event)
 
     def _put_events(
         self,
@@ -439,9 +407,9 @@ class RedisJoin:
         if not members:
             return []
         pairs = [_text(m).split("\0", 1) for m in members]
-        script = self._due_claiming if claim else self._due
+        flag = EXPIRED if claim else ""
         with replicated(self.replication if claim else None):
-            replies = eval_many(self.client, script, [(self.key(t), (e,)) for t, e in pairs])
+            replies = eval_many(self.client, self._due, [(self.key(t), (e, flag)) for t, e in pairs])
         out, answered_elsewhere, gone = [], {}, []
         for member, (tweet_id, event_id), payload in zip(members, pairs, replies, strict=True):
             if payload:

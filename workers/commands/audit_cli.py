@@ -14,12 +14,20 @@ import numpy as np
 import typer
 
 from stream.ballots import Protocol
-from workers.commands.console import OFFLINE_HINT, Broker, Feeds, err, fail, load_or_fail, out, progress_bars
+from workers.commands.console import (
+    OFFLINE_HINT,
+    Broker,
+    Feeds,
+    command_group,
+    err,
+    fail,
+    load_or_fail,
+    out,
+    with_progress,
+)
 
-audit_app = typer.Typer(
-    help="Audit a thesaurus against people: a voting page, the agreement report, campaign sizing.",
-    no_args_is_help=True,
-    rich_markup_mode=None,
+audit_app = command_group(
+    "Audit a thesaurus against people: a voting page, the agreement report, campaign sizing."
 )
 
 
@@ -74,12 +82,9 @@ def thesaurus_coherence(
         encoder = Encoder(chosen, dtype="float32")  # the same numbers on every machine
     except ModelLoadError as exc:
         raise fail(f"--model: {exc}{OFFLINE_HINT}", code=1) from None
-    progress, track = progress_bars()
-    try:
-        with progress:
-            result = run_coherence(feeds, index, encoder, config, track)
-    except ValueError as exc:
-        raise fail(str(exc), code=1) from None
+    result = with_progress(
+        lambda track: run_coherence(feeds, index, encoder, config, track), errors=(ValueError,), code=1
+    )
     if as_json:
         print(json.dumps(result, ensure_ascii=False))
         return

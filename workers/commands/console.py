@@ -3,8 +3,9 @@ code, the progress bars, the thesaurus opened or a usage error."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
@@ -31,6 +32,12 @@ RedisUrl = Annotated[str | None, typer.Option(help="[REVAL_REDIS_URL]")]
 OFFLINE_HINT = " (offline: a local model directory, or --model minilm, packaged)"
 err = Console(stderr=True)
 out = Console()
+
+
+def command_group(help: str) -> typer.Typer:
+    """A sub-command group of ``reval`` (``reval thesaurus``, ``reval admin`` ...): its help
+    when called bare, and click's plain help like the top level (see ``workers.commands.cli``)."""
+    return typer.Typer(help=help, no_args_is_help=True, rich_markup_mode=None)
 
 
 def fail(message: str, *, code: int = 2) -> typer.Exit:
@@ -101,3 +108,19 @@ def progress_bars() -> tuple[Progress, Any]:
         return lambda n: progress.advance(task, n)
 
     return progress, track
+
+
+T = TypeVar("T")
+
+
+def with_progress(
+    run: Callable[[Any], T], *, errors: tuple[type[Exception], ...] = (OSError, ValueError), code: int = 2
+) -> T:
+    """``run(track)`` behind :func:`progress_bars`; one of ``errors`` is one line (:func:`fail`
+    with ``code``) after the bars are closed."""
+    progress, track = progress_bars()
+    try:
+        with progress:
+            return run(track)
+    except errors as exc:
+        raise fail(str(exc), code=code) from None

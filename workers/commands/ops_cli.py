@@ -15,15 +15,14 @@ from workers.commands.console import (
     OFFLINE_HINT,
     Broker,
     RedisUrl,
+    command_group,
     err,
     fail,
     out,
 )
 from workers.settings import Settings
 
-admin_app = typer.Typer(
-    help="Operator commands for a running deployment.", no_args_is_help=True, rich_markup_mode=None
-)
+admin_app = command_group("Operator commands for a running deployment.")
 
 
 def worker(

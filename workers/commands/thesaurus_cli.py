@@ -21,6 +21,7 @@ from workers.commands.console import (
     OFFLINE_HINT,
     Feeds,
     LanguageFilter,
+    command_group,
     err,
     fail,
     line_progress,
@@ -29,9 +30,7 @@ from workers.commands.console import (
     why_nothing,
 )
 
-thesaurus_app = typer.Typer(
-    help="Build and inspect hashtag thesauri.", no_args_is_help=True, rich_markup_mode=None
-)
+thesaurus_app = command_group("Build and inspect hashtag thesauri.")
 
 
 @thesaurus_app.command("build")

@@ -33,9 +33,7 @@ controller traffic stays on loopback listeners of their own).
 
 from __future__ import annotations
 
-import atexit
 import contextlib
-import functools
 import json
 import os
 import shutil
@@ -44,18 +42,16 @@ import subprocess
 import tempfile
 import time
 import uuid
-import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
 from typing import IO, Any, Self
 
 from workers.adapters.kafka_client import BrokerError
 from workers.dev.kafka_jars import KafkaSetupError, java_binary, kafka_jars, pinned_version
 from workers.dev.kafka_tls import Security, tls_files
 from workers.dev.ports import find_free_port, free_run, port_is_free
-from workers.dev.processes import die_with_parent
+from workers.dev.processes import LocalService, spawn
 
 __all__ = [
     "KafkaCluster",
@@ -117,7 +113,7 @@ class _Node:
         return "(no log)"
 
 
-class KafkaCluster:
+class KafkaCluster(LocalService):
     """``nodes`` KRaft nodes on 127.0.0.1 (1 or 3; each broker + controller).
 
     ``data_dir``: kept across runs (the cluster restarts with its topics and offsets); None:
@@ -154,7 +150,6 @@ class KafkaCluster:
         self._temp_dir = False
         self.layout: _Layout | None = None
         self._nodes: dict[int, _Node] = {}
-        self._atexit: Any = None
         self.ca_file: Path | None = None
 
     # -- addresses --------------------------------------------------------------------
@@ -269,8 +264,7 @@ class KafkaCluster:
         if self.security is not None:
             self.ca_file, _ = tls_files(folder / "tls")
         self._nodes = {i: _Node(i, folder / f"node-{i}") for i in self.node_ids}
-        self._atexit = functools.partial(_stop_at_exit, weakref.ref(self))
-        atexit.register(self._atexit)
+        self._stop_at_exit()
 
     @staticmethod
     def _ports(layout: _Layout) -> list[int]:
@@ -387,14 +381,7 @@ class KafkaCluster:
             f"-Dlog4j2.configurationFile={node.folder / 'log4j2.properties'}",
             "-cp", f"{jars}/*", "kafka.Kafka", str(node.folder / "server.properties"),
         ]  # fmt: skip
-        node.proc = subprocess.Popen(
-            cmd,
-            stdin=subprocess.DEVNULL,
-            stdout=node.log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            preexec_fn=die_with_parent,  # a kill -9 of whoever started it takes it along
-        )
+        node.proc = spawn(cmd, node.log)
 
     def wait_ready(self, timeout: float | None = None) -> None:
         """Until every running node is registered with the controller and answers metadata."""
@@ -529,20 +516,10 @@ class KafkaCluster:
                     os.killpg(node.proc.pid, sig)
         for node_id in list(self._nodes):
             self._stop_node(node_id, sig)
-        if self._atexit is not None:
-            atexit.unregister(self._atexit)
-            self._atexit = None
+        self._forget_at_exit()
         if self._temp_dir and self.data_dir is not None:
             shutil.rmtree(self.data_dir, ignore_errors=True)
             self._temp_dir = False
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
 
     def __repr__(self) -> str:
         where = self.bootstrap if self.layout else "not started"
@@ -559,12 +536,6 @@ def _cluster_id() -> str:
         cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
         if not cluster_id.startswith("-"):
             return cluster_id
-
-
-def _stop_at_exit(ref: weakref.ReferenceType[KafkaCluster]) -> None:
-    cluster = ref()
-    if cluster is not None:
-        cluster.stop()
 
 
 _LOG4J2 = """\

@@ -3,12 +3,19 @@ stop cleanly on SIGTERM / SIGHUP as on Ctrl-C."""
 
 from __future__ import annotations
 
+import abc
+import atexit
 import contextlib
 import ctypes
+import functools
 import signal
+import subprocess
 import sys
-from collections.abc import Iterator
-from types import FrameType
+import weakref
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from types import FrameType, TracebackType
+from typing import IO, Any, Self
 
 _PR_SET_PDEATHSIG = 1
 
@@ -19,6 +26,34 @@ def die_with_parent() -> None:
     if sys.platform.startswith("linux"):
         with contextlib.suppress(OSError, AttributeError):
             ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def spawn(
+    command: Sequence[str | Path], log: IO[Any], *, env: Mapping[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """A child service: output (both streams) to ``log``, no stdin, its own process group (a
+    signal to the group reaches its children; Ctrl-C reaches only us, who stop it in order),
+    and it dies with us even after a SIGKILL (:func:`die_with_parent`)."""
+    return subprocess.Popen(
+        command,
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        preexec_fn=die_with_parent,
+        env=env,
+    )
+
+
+def terminate(proc: subprocess.Popen[bytes], timeout: float = 15.0) -> None:
+    """SIGTERM, then SIGKILL if the process has not exited within ``timeout`` seconds."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
@@ -47,3 +82,42 @@ def shielded() -> Iterator[None]:
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+class LocalService(abc.ABC):
+    """A service run as local child processes (a broker, a cluster): ``with X() as x`` starts
+    and stops it; one still running when the interpreter exits is stopped by an ``atexit``
+    hook (:meth:`_stop_at_exit`, undone by :meth:`_forget_at_exit` in ``stop``)."""
+
+    _atexit: Callable[[], None] | None = None
+
+    @abc.abstractmethod
+    def start(self) -> Self: ...
+
+    @abc.abstractmethod
+    def stop(self) -> None: ...
+
+    def _stop_at_exit(self) -> None:
+        # A partial of its own: atexit.unregister drops every registration equal to it.  A
+        # weak reference, so the hook does not keep a forgotten service alive.
+        self._atexit = functools.partial(_stop_if_alive, weakref.ref(self))
+        atexit.register(self._atexit)
+
+    def _forget_at_exit(self) -> None:
+        if self._atexit is not None:
+            atexit.unregister(self._atexit)
+            self._atexit = None
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
+def _stop_if_alive(ref: weakref.ReferenceType[LocalService]) -> None:
+    service = ref()
+    if service is not None:
+        service.stop()

@@ -32,9 +32,7 @@ Settings that differ from Redis' defaults, and why:
 
 from __future__ import annotations
 
-import atexit
 import contextlib
-import functools
 import os
 import random
 import shutil
@@ -42,17 +40,15 @@ import signal
 import subprocess
 import tempfile
 import time
-import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
 from typing import IO, Any, Self
 
 import redis
 from redis.crc import key_slot
 
 from workers.dev.ports import port_is_free
-from workers.dev.processes import die_with_parent
+from workers.dev.processes import LocalService, spawn
 
 __all__ = ["ClusterNode", "LocalRedisCluster", "RedisClusterError", "redis_binary"]
 
@@ -112,7 +108,7 @@ class ClusterNode:
             return "(no log)"
 
 
-class LocalRedisCluster:
+class LocalRedisCluster(LocalService):
     """``masters`` masters with ``replicas`` replicas each on local ports (a context manager).
 
     ``data_dir`` keeps the nodes' data across runs (a temporary folder, removed at stop,
@@ -143,7 +139,6 @@ class LocalRedisCluster:
         self.data_dir: Path | None = None if data_dir is None else Path(data_dir)
         self.nodes: list[ClusterNode] = []
         self._replicas_at_kill: dict[int, list[int]] = {}
-        self._atexit: functools.partial[None] | None = None
 
     # -- layout -------------------------------------------------------------------------
 
@@ -176,9 +171,7 @@ class LocalRedisCluster:
         self.nodes = [
             ClusterNode(i, first + i, self.data_dir / f"node-{first + i}") for i in range(self.size)
         ]
-        # A partial of its own: atexit.unregister drops every registration equal to it.
-        self._atexit = functools.partial(_stop_at_exit, weakref.ref(self))
-        atexit.register(self._atexit)
+        self._stop_at_exit()
         try:
             fresh = not any((n.folder / "nodes.conf").exists() for n in self.nodes)
             for node in self.nodes:
@@ -207,14 +200,7 @@ class LocalRedisCluster:
             "--appendonly", "yes", "--appendfsync", "everysec", "--save", "",
             "--logfile", "redis.log", "--daemonize", "no",
         ]  # fmt: skip
-        node.proc = subprocess.Popen(
-            args,
-            stdin=subprocess.DEVNULL,
-            stdout=node.log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            preexec_fn=die_with_parent,  # a kill -9 of whoever started it takes it along
-        )
+        node.proc = spawn(args, node.log)
         node.paused = False
 
     def _wait_ping(self, node: ClusterNode) -> None:
@@ -254,9 +240,7 @@ class LocalRedisCluster:
                     os.killpg(node.proc.pid, signal.SIGCONT)
         for node in self.nodes:
             self._reap(node)
-        if self._atexit is not None:
-            atexit.unregister(self._atexit)
-            self._atexit = None
+        self._forget_at_exit()
         if self._temp_dir and self.data_dir is not None:
             shutil.rmtree(self.data_dir, ignore_errors=True)
             self.data_dir = None
@@ -274,14 +258,6 @@ class LocalRedisCluster:
         if node.log is not None:
             node.log.close()
             node.log = None
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
 
     # -- state ----------------------------------------------------------------------------
 
@@ -479,9 +455,3 @@ def _ports_in(data_dir: Path) -> int | None:
     a cluster restarted on its data keeps its ports, which its ``nodes.conf`` files name."""
     ports = sorted(int(p.name[5:]) for p in data_dir.glob("node-*") if p.name[5:].isdigit())
     return ports[0] if ports else None
-
-
-def _stop_at_exit(ref: weakref.ReferenceType[LocalRedisCluster]) -> None:
-    cluster = ref()
-    if cluster is not None:
-        cluster.stop()

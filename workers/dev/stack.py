@@ -24,6 +24,7 @@ from workers.adapters.redis_client import clear_prefix, connect
 from workers.adapters.redis_thesaurus import RedisThesauri
 from workers.adapters.store import ThesaurusStore
 from workers.dev.ports import find_free_port
+from workers.dev.processes import terminate
 
 REVAL = str(Path(sys.executable).parent / "reval")
 
@@ -37,17 +38,6 @@ def wait_for(what: str, check: Callable[[], Any], timeout: float = 90.0, every: 
         if time.monotonic() > deadline:
             raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
         time.sleep(every)
-
-
-def terminate(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM, then SIGKILL if the process has not exited within 15 s."""
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
 
 
 @dataclass

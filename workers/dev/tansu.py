@@ -27,23 +27,19 @@ Notes on Tansu (0.6, in-memory storage):
 
 from __future__ import annotations
 
-import atexit
 import contextlib
-import functools
 import os
 import signal
 import subprocess
 import tempfile
 import time
-import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import IO, Any, Self
 
 from workers.adapters.kafka_client import BrokerError, list_topics
 from workers.dev.ports import find_free_port, port_is_free
-from workers.dev.processes import die_with_parent
+from workers.dev.processes import LocalService, spawn
 
 __all__ = ["BrokerStartError", "TansuBroker", "resolve_broker_binary"]
 
@@ -91,13 +87,7 @@ def _tail(path: Path, lines: int = 40) -> str:
     return "\n".join(text.splitlines()[-lines:]) or "(broker log is empty)"
 
 
-def _stop_at_exit(ref: weakref.ReferenceType[TansuBroker]) -> None:
-    broker = ref()
-    if broker is not None:
-        broker.stop()
-
-
-class TansuBroker:
+class TansuBroker(LocalService):
     """A Tansu broker subprocess listening on 127.0.0.1 (in-memory storage by default).
 
     ``with TansuBroker() as b: ...`` or ``b = TansuBroker(); b.start(); ...; b.stop()``.
@@ -138,7 +128,6 @@ class TansuBroker:
         self.env = dict(env) if env is not None else None
         self._proc: subprocess.Popen[bytes] | None = None
         self._log_file: IO[bytes] | None = None
-        self._atexit_hook: Callable[[], None] | None = None
         self._temp_log = False
 
     # -- properties -------------------------------------------------------------------
@@ -244,20 +233,11 @@ class TansuBroker:
         self._log_file = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
         env = {**os.environ, "NO_COLOR": "1", **(self.env or {})}
         try:
-            self._proc = subprocess.Popen(
-                self.command(),
-                stdin=subprocess.DEVNULL,
-                stdout=self._log_file,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # own process group: stop() signals the group
-                preexec_fn=die_with_parent,  # and it never outlives us, even after a SIGKILL
-                env=env,
-            )
+            self._proc = spawn(self.command(), self._log_file, env=env)  # stop() signals its group
         except OSError as exc:
             self._close_log()
             raise BrokerStartError(f"cannot start Tansu broker: {exc}") from exc
-        self._atexit_hook = functools.partial(_stop_at_exit, weakref.ref(self))
-        atexit.register(self._atexit_hook)
+        self._stop_at_exit()
 
     def _wait_ready(self) -> None:
         assert self._proc is not None
@@ -317,9 +297,7 @@ class TansuBroker:
             # Already exited; still clean up any children left in its group.
             self._signal_group(proc, signal.SIGKILL)
         self._close_log()
-        if self._atexit_hook is not None:
-            atexit.unregister(self._atexit_hook)
-            self._atexit_hook = None
+        self._forget_at_exit()
 
     @staticmethod
     def _signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
@@ -336,17 +314,6 @@ class TansuBroker:
             with contextlib.suppress(OSError):
                 self._log_file.close()
             self._log_file = None
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     def __repr__(self) -> str:
         state = f"running pid={self.pid}" if self.running else "stopped"
