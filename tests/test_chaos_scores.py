@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from tests.test_chaos import RedisServer
+from tests.thesauri import paired_thesaurus
 from workers.dev.stack import Stack, wait_for
 
 if TYPE_CHECKING:
@@ -199,31 +200,6 @@ def test_outputs_around_the_producer_limit_never_stop_the_scorer(
 # --------------------------------------------------------------------------- N4
 
 
-def small_thesaurus() -> Any:
-    """Ten hashtags in pairs of near neighbours: flood~floods, help~rescue, ... (5 synonyms
-    each: the scorer's REVAL_KS must stop at 5)."""
-    import numpy as np
-
-    from workers.adapters.annoy_thesaurus import AnnoyThesaurus
-
-    rng = np.random.default_rng(4)
-    base = rng.normal(size=(5, 16))
-    names = [
-        "flood",
-        "floods",
-        "help",
-        "rescue",
-        "sandy",
-        "hurricane",
-        "quake",
-        "earthquake",
-        "news",
-        "media",
-    ]
-    vectors = np.repeat(base, 2, axis=0) + rng.normal(scale=0.01, size=(10, 16))
-    return AnnoyThesaurus.build(names, vectors, counts=[5] * 10, depth=5, n_trees=5)
-
-
 def publish_damaged(stack: Stack, thesaurus: Any) -> str:
     """A version whose neighbour table has every 97th byte flipped, published as the index
     job publishes (directory store, then Redis, whose copy the scorers load)."""
@@ -254,7 +230,7 @@ def test_a_scorer_started_on_a_damaged_version_uses_the_newest_intact_one(
     with no thesaurus at all: `"scorable": true` with `"index_version": null`."""
     stack = Stack(broker, private_redis.url, tiny_bertweet, tmp_path, extra_env={"REVAL_KS": "0,1,5"})
     try:
-        thesaurus = small_thesaurus()
+        thesaurus = paired_thesaurus()
         good = stack.publish(thesaurus)
         damaged = publish_damaged(stack, thesaurus)
         score = stack.start("score")
@@ -279,7 +255,7 @@ def test_with_no_intact_version_events_wait_for_one(
     wait, unacknowledged, and are scored once an intact version is published."""
     stack = Stack(broker, private_redis.url, tiny_bertweet, tmp_path, extra_env={"REVAL_KS": "0,1,5"})
     try:
-        thesaurus = small_thesaurus()
+        thesaurus = paired_thesaurus()
         publish_damaged(stack, thesaurus)
         score = stack.start("score")
         stack.wait_ready(score)

@@ -33,6 +33,7 @@ from workers.service.score import Scorer
 from workers.settings import Settings
 
 from .fakes import Broker, FakeProducer, FixedIdentity, Halted, halt
+from .thesauri import paired_thesaurus
 
 EVENTS, TWEETS = "recs", "tweets"
 
@@ -150,30 +151,6 @@ def records(topic: str, *values: dict[str, Any] | bytes, first: int = 0) -> list
     ]
 
 
-def small_thesaurus() -> Any:
-    """Ten hashtags in pairs of near neighbours (flood~floods, help~rescue, news~media, ...)."""
-    import numpy as np
-
-    from workers.adapters.annoy_thesaurus import AnnoyThesaurus
-
-    rng = np.random.default_rng(4)
-    base = rng.normal(size=(5, 16))
-    names = [
-        "flood",
-        "floods",
-        "help",
-        "rescue",
-        "sandy",
-        "hurricane",
-        "quake",
-        "earthquake",
-        "news",
-        "media",
-    ]
-    vectors = np.repeat(base, 2, axis=0) + rng.normal(scale=0.01, size=(10, 16))
-    return AnnoyThesaurus.build(names, vectors, counts=[5] * 10, depth=5, n_trees=5)
-
-
 def publish(worker: Worker, folder: Path, *, damaged: bool = False) -> str:
     """A thesaurus version as the index job publishes it (directory store, then Redis, which
     the scorer reads); ``damaged``: its neighbour table with every 97th byte flipped."""
@@ -181,7 +158,7 @@ def publish(worker: Worker, folder: Path, *, damaged: bool = False) -> str:
     from workers.adapters.store import ThesaurusStore
     from workers.adapters.thesaurus_files import TABLE_FILE
 
-    version = ThesaurusStore(folder).publish(small_thesaurus())
+    version = ThesaurusStore(folder).publish(paired_thesaurus())
     if damaged:
         path = folder / version / TABLE_FILE
         data = bytearray(path.read_bytes())

@@ -38,7 +38,14 @@ import numpy.typing as npt
 from stream import backtest as bt
 from stream.alert_params import rule_params
 from stream.experiment import no_progress
-from workers.commands.backtest.simulation import DAY, BacktestConfig, Feed, Walk, load_feed, rules_for
+from workers.commands.backtest.simulation import (
+    DAY,
+    BacktestConfig,
+    Feed,
+    Walk,
+    load_feed,
+    scaled_rules,
+)
 
 Floats = npt.NDArray[np.float64]
 
@@ -112,18 +119,8 @@ def rule_delays(
 ) -> tuple[dict[str, float], dict[str, dict[str, float | None]]]:
     """The deployed rules on these runs: false alarms per day (control), delay in days per drift."""
     params = rule_params("default", [])
-    unscaled, _, _ = rules_for(params, 1.0)
-    scored = int(np.count_nonzero(~np.isnan(control.reval)))
-    scale = bt.auto_time_scale(
-        scored,
-        feed.last - feed.first,
-        unscaled.quality_window,
-        unscaled.min_events,
-        room_s=min(feed.starts.values()) - feed.first,
-        lookback_s=min(unscaled.baseline_offsets) + unscaled.quality_window,
-    )
-    rules, _, _ = rules_for(params, scale)
-    at = np.arange(feed.first, feed.last + rules.step, rules.step)
+    scaled = scaled_rules(params, feed, control.reval)
+    rules, at = scaled.rules, scaled.at
     base = {s: f for s, f in bt.signals(control, at, rules).items() if s in signals}
     days = (feed.last - feed.first) / DAY
     alarms = {s: bt.episodes(f) / days for s, f in base.items()}

@@ -30,6 +30,7 @@ from workers.commands.backtest.simulation import (
     iso,
     load_feed,
     rules_for,
+    scaled_rules,
 )
 
 
@@ -61,18 +62,8 @@ def run_backtest(
     walk = Walk(feed, config, injections, k, int(r_text))
     walk.run(progress, timings)
     control, t_events = walk.control, feed.t_events
-    scored = int(np.count_nonzero(~np.isnan(control.reval)))
-    unscaled, _, _ = rules_for(params, 1.0)
-    scale = config.time_scale or bt.auto_time_scale(
-        scored,
-        feed.last - feed.first,
-        unscaled.quality_window,
-        unscaled.min_events,
-        room_s=min(feed.starts.values()) - feed.first,
-        lookback_s=min(unscaled.baseline_offsets) + unscaled.quality_window,
-    )
-    rules, _, _ = rules_for(params, scale)
-    at = np.arange(feed.first, feed.last + rules.step, rules.step)
+    scaled = scaled_rules(params, feed, control.reval, config.time_scale)
+    rules, at, scale, scored = scaled.rules, scaled.at, scaled.scale, scaled.scored
     found = _Detections.of(walk, feed, rules, at)
     curves = bt.operating_curves(
         control.series(t_events),

@@ -180,6 +180,38 @@ class Feed:
         return float(self.t_events[-1])
 
 
+@dataclass(frozen=True)
+class Scaled:
+    """The deployed rules on one feed's time scale: the rules, the evaluation instants from
+    the feed's first event to its last, the scale and the control run's scored events it
+    was derived from."""
+
+    rules: bt.Rules
+    at: npt.NDArray[np.float64]
+    scale: float
+    scored: int
+
+
+def scaled_rules(
+    params: Params, feed: Feed, control_reval: npt.NDArray[np.float64], time_scale: float | None = None
+) -> Scaled:
+    """``params``' rules with every duration times ``time_scale``, or the automatic scale
+    (:func:`stream.backtest.auto_time_scale`) from the control run's scored events (those
+    with a #REval, ``control_reval`` not NaN)."""
+    unscaled, _, _ = rules_for(params, 1.0)
+    scored = int(np.count_nonzero(~np.isnan(control_reval)))
+    scale = time_scale or bt.auto_time_scale(
+        scored,
+        feed.last - feed.first,
+        unscaled.quality_window,
+        unscaled.min_events,
+        room_s=min(feed.starts.values()) - feed.first,
+        lookback_s=min(unscaled.baseline_offsets) + unscaled.quality_window,
+    )
+    rules, _, _ = rules_for(params, scale)
+    return Scaled(rules, np.arange(feed.first, feed.last + rules.step, rules.step), scale, scored)
+
+
 def load_feed(
     feeds: Sequence[str | Path],
     config: BacktestConfig,
