@@ -154,3 +154,18 @@ def test_every_package_is_importable_and_has_doctests_collected(package: str) ->
         "ini_options"
     ]
     assert package in config["testpaths"] and "--doctest-modules" in config["addopts"]
+
+
+def test_the_readme_module_map_names_every_module() -> None:
+    """A newcomer finds each module of stream/ and workers/ in the README's map (its first code
+    block after "## Layout" or the like: the block that starts with ``stream/``)."""
+    readme = (ROOT / "README.md").read_text()
+    start = readme.index("\nstream/ ")
+    block = readme[start : readme.index("```", start)]
+    missing = [
+        str(path.relative_to(ROOT))
+        for package in ("stream", "workers")
+        for path in sorted((ROOT / package).rglob("*.py"))
+        if path.name != "__init__.py" and path.name not in block and path.stem not in block
+    ]
+    assert not missing, f"modules missing from the README's module map: {missing}"
