@@ -1,0 +1,159 @@
+"""Profile the score worker's step alone: where its CPU per event goes (issue 27 §1).
+
+Why: the worker costs ~1.1x its step alone (BENCHMARKS.md, "Issue 27 §1 and 22 §4"), so the
+step is what bounds events/s per process; 5,000 events/s needs <= 200 µs of CPU per event.
+This script times the step without a profiler, then runs it under ``cProfile`` and splits the
+profiled time into the step's parts (the worker's own functions, so the split follows the
+code, not a guess).
+
+Workload: ``bench_score_worker``'s ``step`` mode -- a ``--vocab``-hashtag clustered Annoy
+thesaurus (768-d) published in a directory store, events with ground truth and 10
+recommended hashtags, the worker's default grid with every signal on, batches of the
+consumer's size, the Redis dedup claims on the Redis at 127.0.0.1:6379 (own prefix, removed
+after).  cProfile's per-call overhead inflates parts made of many small Python calls (parsing,
+redis-py's command packing) more than numpy passes: read the split as a ranking, the
+unprofiled µs per event as the cost.
+
+    python -m bench.profile_score_step                 # prints a markdown section
+    python -m bench.profile_score_step --events 5000 --rounds 2 --out /tmp/step.md
+"""
+
+from __future__ import annotations
+
+import cProfile
+import os
+import pstats
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import redis
+
+from bench.bench_score_worker import REDIS_URL, FixedIncarnations
+from bench.bench_scoring import as_records, clustered_vectors, make_events, workload_parser
+from bench.results import bench_command, cpu_model, publish
+from workers.adapters.annoy_thesaurus import AnnoyThesaurus
+from workers.adapters.exporter import Exporter
+from workers.adapters.redis_client import clear_prefix
+from workers.adapters.store import ThesaurusStore
+from workers.service.runtime import encode_json
+from workers.service.score import SCORE_BATCH, Scorer, collect_less_often
+from workers.settings import Settings
+
+# The step's parts: (label, the function whose cumulative time is that part).  Together they
+# are the step; "other" is what the batch loop itself and the metrics' follow-ups add.
+PARTS = [
+    ("parse and admit (bytes -> events)", "workers/service/score.py", "admit_events"),
+    ("dedup claims in Redis (redis-py pipeline + Lua)", "workers/adapters/redis_state.py", "claim_many"),
+    ("scoring the grid (stream.batch_scoring.score_events)", "stream/batch_scoring.py", "score_events"),
+    ("  of which: chance expectations", "stream/batch_scoring.py", "_expectations"),
+    ("  of which: neighbour lists of the batch", "stream/batch_scoring.py", "lists"),
+    ("  of which: the per-group loop's own Python", "stream/batch_scoring.py", "_score_group"),
+    ("  of which: popularity slices", "stream/batch_scoring.py", "slice_reval"),
+    ("quality aggregation (stream.quality, the metrics' sums)", "workers/service/score.py", "_observe"),
+    ("JSON encoding of each output (orjson)", "workers/service/runtime.py", "encode_json"),
+]
+
+
+def main() -> None:
+    p = workload_parser(__doc__, events=5000, per="profiled pass", rounds=2)
+    args = p.parse_args()
+    command = bench_command("profile_score_step")
+    load_before = os.getloadavg()
+    collect_less_often()  # as in the worker
+    rng = np.random.default_rng(args.seed)
+    names = [f"tag{i}" for i in range(args.vocab)]
+    vectors, labels = clustered_vectors(args.vocab, args.dim, args.clusters, rng)
+    thesaurus = AnnoyThesaurus.build(names, vectors, n_trees=50, model_id="bench")
+    rounds = [
+        [
+            replace(ev, tweet_id=f"r{i}-{j}")
+            for j, ev in enumerate(make_events(names, labels, args.events, rng))
+        ]
+        for i in range(1 + 2 * args.rounds)  # distinct ids: the dedup claims never collide
+    ]
+    with tempfile.TemporaryDirectory() as tmp:
+        ThesaurusStore(Path(tmp)).publish(thesaurus)
+        settings = Settings(
+            index_dir=Path(tmp),
+            thesaurus_source="dir",
+            redis_url=REDIS_URL,
+            redis_prefix=f"bench-{uuid.uuid4().hex[:8]}",
+        )
+        client = redis.Redis.from_url(REDIS_URL)
+        scorer = Scorer(settings, Exporter(), client, FixedIncarnations())  # type: ignore[arg-type]
+        size = max(settings.embed_batch_size, SCORE_BATCH)
+
+        def step(events: list, profiler: cProfile.Profile | None = None) -> float:
+            records = as_records(events)
+            t0 = time.process_time()
+            if profiler is not None:
+                profiler.enable()
+            for i in range(0, len(records), size):
+                items, _ = scorer.admit_events(records[i : i + size])
+                outcome = scorer.apply_events(items)
+                for out in outcome.outputs:
+                    encode_json(out.value)
+                for after in outcome.after:
+                    after()
+            if profiler is not None:
+                profiler.disable()
+            return time.process_time() - t0
+
+        step(rounds[0])  # warm: thesaurus loaded, neighbour cache filled
+        plain = [step(r) / len(r) * 1e6 for r in rounds[1 : 1 + args.rounds]]
+        profiler = cProfile.Profile()
+        profiled_events = 0
+        for r in rounds[1 + args.rounds :]:
+            step(r, profiler)
+            profiled_events += len(r)
+        clear_prefix(REDIS_URL, settings.redis_prefix)
+        client.close()
+    stats = pstats.Stats(profiler).get_stats_profile()
+    total = stats.total_tt
+    lines = table(lambda path, name: cumulative(stats, path, name), total, profiled_events)
+    load_after = os.getloadavg()
+    section = [
+        "### The score step's CPU, part by part (bench/profile_score_step.py)",
+        "",
+        f"Command: `{command}`. Machine: {cpu_model()}, {os.cpu_count()} cores, load "
+        f"{load_before[0]:.1f} / {load_after[0]:.1f} before / after. Batches of {size}, "
+        f"{args.vocab:,} hashtags, {args.events:,} events per pass.",
+        "",
+        f"Step CPU without the profiler: {', '.join(f'{v:.0f}' for v in plain)} µs per event "
+        f"({args.rounds} passes); under cProfile {total / profiled_events * 1e6:.0f} µs.",
+        "",
+        *lines,
+    ]
+    publish(section, args.out)
+
+
+def cumulative(stats: pstats.StatsProfile, path: str, name: str) -> float:
+    """The cumulative seconds of function ``name`` in the file ending ``path`` (for the
+    per-group loop: its own time, the rest of it is the rows below it).  The profile is keyed
+    by bare function names: where another file's namesake took the slot, NaN (shown as such)."""
+    found = stats.func_profiles.get(name)
+    if found is None or not found.file_name.endswith(path):
+        return float("nan")
+    return found.tottime if name == "_score_group" else found.cumtime
+
+
+def table(cum: Callable[[str, str], float], total: float, events: int) -> list[str]:
+    rows = ["| part of the step | share of profiled time | µs per event (profiled) |", "|---|---:|---:|"]
+    top = 0.0
+    for label, path, name in PARTS:
+        seconds = cum(path, name)
+        if not label.startswith(" ") and seconds == seconds:  # a NaN part adds nothing
+            top += seconds
+        rows.append(f"| {label} | {seconds / total:.0%} | {seconds / events * 1e6:.0f} |")
+    rest = total - top
+    rows.append(f"| other (batch loop, follow-ups) | {rest / total:.0%} | {rest / events * 1e6:.0f} |")
+    return rows
+
+
+if __name__ == "__main__":
+    main()
