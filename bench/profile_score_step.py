@@ -9,8 +9,8 @@ code, not a guess).
 Workload: ``bench_score_worker``'s ``step`` mode -- a ``--vocab``-hashtag clustered Annoy
 thesaurus (768-d) published in a directory store, events with ground truth and 10
 recommended hashtags, the worker's default grid with every signal on, batches of the
-consumer's size, the Redis dedup claims on the Redis at 127.0.0.1:6379 (own prefix, removed
-after).  cProfile's per-call overhead inflates parts made of many small Python calls (parsing,
+consumer's size, the Redis dedup claims on ``--redis-url`` (127.0.0.1:6379 by default; own prefix,
+removed after).  cProfile's per-call overhead inflates parts made of many small Python calls (parsing,
 redis-py's command packing) more than numpy passes: read the split as a ranking, the
 unprofiled µs per event as the cost.
 
@@ -61,6 +61,7 @@ PARTS = [
 
 def main() -> None:
     p = workload_parser(__doc__, events=5000, per="profiled pass", rounds=2)
+    p.add_argument("--redis-url", default=REDIS_URL, help="the Redis of the dedup claims")
     args = p.parse_args()
     command = bench_command("profile_score_step")
     load_before = os.getloadavg()
@@ -81,10 +82,10 @@ def main() -> None:
         settings = Settings(
             index_dir=Path(tmp),
             thesaurus_source="dir",
-            redis_url=REDIS_URL,
+            redis_url=args.redis_url,
             redis_prefix=f"bench-{uuid.uuid4().hex[:8]}",
         )
-        client = redis.Redis.from_url(REDIS_URL)
+        client = redis.Redis.from_url(args.redis_url)
         scorer = Scorer(settings, Exporter(), client, FixedIncarnations())  # type: ignore[arg-type]
         size = max(settings.embed_batch_size, SCORE_BATCH)
 
@@ -111,7 +112,7 @@ def main() -> None:
         for r in rounds[1 + args.rounds :]:
             step(r, profiler)
             profiled_events += len(r)
-        clear_prefix(REDIS_URL, settings.redis_prefix)
+        clear_prefix(args.redis_url, settings.redis_prefix)
         client.close()
     stats = pstats.Stats(profiler).get_stats_profile()
     total = stats.total_tt

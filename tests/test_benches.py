@@ -70,3 +70,12 @@ def test_bench_cost_curves_runs_and_plots(tmp_path: Path) -> None:
     assert "| 600 |" in text and "| largest k | events/s |" in text and "| 100 |" in text
     for png in ("cost_build_vs_vocabulary.png", "cost_scoring_vs_vocabulary.png", "cost_scoring_vs_k.png"):
         assert (tmp_path / png).read_bytes().startswith(b"\x89PNG")
+
+
+@pytest.mark.integration
+def test_profile_score_step_runs_on_a_tiny_workload(tmp_path: Path, redis_url: str) -> None:
+    workload = ["--vocab", "300", "--dim", "32", "--clusters", "10", "--events", "300", "--rounds", "1"]
+    workload += ["--redis-url", redis_url]
+    text = run_bench("profile_score_step", *workload, out=tmp_path / "step.md")
+    assert "| dedup claims in Redis (redis-py pipeline + Lua) |" in text
+    assert "nan" not in text.lower()  # every part found in the profile under its own file
