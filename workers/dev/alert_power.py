@@ -14,7 +14,12 @@ backtest (drifted run against the control run, per event):
 * ``excess_weighted``: the same with each event weighted by its room over its variance,
   ``(1 - e) / (p (1 - p))`` with ``p = e + kappa (1 - e)`` (the optimal weights of a
   per-event likelihood-ratio test of the kappa: events with more room above chance carry
-  more information).
+  more information);
+* ``precision``: the share of the top-r recommended hashtags with a ground truth among their
+  k synonyms (Eq. 4's |R| <= |G| branch, always) -- unlike #REval (which counts the ground
+  truths caught, once each, when |R| > |G|) it does not saturate: a list with several
+  hashtags near one truth loses a share per hashtag replaced, where #REval loses nothing
+  until the last one goes; ``exact_precision`` is the same at k = 0.
 
 and then, per alert k, the deployed ``reval_drop`` and ``exact_drop`` rules of
 :mod:`stream.backtest` (the time scale as ``reval backtest`` picks it): false alarms per day
@@ -38,10 +43,12 @@ import numpy.typing as npt
 from stream import backtest as bt
 from stream.alert_params import rule_params
 from stream.experiment import no_progress
+from stream.scoring import NeighbourCache
 from workers.commands.backtest.simulation import (
     DAY,
     BacktestConfig,
     Feed,
+    Scores,
     Walk,
     load_feed,
     scaled_rules,
@@ -82,6 +89,25 @@ def information(control: Floats, drifted: Floats, weights: Floats | None = None)
     return Information(mean, float(np.average(d, weights=w)), sd)
 
 
+def joint_information(
+    control: Sequence[Floats], drifted: Sequence[Floats], after: npt.NDArray[np.bool_]
+) -> float:
+    """The per-event information ``shift' cov^-1 shift`` of several signals read together
+    (the control's covariance over the events after the injection where every signal of both
+    runs is defined): what a test on their best linear combination learns per event, at least
+    the largest of the signals' own.
+
+    >>> a = np.array([1.0, 0.0, 1.0, 0.0]); b = np.array([0.0, 1.0, 1.0, 0.0])
+    >>> round(joint_information([a, b], [a - 0.5, b], np.ones(4, bool)), 3)
+    1.0
+    """
+    c, d = np.stack(control, axis=1), np.stack(drifted, axis=1)
+    ok = after & ~np.isnan(c).any(axis=1) & ~np.isnan(d).any(axis=1)
+    shift = c[ok].mean(axis=0) - d[ok].mean(axis=0)
+    cov = np.cov(c[ok], rowvar=False, bias=True)
+    return float(shift @ np.linalg.solve(cov, shift))
+
+
 def signal_information(
     control: bt.Series, drifted: bt.Series, after: npt.NDArray[np.bool_]
 ) -> dict[str, Information]:
@@ -112,6 +138,43 @@ def signal_information(
             room / (p * (1.0 - p)),
         ),
     }
+
+
+class PrecisionWalk(Walk):
+    """The backtest's walk that also keeps each event's ``precision`` and ``exact_precision``
+    (module docstring) per run, from the same rank matrix the scorer reads."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        n = len(self.feed.events)
+        self.precision: dict[int, tuple[Floats, Floats]] = {}  # id(Scores) -> (precision, exact)
+        for col in (self.control, *self.runs.values()):
+            self.precision[id(col)] = (np.full(n, np.nan), np.full(n, np.nan))
+
+    def _score(self, col: Scores, lo: int, lists: list[list[str]], cache: NeighbourCache) -> None:
+        super()._score(col, lo, lists, cache)
+        precision, exact = self.precision[id(col)]
+        for j, recs in enumerate(lists, start=lo):
+            truth = list(dict.fromkeys(self.feed.prepared[self.feed.events[j]].hashtags))
+            top = list(dict.fromkeys(recs))[: self.r]
+            if not top or not truth:
+                continue
+            minima = [min(row) for row in cache.matrix(top, truth)]
+            precision[j] = sum(m <= self.k for m in minima) / len(top)
+            exact[j] = sum(m == 0 for m in minima) / len(top)
+
+
+def precision_series(series: bt.Series, precision: Floats) -> bt.Series:
+    """``series`` with the precision form in place of #REval and no chance term (expected 0
+    where scored): what the #REval test reads to test the precision's own drop."""
+    return bt.Series(
+        series.t,
+        precision,
+        np.where(np.isnan(precision), np.nan, 0.0),
+        series.exact,
+        series.recommended,
+        series.unknown,
+    )
 
 
 def rule_delays(
@@ -158,27 +221,55 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|---|---|---|---|---|---|")
     rows = []
     for k in ks:
-        walk = Walk(feed, config, config.parsed(), k, 10)
+        walk = PrecisionWalk(feed, config, config.parsed(), k, 10)
         walk.run(no_progress, {})
         control = walk.control.series(feed.t_events)
         drifted = {label: col.series(feed.t_events) for label, col in walk.runs.items()}
         for label, series in drifted.items():
             after = feed.t_events >= feed.starts[label]
-            for name, found in signal_information(control, series, after).items():
+            found_all = signal_information(control, series, after)
+            for i, name in enumerate(("precision", "exact_precision")):
+                control_p = walk.precision[id(walk.control)][i]
+                drifted_p = walk.precision[id(walk.runs[label])][i]
+                found_all[name] = information(
+                    np.where(after, control_p, np.nan), np.where(after, drifted_p, np.nan)
+                )
+            joint = joint_information(
+                [control.reval - control.expected, walk.precision[id(walk.control)][0]],
+                [series.reval - series.expected, walk.precision[id(walk.runs[label])][0]],
+                after,
+            )
+            for name, found in found_all.items():
                 print(
                     f"| {k} | {label} | {name} | {found.control:.4f} | {found.drifted:.4f} | "
                     f"{found.shift:.4f} | {found.sd:.4f} | {found.per_event:.4f} |"
                 )
-        rows.append((k, *rule_delays(feed, control, drifted, ("reval_drop", "exact_drop"))))
-    print("\n| k | drift | reval_drop delay (d) | exact_drop delay (d) |")
-    print("|---|---|---|---|")
+            print(f"| {k} | {label} | excess and precision, jointly | | | | | {joint:.4f} |")
+        alarms, delays = rule_delays(feed, control, drifted, ("reval_drop", "exact_drop"))
+        # The deployed #REval test on the precision form (no chance term: expected 0), as
+        # "precision_drop": the same windows, bound and hold time.
+        as_precision = {
+            label: precision_series(series, walk.precision[id(walk.runs[label])][0])
+            for label, series in drifted.items()
+        }
+        p_alarms, p_delays = rule_delays(
+            feed,
+            precision_series(control, walk.precision[id(walk.control)][0]),
+            as_precision,
+            ("reval_drop",),
+        )
+        alarms["precision_drop"] = p_alarms["reval_drop"]
+        for label in delays:
+            delays[label]["precision_drop"] = p_delays[label]["reval_drop"]
+        rows.append((k, alarms, delays))
+    rules = ("reval_drop", "precision_drop", "exact_drop")
+    print("\n| k | drift | reval_drop delay (d) | precision_drop delay (d) | exact_drop delay (d) |")
+    print("|---|---|---|---|---|")
     for k, alarms, delays in rows:
         for label, delay in delays.items():
-            cells = " | ".join(
-                "—" if delay[s] is None else f"{delay[s]:.2f}" for s in ("reval_drop", "exact_drop")
-            )
+            cells = " | ".join("—" if delay[s] is None else f"{delay[s]:.2f}" for s in rules)
             print(f"| {k} | {label} | {cells} |")
-        print(f"| {k} | false alarms / day | {alarms['reval_drop']:.4f} | {alarms['exact_drop']:.4f} |")
+        print(f"| {k} | false alarms / day | {' | '.join(f'{alarms[s]:.4f}' for s in rules)} |")
     return 0
 
 
