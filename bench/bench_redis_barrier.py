@@ -75,16 +75,13 @@ class Method:
         self.samples = RedisSamples(self.client, prefix, rate=0.1, replication=replication)
 
     def process(self, batch: list[Contribution]) -> None:
+        # as the embed role: a retweet claim per (tweet, hashtag), the tweet's id as claimant
         claims = [
-            (
-                [f"{c.topic}:{c.partition}:{c.offset}:{tag}" for tag in c.hashtags],
-                f"t:{c.partition}:{c.offset}",
-            )
-            for c in batch
+            ([f"{c.coordinates}:{tag}" for tag in c.hashtags], c.coordinates.event_id("t")) for c in batch
         ]
         self.seen.claim_many(claims)
         self.means.apply(batch)
-        self.samples.add([(f"t:{c.partition}:{c.offset}", c.time or 0.0, c.vector) for c in batch])
+        self.samples.add([(c.coordinates.event_id("t"), c.time or 0.0, c.vector) for c in batch])
 
     def run_slice(self, seconds: float, cpu_now: Callable[[], float]) -> None:
         start = time.perf_counter()
