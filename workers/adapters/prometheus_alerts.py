@@ -3,8 +3,8 @@ function per alert, in the order of :data:`ALERTS`, from :mod:`stream.alert_para
 
 The runbook of each is a section of ``deploy/README.md`` named after it; the recording
 rules they read (``reval:...``) are :mod:`workers.adapters.prometheus_rules`'s.  The
-descriptions are f-strings: the Prometheus template parts they carry (the firing series'
-labels, its value) are the constants below, so no brace needs doubling.
+descriptions are f-strings that read as prose: the Prometheus template parts they carry (the
+firing series' labels and value) are the constants and helpers below.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 
 from stream.alert_params import DEFAULTS, Params, seconds
 
-__all__ = ["ALERTS", "JOBS", "ROLES", "Rule", "alert_rules", "fmt", "pct", "value", "with_label"]
+__all__ = ["ALERTS", "JOBS", "ROLES", "Rule", "alert_rules", "fmt", "pct", "printed_value", "with_label"]
 
 ROLES = ("embed", "index", "score")
 JOBS = {role: f"reval-{role}" for role in ROLES}
@@ -43,10 +43,10 @@ def with_label(label: str, text: str) -> str:
 AT_INSTANCE = with_label("instance", " at ")
 
 
-def value(printf: str) -> str:
+def printed_value(printf: str) -> str:
     """The firing series' value as a Prometheus template prints it.
 
-    >>> value("%.1f")
+    >>> printed_value("%.1f")
     '{{ $value | printf "%.1f" }}'
     """
     return '{{ $value | printf "' + printf + '" }}'
@@ -118,7 +118,7 @@ def _quality_drop(p: Params) -> Rule:
         f"Over the last {qw}, the chance-corrected #REval-hit-ratio (k={K}, r={R}) of recommender "
         f"{RECOMMENDER} is more likely to have lost {pct(p.skill_loss_fraction)} of its skill above chance "
         f"than to hold its baseline (the same window {', '.join(p.baseline_offsets)} ago): log-likelihood "
-        f"ratio {value('%.1f')}, above log(1/{fmt(p.false_alarm_probability)}).",
+        f"ratio {printed_value('%.1f')}, above log(1/{fmt(p.false_alarm_probability)}).",
     )
 
 
@@ -132,8 +132,8 @@ def _at_chance(p: Params) -> Rule:
         "warning",
         f"Recommender {RECOMMENDER} is no better than chance",
         f"The chance-corrected #REval-hit-ratio (k={K}, r={R}) of recommender {RECOMMENDER} over the last "
-        f"{qw} is {value('%.3f')}: its recommendations hit no more often than a popularity-weighted random "
-        "draw of the same size would.",
+        f"{qw} is {printed_value('%.3f')}: its recommendations hit no more often than a "
+        "popularity-weighted random draw of the same size would.",
     )
 
 
