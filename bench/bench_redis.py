@@ -45,6 +45,7 @@ import numpy as np
 import redis
 
 from bench.results import bench_command, publish, spread
+from stream.records import Coordinates
 from workers.adapters.redis_means import Contribution, RedisMeans
 from workers.service.stores import means_of
 from workers.settings import Settings
@@ -163,7 +164,11 @@ def workload(n_tweets: int, n_tags: int, dim: int, partitions: int, seed: int = 
     for i in range(n_tweets):
         tags = [f"tag{t}" for t in rng.choice(n_tags, int(rng.integers(1, 4)), p=weights)]
         # one tweet every 10 s of event time: 20,000 tweets span ~9 of the default 6-h windows
-        out.append(Contribution("tweets", i % partitions, i // partitions, tags, vectors[i], time=10.0 * i))
+        out.append(
+            Contribution(
+                Coordinates("tweets", i % partitions, i // partitions), tags, vectors[i], time=10.0 * i
+            )
+        )
     return out
 
 
@@ -183,8 +188,10 @@ def round1_calls(store: RedisMeans, batch: list[Contribution]) -> list[tuple[str
     groups: dict[str, dict[str, dict[int, np.ndarray]]] = {}
     for c in batch:
         for tag in dict.fromkeys(c.hashtags):
-            items = groups.setdefault(tag, {}).setdefault(f"{c.topic}:{c.partition}", {})
-            items.setdefault(int(c.offset), np.asarray(c.vector, dtype=np.float64))
+            items = groups.setdefault(tag, {}).setdefault(
+                f"{c.coordinates.topic}:{c.coordinates.partition}", {}
+            )
+            items.setdefault(int(c.coordinates.offset), np.asarray(c.vector, dtype=np.float64))
     calls = []
     for tag, partitions in groups.items():
         args: list[object] = [dim, min(dim, 766), len(partitions)]

@@ -38,7 +38,7 @@ from collections.abc import Callable
 import redis
 from redis.cluster import RedisCluster
 
-from bench.bench_redis import batched, workload_parser
+from bench.bench_redis import batched, server_cpu, workload_parser
 from bench.results import bench_command, publish, spread
 from workers.adapters.redis_client import Client, Replication, clear_prefix, connect
 from workers.adapters.redis_means import Contribution, RedisMeans
@@ -75,20 +75,17 @@ class Method:
         self.samples = RedisSamples(self.client, prefix, rate=0.1, replication=replication)
 
     def process(self, batch: list[Contribution]) -> None:
+        # as the embed role: a retweet claim per (tweet, hashtag), the tweet's id as claimant
         claims = [
-            (
-                [f"{c.topic}:{c.partition}:{c.offset}:{tag}" for tag in c.hashtags],
-                f"t:{c.partition}:{c.offset}",
-            )
-            for c in batch
+            ([f"{c.coordinates}:{tag}" for tag in c.hashtags], c.coordinates.event_id("t")) for c in batch
         ]
         self.seen.claim_many(claims)
         self.means.apply(batch)
-        self.samples.add([(f"t:{c.partition}:{c.offset}", c.time or 0.0, c.vector) for c in batch])
+        self.samples.add([(c.coordinates.event_id("t"), c.time or 0.0, c.vector) for c in batch])
 
-    def run_slice(self, seconds: float, server_cpu: Callable[[], float]) -> None:
+    def run_slice(self, seconds: float, cpu_now: Callable[[], float]) -> None:
         start = time.perf_counter()
-        cpu0 = server_cpu()
+        cpu0 = cpu_now()
         tweets = batches = 0
         while time.perf_counter() - start < seconds:
             if self.next and self.next % len(self.batches) == 0:
@@ -99,7 +96,7 @@ class Method:
             tweets += len(batch)
             batches += 1
         elapsed = time.perf_counter() - start
-        self.server_seconds += server_cpu() - cpu0
+        self.server_seconds += cpu_now() - cpu0
         self.tweets += tweets
         self.seconds += elapsed
         self.rates.append(tweets / elapsed)
@@ -118,24 +115,17 @@ def cpu_of(ports_or_url: list[int] | str) -> Callable[[], float]:
         else [redis.Redis(port=p) for p in ports_or_url]
     )
 
-    def total() -> float:
-        out = 0.0
-        for client in clients:
-            info = client.info("cpu")
-            out += float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
-        return out
-
-    return total
+    return lambda: sum(server_cpu(client) for client in clients)
 
 
 def measure(
-    target: str, methods: list[Method], server_cpu: Callable[[], float], slice_s: float, rounds: int
+    target: str, methods: list[Method], cpu_now: Callable[[], float], slice_s: float, rounds: int
 ) -> list[str]:
     order: list[Method] = []
     for _ in range(rounds):
         order += methods + methods[::-1]
     for m in order:
-        m.run_slice(slice_s, server_cpu)
+        m.run_slice(slice_s, cpu_now)
     base = methods[0]
     base_ms = statistics.median(base.batch_ms)
     base_cpu = base.server_seconds / base.tweets

@@ -42,6 +42,7 @@ import math
 import operator
 from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
@@ -73,6 +74,7 @@ def corrected_of_sums(observed: float, expected: float, best: float) -> float | 
     return (observed - expected) / room
 
 
+@dataclass(slots=True, repr=False)
 class CorrectedSum:
     """Running sums of observed, expected and best scores; :meth:`get` is their kappa.
 
@@ -91,23 +93,13 @@ class CorrectedSum:
     4
     """
 
-    __slots__ = ("best", "count", "expected", "observed", "squares")
-
-    def __init__(
-        self,
-        observed: float = 0.0,
-        expected: float = 0.0,
-        best: float = 0.0,
-        count: int = 0,
-        squares: tuple[float, float, float] = (0.0, 0.0, 0.0),
-    ) -> None:
-        self.observed = observed
-        self.expected = expected
-        self.best = best
-        self.count = count
-        #: Sums of excess², room² and excess x room over the events (excess = observed -
-        #: expected, room = best - expected): the delta method's variance (:meth:`interval`).
-        self.squares = squares
+    observed: float = 0.0
+    expected: float = 0.0
+    best: float = 0.0
+    count: int = 0
+    #: Sums of excess², room² and excess x room over the events (excess = observed -
+    #: expected, room = best - expected): the delta method's variance (:meth:`interval`).
+    squares: tuple[float, float, float] = (0.0, 0.0, 0.0)
 
     def update(self, observed: float, expected: float, best: float = 1.0) -> CorrectedSum:
         self.observed += observed

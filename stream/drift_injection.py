@@ -11,9 +11,12 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 
 import numpy as np
+
+from stream.options import parse_number
+from stream.records import RecordError, parse_time
 
 __all__ = ["KINDS", "Injection", "inject", "mutual_synonym", "parse_injection", "respell"]
 
@@ -66,29 +69,17 @@ def parse_injection(text: str) -> Injection:
     if kind not in KINDS:
         raise ValueError(f"--inject {text}: unknown kind {kind!r}; one of {', '.join(KINDS)}")
     if kind in ("random", "synonyms", "vocab"):
-        try:
-            value = float(amount)
-        except ValueError:
-            raise ValueError(f"--inject {text}: the fraction must be a number") from None
-        if not 0.0 < value <= 1.0:
-            raise ValueError(f"--inject {text}: the fraction must be in (0, 1]")
+        parse_number(amount, f"--inject {text}: the fraction must be in (0, 1]", at_most=1.0)
     elif kind == "stale":
-        try:
-            days = float(amount)
-        except ValueError:
-            raise ValueError(f"--inject {text}: stale needs a number of days") from None
-        if not days > 0:
-            raise ValueError(f"--inject {text}: stale needs a positive number of days")
+        parse_number(amount, f"--inject {text}: stale needs a positive number of days")
     elif kind == "swap" and amount != "least-popular":
         raise ValueError(f"--inject {text}: swap supports least-popular")
     at = None
     if at_text:
         try:
-            at = datetime.fromisoformat(at_text.strip().replace("Z", "+00:00"))
-        except ValueError:
+            at = parse_time(at_text.strip())
+        except RecordError:
             raise ValueError(f"--inject {text}: {at_text!r} is not an ISO 8601 time") from None
-        if at.tzinfo is None:
-            at = at.replace(tzinfo=UTC)
     return Injection(kind, amount, at)
 
 

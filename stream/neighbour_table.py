@@ -35,6 +35,7 @@ from stream.thesaurus import (
     check_k,
     check_max_distance,
     content_version,
+    name_ranks,
     unit_rows,
     utc_now,
 )
@@ -251,8 +252,7 @@ def build_neighbour_table(
     kept_counts = np.asarray([given[row_of[name]] if given else 1 for name in kept], dtype=np.int64)
     n = len(kept)
     space = centred(unit) if method.startswith("center") and n else unit.astype(np.float32)
-    name_rank = np.empty(n, dtype=np.int64)
-    name_rank[sorted(range(n), key=kept.__getitem__)] = np.arange(n)
+    name_rank = name_ranks(kept)
     if on_space is not None:
         on_space(space)
     ranked, search = _rank_neighbours(method, space, depth, name_rank, candidates, seed)

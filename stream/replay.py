@@ -40,6 +40,7 @@ from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any, TypeVar
 
+from stream.options import parse_number
 from stream.records import (
     ErrorLog,
     Parsed,
@@ -206,12 +207,7 @@ def parse_speed(text: str | float | None) -> float | None:
     """
     if text is None or (isinstance(text, str) and text.strip().lower() in ("max", "inf", "")):
         return None
-    try:
-        value = float(text)
-    except ValueError:
-        raise ValueError(f"speed must be a positive number or 'max', not {text!r}") from None
-    if not value > 0:
-        raise ValueError(f"speed must be a positive number or 'max', not {text!r}")
+    value = parse_number(text, f"speed must be a positive number or 'max', not {text!r}")
     return None if value == float("inf") else value
 
 

@@ -308,6 +308,17 @@ def unit_rows(
     return kept_names, matrix
 
 
+def name_ranks(names: Sequence[str]) -> npt.NDArray[np.int64]:
+    """Each name's place in alphabetical order: the tie-break between equally near hashtags.
+
+    >>> name_ranks(["b", "c", "a"]).tolist()
+    [1, 2, 0]
+    """
+    rank = np.empty(len(names), dtype=np.int64)
+    rank[sorted(range(len(names)), key=names.__getitem__)] = np.arange(len(names))
+    return rank
+
+
 def content_version(names: Sequence[str], unit: npt.NDArray[np.float64], params: Mapping[str, Any]) -> str:
     """A version derived from the content, so a rebuild from the same data is the same version."""
     digest = hashlib.sha256()
@@ -346,9 +357,7 @@ class ExactThesaurus(StoredThesaurus):
         self._matrix = np.asarray(unit_vectors, dtype=np.float64)
         if self._matrix.shape[0] != len(self._names):
             raise ValueError(f"{len(self._names)} hashtags but {self._matrix.shape[0]} vectors")
-        rank = np.empty(len(self._names), dtype=np.int64)
-        rank[sorted(range(len(self._names)), key=self._names.__getitem__)] = np.arange(len(self._names))
-        self._name_rank = rank
+        self._name_rank = name_ranks(self._names)
         self._metadata = metadata
 
     @classmethod
@@ -361,12 +370,10 @@ class ExactThesaurus(StoredThesaurus):
         min_count: int = 1,
         model_id: str = "",
         version: str | None = None,
-        n_trees: int = 50,
         max_distance: float | None = None,
-        seed: int = 42,
     ) -> ExactThesaurus:
-        """Same signature as :meth:`AnnoyThesaurus.build`; ``n_trees`` and ``seed`` are unused."""
-        del n_trees, seed  # accepted so the two builders are interchangeable
+        """The exact twin of :meth:`AnnoyThesaurus.build`, called the same way (the Annoy
+        index's and the re-ranking's parameters aside)."""
         max_distance = check_max_distance(max_distance)
         kept, unit = unit_rows(names, vectors, counts, min_count)
         if version is None:

@@ -14,10 +14,12 @@ from stream.cores import Flip, flips, p_core, ranking
 TAGS = st.sampled_from("abcdefgh")
 TWEETS = st.lists(st.lists(TAGS, max_size=4), max_size=40)
 USERS = st.sampled_from(["u1", "u2", "u3", "u4", None])
+#: Random tagging data: the tweets' hashtags, their users (or none at all) and p.
+Case = tuple[list[list[str]], list[str | None] | None, int]
 
 
 @st.composite
-def data(draw: st.DrawFn) -> tuple[list[list[str]], list[str | None] | None, int]:
+def data(draw: st.DrawFn) -> Case:
     tweets = draw(TWEETS)
     users = draw(st.one_of(st.none(), st.lists(USERS, min_size=len(tweets), max_size=len(tweets))))
     return tweets, users, draw(st.integers(1, 6))
@@ -53,9 +55,7 @@ def holds(core: dict[int, tuple[str, ...]], users: list[str | None] | None, p: i
 
 @settings(max_examples=300, deadline=None)
 @given(data())
-def test_the_core_is_the_definitions_fixed_point(
-    case: tuple[list[list[str]], list[str | None] | None, int],
-) -> None:
+def test_the_core_is_the_definitions_fixed_point(case: Case) -> None:
     tweets, users, p = case
     core = p_core(tweets, p, users).as_dict()
     assert core == naive(tweets, users, p)
@@ -66,9 +66,7 @@ def test_the_core_is_the_definitions_fixed_point(
 
 @settings(max_examples=200, deadline=None)
 @given(data())
-def test_the_core_is_idempotent_and_nested_in_p(
-    case: tuple[list[list[str]], list[str | None] | None, int],
-) -> None:
+def test_the_core_is_idempotent_and_nested_in_p(case: Case) -> None:
     tweets, users, p = case
     core = p_core(tweets, p, users)
     again = p_core(list(core.hashtags), p, [users[i] for i in core.tweets] if users else None)

@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 from stream.drift import IncomparableVersionsError, Snapshot, compare, hashtag_shifts, jaccard, recent_shift
 from stream.hubness import DEFAULT_METHOD
 from stream.means import HashtagMeans
+from stream.records import Coordinates
 from workers.adapters.annoy_thesaurus import AnnoyThesaurus, build_from_means, thesaurus_drift
 from workers.adapters.exporter import Exporter
 from workers.adapters.redis_means import Contribution, RedisMeans
@@ -359,7 +360,7 @@ def _tweets(moved: bool, start: int) -> list[Contribution]:
         out += [("flood3", centres["vote"] + 0.3 * rng.normal(size=DIM)) for _ in range(20 * TWEETS)]
     day0 = 10 * 86400.0 if moved else 0.0
     return [
-        Contribution("tweets", 0, start + i, [tag], vec, time=day0 + 60.0 * i)
+        Contribution(Coordinates("tweets", 0, start + i), [tag], vec, time=day0 + 60.0 * i)
         for i, (tag, vec) in enumerate(out)
     ]
 

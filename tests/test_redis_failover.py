@@ -29,6 +29,7 @@ import redis
 from redis.cluster import RedisCluster
 
 from stream.means import HashtagMeans
+from stream.records import Coordinates
 from tests.conftest import start_redis_cluster
 from tests.test_redis_store import assert_matches, batches, in_memory, zipf_stream
 from workers.adapters.redis_client import Replication, ReplicationLagError, connect, with_retry
@@ -149,7 +150,7 @@ def test_every_write_a_commit_depends_on_waits_for_the_replicas(
         (version / name).write_bytes(b"{}")
     vector = np.ones(DIM, dtype=np.float32)
     writes: dict[str, Callable[[], object]] = {
-        "means": lambda: means.apply([Contribution("t", 0, 1, ["a", "b", "c", "d"], vector)]),
+        "means": lambda: means.apply([Contribution(Coordinates("t", 0, 1), ["a", "b", "c", "d"], vector)]),
         "claims": lambda: claims.claim_many([(["k1", "k2", "k3"], "t:0:1")]),
         "samples": lambda: samples.add([("t:0:1", 0.0, vector)]),
         "join events": lambda: join.put_events([("1", "e1", "{}"), ("2", "e2", "{}")], time.time()),

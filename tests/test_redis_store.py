@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 from redis.cluster import RedisCluster
 
 from stream.means import HashtagMeans
+from stream.records import Coordinates
 from workers.adapters.means_format import HEAD_COMPONENTS
 from workers.adapters.redis_means import (
     Contribution,
@@ -131,7 +132,7 @@ def zipf_stream(rng: np.random.Generator, n: int, dim: int = 768, n_tags: int = 
         offset = next_offset[topic, partition]
         next_offset[topic, partition] += int(rng.integers(1, 3))  # gaps, as after compaction
         tags = [f"tag{t}" for t in rng.choice(n_tags, int(rng.integers(1, 4)), p=weights)]
-        out.append(Contribution(topic, partition, offset, tags, vectors[i]))
+        out.append(Contribution(Coordinates(topic, partition, offset), tags, vectors[i]))
     return out
 
 
@@ -200,16 +201,23 @@ def test_stored_sums_are_bit_exact_with_a_model_of_the_store(store: RedisMeans) 
     folds = 0
     for start in range(0, len(vectors), 3):  # 3 tweets a batch from partitions 0 and 1
         rows = list(vectors[start : start + 3])
-        batch = [Contribution("t", (start + i) % 2, start + i, ["hot"], v) for i, v in enumerate(rows)]
+        batch = [
+            Contribution(Coordinates("t", (start + i) % 2, start + i), ["hot"], v) for i, v in enumerate(rows)
+        ]
         result = writer.apply(batch)
-        log += [(f"t:{c.partition}", c.offset, c.vector.astype(np.float64)) for c in batch]
+        log += [
+            (f"t:{c.coordinates.partition}", c.coordinates.offset, c.vector.astype(np.float64)) for c in batch
+        ]
         if len(log) >= 5:
             stored, log = write(plus_log()), []
             folds += 1
         assert result.folded == (0 if log else 1)
     assert folds == 70 and len(log) == 0  # 140 calls of 3 records: every 2nd call logs 6 >= 5
     writer.apply(
-        [Contribution("t", 1, 1001, ["hot"], vectors[1]), Contribution("t", 0, 1000, ["hot"], vectors[0])]
+        [
+            Contribution(Coordinates("t", 1, 1001), ["hot"], vectors[1]),
+            Contribution(Coordinates("t", 0, 1000), ["hot"], vectors[0]),
+        ]
     )
     log += [("t:1", 1001, vectors[1].astype(np.float64)), ("t:0", 1000, vectors[0].astype(np.float64))]
     got = store.read(["hot"])["hot"]
@@ -225,8 +233,12 @@ def test_precision_against_a_float64_batch_recomputation(store: RedisMeans) -> N
     rng = np.random.default_rng(2)
     vectors = bert_like(rng, 3000)
     for start in range(0, 3000, 3):
-        store.apply([Contribution("t", 0, start + i, ["hot"], vectors[start + i]) for i in range(3)])
-    expected = in_memory([Contribution("t", 0, i, ["hot"], v) for i, v in enumerate(vectors)], 768)
+        store.apply(
+            [Contribution(Coordinates("t", 0, start + i), ["hot"], vectors[start + i]) for i in range(3)]
+        )
+    expected = in_memory(
+        [Contribution(Coordinates("t", 0, i), ["hot"], v) for i, v in enumerate(vectors)], 768
+    )
     assert_matches(store.read_all(), expected, tol=1e-7)
 
 
@@ -234,13 +246,15 @@ def test_several_topics_and_partitions_keep_separate_watermarks(store: RedisMean
     v = np.ones(4)
     store.apply(
         [
-            Contribution("tweets", 0, 10, ["a"], v),
-            Contribution("tweets", 1, 5, ["a"], v),
-            Contribution("archive", 0, 7, ["a", "b"], v),
+            Contribution(Coordinates("tweets", 0, 10), ["a"], v),
+            Contribution(Coordinates("tweets", 1, 5), ["a"], v),
+            Contribution(Coordinates("archive", 0, 7), ["a", "b"], v),
         ]
     )
     # offsets at or below another partition's watermark are still new for their own
-    result = store.apply([Contribution("tweets", 1, 6, ["a"], v), Contribution("t", 0, 1, ["a"], v)])
+    result = store.apply(
+        [Contribution(Coordinates("tweets", 1, 6), ["a"], v), Contribution(Coordinates("t", 0, 1), ["a"], v)]
+    )
     assert (result.applied, result.skipped) == (2, 0)
     assert store.watermarks("a") == {
         ("tweets", 0): 10,
@@ -335,9 +349,11 @@ def test_a_record_logged_again_after_its_fold_is_ignored_then_dropped(store: Red
     """The one race apply's watermark check cannot close: a redelivered record written while
     another process folds it.  Reads ignore it and the next fold drops it."""
     v = np.arange(3.0)
-    store.apply([Contribution("t", 0, 5, ["a"], v), Contribution("t", 0, 6, ["a"], v)])
+    store.apply(
+        [Contribution(Coordinates("t", 0, 5), ["a"], v), Contribution(Coordinates("t", 0, 6), ["a"], v)]
+    )
     assert store.fold(["a"]) == 1
-    racing = store._plan([Contribution("t", 0, 6, ["a"], v)]).calls[0]
+    racing = store._plan([Contribution(Coordinates("t", 0, 6), ["a"], v)]).calls[0]
     store.client.hset(store.log_key("a"), mapping=dict(racing.fields))
     assert store.read(["a"])["a"].count == 2
     np.testing.assert_array_equal(store.read(["a"])["a"].total, 2 * v)
@@ -352,8 +368,9 @@ def test_event_time_windows_are_kept_beside_the_all_time_mean(store: RedisMeans)
     windowed = RedisMeans(store.client, prefix=store.prefix, fold_after=100, window_s=3600.0, window_keep=2)
     hour = 3600.0
     batch = [
-        Contribution("t", 0, i, ["flood"], np.full(3, float(i)), time=hour * (i // 2) + 1.0) for i in range(8)
-    ] + [Contribution("t", 0, 8, ["flood"], np.full(3, 100.0))]  # no time: all-time only
+        Contribution(Coordinates("t", 0, i), ["flood"], np.full(3, float(i)), time=hour * (i // 2) + 1.0)
+        for i in range(8)
+    ] + [Contribution(Coordinates("t", 0, 8), ["flood"], np.full(3, 100.0))]  # no time: all-time only
     windowed.apply(batch)
     assert windowed.window_of(hour * 3 + 1.0) == 3
     before = windowed.read_windows(["flood"])["flood"]
@@ -365,24 +382,24 @@ def test_event_time_windows_are_kept_beside_the_all_time_mean(store: RedisMeans)
     assert sorted(after) == [2, 3]  # the fold kept the newest two
     assert after[2].count == 2 and np.array_equal(after[2].total, np.full(3, 9.0))
     assert 0 < store.client.ttl(windowed.window_key("flood")) <= 2 * 3600
-    windowed.apply([Contribution("t", 0, 9, ["flood"], np.ones(3), time=hour * 4 + 5)])
+    windowed.apply([Contribution(Coordinates("t", 0, 9), ["flood"], np.ones(3), time=hour * 4 + 5)])
     windowed.fold(["flood"])
     assert sorted(windowed.read_windows(["flood"])["flood"]) == [3, 4]
     assert windowed.read(["flood"])["flood"].count == 10
     with pytest.raises(ValueError, match="non-finite time"):
-        windowed.apply([Contribution("t", 0, 10, ["flood"], np.ones(3), time=float("nan"))])
+        windowed.apply([Contribution(Coordinates("t", 0, 10), ["flood"], np.ones(3), time=float("nan"))])
 
 
 def test_a_hashtag_repeated_in_a_tweet_counts_once(store: RedisMeans) -> None:
-    result = store.apply([Contribution("t", 0, 0, ["flood", "flood", "help"], np.ones(3))])
+    result = store.apply([Contribution(Coordinates("t", 0, 0), ["flood", "flood", "help"], np.ones(3))])
     assert result.applied == 2
     got = store.read_all()
     assert got["flood"].count == 1 and got["help"].count == 1
 
 
 def test_a_record_repeated_within_a_batch_counts_once(store: RedisMeans) -> None:
-    c = Contribution("t", 0, 3, ["flood"], np.ones(3))
-    result = store.apply([c, c, Contribution("t", 0, 4, ["flood"], np.ones(3))])
+    c = Contribution(Coordinates("t", 0, 3), ["flood"], np.ones(3))
+    result = store.apply([c, c, Contribution(Coordinates("t", 0, 4), ["flood"], np.ones(3))])
     assert (result.applied, result.skipped) == (2, 1)
     assert store.read_all()["flood"].count == 2
 
@@ -392,8 +409,8 @@ def test_a_batch_may_list_a_partition_out_of_order(store: RedisMeans) -> None:
     nine, two, zero = np.int64(9), np.int64(2), np.int64(0)  # numpy integers are fine too
     store.apply(
         [
-            Contribution("t", zero, nine, ["a"], v),  # type: ignore[arg-type]
-            Contribution("t", 0, two, ["a"], 2 * v),  # type: ignore[arg-type]
+            Contribution(Coordinates("t", zero, nine), ["a"], v),  # type: ignore[arg-type]
+            Contribution(Coordinates("t", 0, two), ["a"], 2 * v),  # type: ignore[arg-type]
         ]
     )
     assert store.read(["a"])["a"].count == 2
@@ -421,7 +438,7 @@ def kafka_logs(draw: st.DrawFn) -> list[Contribution]:
         tags = draw(st.lists(st.sampled_from("abcd"), max_size=3))  # empty and repeats too
         vector = np.array(draw(st.lists(st.integers(-8, 8), min_size=DIM, max_size=DIM)), float)
         time = draw(st.sampled_from([None, 0.5, 1.5, 2.5, 3.5]))  # event-time windows 0-3
-        records.append(Contribution(pid[0], pid[1], next_offset[pid], tags, vector, time))
+        records.append(Contribution(Coordinates(pid[0], pid[1], next_offset[pid]), tags, vector, time))
         next_offset[pid] += draw(st.integers(1, 3))
     return records
 
@@ -450,9 +467,14 @@ def simulate(client: redis.Redis | RedisCluster, log: list[Contribution], data: 
         """A consumer (new process) reading from the committed offsets, freshly interleaved."""
         rnd = data.draw(st.randoms(use_true_random=False))
         queues = [
-            deque(r for r in log if (r.topic, r.partition) == pid and r.offset >= committed.get(pid, 0))
+            deque(
+                r
+                for r in log
+                if (r.coordinates.topic, r.coordinates.partition) == pid
+                and r.coordinates.offset >= committed.get(pid, 0)
+            )
             for pid in PIDS
-        ]  # fmt: skip
+        ]
         pending: deque[Contribution] = deque()
         while any(queues):
             pending.append(rnd.choice([q for q in queues if q]).popleft())
@@ -485,7 +507,7 @@ def simulate(client: redis.Redis | RedisCluster, log: list[Contribution], data: 
                 continue
             applied += actor.store._execute(plan).applied
             for c in batch:
-                actor.position[c.topic, c.partition] = c.offset + 1
+                actor.position[c.coordinates.topic, c.coordinates.partition] = c.coordinates.offset + 1
             if actor is owner and data.draw(st.booleans()):
                 committed.update(owner.position)
             if event == "rebalance" and actor is owner:  # the old owner goes on as a zombie
@@ -538,38 +560,40 @@ class _Untouchable:
 def test_dimension_is_fixed_by_the_first_write_and_checked_before_redis(
     store: RedisMeans, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    store.apply([Contribution("t", 0, 0, ["a"], np.ones(4))])
+    store.apply([Contribution(Coordinates("t", 0, 0), ["a"], np.ones(4))])
     assert store.dim == 4
     with monkeypatch.context() as m:
         m.setattr(store, "client", _Untouchable())
         with pytest.raises(DimensionError, match="5-d vector"):
-            store.apply([Contribution("t", 0, 1, ["b"], np.ones(5))])
+            store.apply([Contribution(Coordinates("t", 0, 1), ["b"], np.ones(5))])
         with pytest.raises(DimensionError):
-            store.apply([Contribution("t", 0, 1, ["b"], np.ones((2, 2)))])
+            store.apply([Contribution(Coordinates("t", 0, 1), ["b"], np.ones((2, 2)))])
         with pytest.raises(ValueError, match="non-finite"):
-            store.apply([Contribution("t", 0, 1, ["b"], np.array([1, np.nan, 0, 0]))])
+            store.apply([Contribution(Coordinates("t", 0, 1), ["b"], np.array([1, np.nan, 0, 0]))])
         with pytest.raises(ValueError, match="offset"):
-            store.apply([Contribution("t", 0, -1, ["b"], np.ones(4))])
+            store.apply([Contribution(Coordinates("t", 0, -1), ["b"], np.ones(4))])
         with pytest.raises(ValueError, match="offset"):
-            store.apply([Contribution("t", 0, 2**53, ["b"], np.ones(4))])
+            store.apply([Contribution(Coordinates("t", 0, 2**53), ["b"], np.ones(4))])
         with pytest.raises(ValueError, match="hashtags"):
-            store.apply([Contribution("t", 0, 1, [""], np.ones(4))])
-        assert store.apply([Contribution("t", 0, 1, [], np.ones(7))]).applied == 0  # nothing to do
+            store.apply([Contribution(Coordinates("t", 0, 1), [""], np.ones(4))])
+        assert (
+            store.apply([Contribution(Coordinates("t", 0, 1), [], np.ones(7))]).applied == 0
+        )  # nothing to do
     # another worker (process) on the same store learns the dimension from Redis
     other = RedisMeans(store.client, prefix=store.prefix)
     with pytest.raises(DimensionError, match="holds 4-d"):
-        other.apply([Contribution("t", 0, 1, ["b"], np.ones(5))])
+        other.apply([Contribution(Coordinates("t", 0, 1), ["b"], np.ones(5))])
     with pytest.raises(DimensionError, match="built for 5-d"):
         RedisMeans(store.client, prefix=store.prefix, dim=5).apply(
-            [Contribution("t", 0, 1, ["b"], np.ones(5))]
+            [Contribution(Coordinates("t", 0, 1), ["b"], np.ones(5))]
         )
     fresh = RedisMeans(store.client, prefix=_prefix())
     try:
         with pytest.raises(DimensionError):  # mixed dimensions within one first batch
             fresh.apply(
                 [
-                    Contribution("t", 0, 0, ["a"], np.ones(4)),
-                    Contribution("t", 0, 1, ["a"], np.ones(5)),
+                    Contribution(Coordinates("t", 0, 0), ["a"], np.ones(4)),
+                    Contribution(Coordinates("t", 0, 1), ["a"], np.ones(5)),
                 ]
             )
     finally:
@@ -580,11 +604,11 @@ def test_dimension_is_fixed_by_the_first_write_and_checked_before_redis(
 def test_a_record_of_another_dimension_is_reported_not_mixed(store: RedisMeans) -> None:
     """Should the shared dim key be lost, a writer of another dimension cannot be refused by
     Redis (it does no float work), but a read names the hashtag instead of mixing vectors."""
-    store.apply([Contribution("t", 0, 0, ["a", "b"], np.ones(4))])
+    store.apply([Contribution(Coordinates("t", 0, 0), ["a", "b"], np.ones(4))])
     store.fold(["a"])
     store.client.delete(f"{store.prefix}:dim")
     other = RedisMeans(store.client, prefix=store.prefix)
-    other.apply([Contribution("t", 0, 1, ["c"], np.ones(5))])  # fixes the dim key at 5
+    other.apply([Contribution(Coordinates("t", 0, 1), ["c"], np.ones(5))])  # fixes the dim key at 5
     with pytest.raises(DimensionError, match="holds 4-d sums; the store is 5-d"):
         other.read(["a"])
     with pytest.raises(DimensionError, match="'b' holds 16 bytes: not a 5-d"):
@@ -604,8 +628,8 @@ def test_prefix_and_client_checks(client: redis.Redis) -> None:
 
 def test_changed_hashtags_are_taken_atomically(store: RedisMeans) -> None:
     v = np.ones(3)
-    store.apply([Contribution("t", 0, 0, ["a", "b"], v)])
-    store.apply([Contribution("t", 0, 1, ["b", "c"], v)])
+    store.apply([Contribution(Coordinates("t", 0, 0), ["a", "b"], v)])
+    store.apply([Contribution(Coordinates("t", 0, 1), ["b", "c"], v)])
     assert store.changed_count() == 3
     assert store.take_changed() == {"a", "b", "c"}
     assert store.changed_count() == 0 and store.take_changed() == set()
@@ -614,8 +638,8 @@ def test_changed_hashtags_are_taken_atomically(store: RedisMeans) -> None:
 def test_clear_deletes_everything_under_the_prefix_only(store: RedisMeans) -> None:
     neighbour = RedisMeans(store.client, prefix=store.prefix + "x")
     try:
-        neighbour.apply([Contribution("t", 0, 0, ["a"], np.ones(3))])
-        store.apply([Contribution("t", 0, 0, ["a", "b"], np.ones(3))])
+        neighbour.apply([Contribution(Coordinates("t", 0, 0), ["a"], np.ones(3))])
+        store.apply([Contribution(Coordinates("t", 0, 0), ["a", "b"], np.ones(3))])
         assert store.clear() == 4  # 2 hashtags' logs (none folded yet), the changed set, the dim key
         assert store.read_all() == {} and store.changed_count() == 0
         assert set(neighbour.read_all()) == {"a"}
@@ -629,7 +653,7 @@ def test_memory_usage_of_a_768d_hashtag_with_four_partitions(store: RedisMeans) 
     vectors = bert_like(rng, 8)
     store = RedisMeans(store.client, prefix=store.prefix, fold_after=100)
     store.apply(
-        [Contribution("tweets", p, 123_456_789 + i, ["coronavirus"], vectors[2 * p + i])
+        [Contribution(Coordinates("tweets", p, 123_456_789 + i), ["coronavirus"], vectors[2 * p + i])
          for p in range(4) for i in range(2)]
     )  # fmt: skip
     assert len(store.watermarks("coronavirus")) == 4
@@ -651,7 +675,7 @@ def test_memory_usage_of_a_768d_hashtag_with_four_partitions(store: RedisMeans) 
 def test_from_url(redis_url: str) -> None:
     s = RedisMeans.from_url(redis_url, prefix=_prefix())
     try:
-        s.apply([Contribution("t", 0, 0, ["a"], np.ones(3))])
+        s.apply([Contribution(Coordinates("t", 0, 0), ["a"], np.ones(3))])
         assert s.read_all()["a"].count == 1
     finally:
         s.clear()

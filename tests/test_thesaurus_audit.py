@@ -15,6 +15,7 @@ import redis
 
 from stream.audit import Area, AuditState, Plan
 from stream.coherence import bottom_k
+from stream.records import Coordinates
 from tests.live import prefixed_redis
 from workers.adapters.exporter import Exporter
 from workers.adapters.redis_means import Contribution
@@ -75,7 +76,9 @@ def _feed(seed: int = 0) -> tuple[list[Contribution], list[tuple[tuple[str, ...]
             tag = f"{topic}{j}"
             for _ in range(8):
                 vector = centres[topic] + 0.5 * rng.normal(size=24)
-                contributions.append(Contribution("tweets", 0, offset, [tag], vector, time=60.0 * offset))
+                contributions.append(
+                    Contribution(Coordinates("tweets", 0, offset), [tag], vector, time=60.0 * offset)
+                )
                 texts.append(((tag,), " ".join(rng.choice(words, 5)) + f" extra{rng.integers(1000)}"))
                 offset += 1
     return contributions, texts
@@ -144,7 +147,10 @@ def test_the_index_job_exports_coherence_and_agreement_per_version(
     log.close()
     more, _ = _feed(seed=1)
     means_of(client, settings).apply(
-        [Contribution("tweets", 1, c.offset, c.hashtags, c.vector, c.time) for c in more]
+        [
+            Contribution(Coordinates("tweets", 1, c.coordinates.offset), c.hashtags, c.vector, c.time)
+            for c in more
+        ]
     )
     assert indexer.run_once() == "v000002"
     tau = gauge("reval_thesaurus_human_agreement", metric="tau_w", bound="estimate")

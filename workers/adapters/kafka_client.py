@@ -194,12 +194,21 @@ class _AuthFailures(logging.Handler):
             self.dropped += 1
 
 
+def _ms(timeout: float) -> int:
+    """A timeout in seconds as kafka-python's milliseconds, at least one second."""
+    return max(int(timeout * 1000), 1000)
+
+
+def _client_timeouts(timeout: float) -> dict[str, int]:
+    """A kafka-python client's request and bootstrap timeouts, both ``timeout`` seconds."""
+    return {"request_timeout_ms": _ms(timeout), "bootstrap_timeout_ms": _ms(timeout)}
+
+
 def admin_client(bootstrap: str, *, timeout: float = 30.0, **options: Any) -> KafkaAdminClient:
     """A kafka-python admin client; ``options``: TLS/SASL (``Settings.kafka_client_options``).
 
     Raises :class:`BrokerAuthError` when the broker answered but refused the credentials,
     :class:`BrokerUnreachableError` when nobody answered in time."""
-    ms = max(int(timeout * 1000), 1000)
     watcher = _AuthFailures()
     library = logging.getLogger("kafka")
     library.addHandler(watcher)
@@ -207,8 +216,7 @@ def admin_client(bootstrap: str, *, timeout: float = 30.0, **options: Any) -> Ka
         return KafkaAdminClient(
             bootstrap_servers=bootstrap,
             client_id="reval-stream-admin",
-            request_timeout_ms=ms,
-            bootstrap_timeout_ms=ms,
+            **_client_timeouts(timeout),
             **options,
         )
     except KafkaError as exc:  # NoBrokersAvailable, KafkaTimeoutError while bootstrapping
@@ -296,7 +304,7 @@ def create_topics(
     with _admin(bootstrap, timeout=timeout, **options) as admin:
         response = admin.create_topics(
             {name: {"num_partitions": n, "replication_factor": replication} for name, n in wanted.items()},
-            timeout_ms=max(int(timeout * 1000), 1000),
+            timeout_ms=_ms(timeout),
             raise_errors=False,
         )
         failures = [
@@ -425,7 +433,6 @@ def read_topic(
     ``(partition, offset, key, value)`` in offset order per partition (partitions one after
     the other).  No consumer group: nothing is committed.  Raises :class:`BrokerError`
     when the topic does not exist or the end is not reached within ``timeout``."""
-    ms = max(int(timeout * 1000), 1000)
     try:
         consumer = KafkaConsumer(
             bootstrap_servers=bootstrap,
@@ -433,8 +440,7 @@ def read_topic(
             group_id=None,
             enable_auto_commit=False,
             allow_auto_create_topics=False,
-            request_timeout_ms=ms,
-            bootstrap_timeout_ms=ms,
+            **_client_timeouts(timeout),
             **options,
         )
     except KafkaError as exc:

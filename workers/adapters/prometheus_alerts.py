@@ -2,7 +2,9 @@
 function per alert, in the order of :data:`ALERTS`, from :mod:`stream.alert_params`.
 
 The runbook of each is a section of ``deploy/README.md`` named after it; the recording
-rules they read (``reval:...``) are :mod:`workers.adapters.prometheus_rules`'s.
+rules they read (``reval:...``) are :mod:`workers.adapters.prometheus_rules`'s.  The
+descriptions are f-strings that read as prose: the Prometheus template parts they carry (the
+firing series' labels and value) are the constants and helpers below.
 """
 
 from __future__ import annotations
@@ -12,14 +14,42 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from stream.alert_params import Params, seconds
+from stream.alert_params import DEFAULTS, Params, seconds
 
-__all__ = ["ALERTS", "JOBS", "ROLES", "Rule", "alert_rules", "fmt", "pct"]
+__all__ = ["ALERTS", "JOBS", "ROLES", "Rule", "alert_rules", "fmt", "pct", "printed_value", "with_label"]
 
 ROLES = ("embed", "index", "score")
 JOBS = {role: f"reval-{role}" for role in ROLES}
 
 Rule = dict[str, Any]
+
+#: Prometheus (Go) template references to the firing series' labels, rendered literally.
+RECOMMENDER = "{{ $labels.recommender }}"
+K = "{{ $labels.k }}"
+R = "{{ $labels.r }}"
+JOB = "{{ $labels.job }}"
+TOPIC = "{{ $labels.topic }}"
+
+
+def with_label(label: str, text: str) -> str:
+    """``text`` and the label's value where the firing series has the label; nothing where not.
+
+    >>> with_label("instance", " at ")
+    '{{ with $labels.instance }} at {{ . }}{{ end }}'
+    """
+    return "{{ with $labels." + label + " }}" + text + "{{ . }}{{ end }}"
+
+
+AT_INSTANCE = with_label("instance", " at ")
+
+
+def printed_value(printf: str) -> str:
+    """The firing series' value as a Prometheus template prints it.
+
+    >>> printed_value("%.1f")
+    '{{ $value | printf "%.1f" }}'
+    """
+    return '{{ $value | printf "' + printf + '" }}'
 
 
 def fmt(value: float) -> str:
@@ -81,22 +111,14 @@ def _quality_drop(p: Params) -> Rule:
     return _alert(
         p,
         "RevalRecommenderQualityDrop",
-        (f"reval:skill_loss:llr{q.sel}\n> {fmt(math.log(1 / p.false_alarm_probability))}\n{q.enough}"),
+        f"reval:skill_loss:llr{q.sel}\n> {fmt(math.log(1 / p.false_alarm_probability))}\n{q.enough}",
         p.quality_for,
         "warning",
-        "Recommender {{ $labels.recommender }}: #REval-hit-ratio@k={{ $labels.k }} dropped",
-        (
-            "Over the last "
-            + qw
-            + ", the chance-corrected #REval-hit-ratio (k={{ $labels.k }}, r={{ $labels.r }}) of "
-            "recommender {{ $labels.recommender }} is more likely to have lost "
-            + pct(p.skill_loss_fraction)
-            + " of its skill above chance than to hold its baseline (the same window "
-            + ", ".join(p.baseline_offsets)
-            + ' ago): log-likelihood ratio {{ $value | printf "%.1f" }}, above log(1/'
-            + fmt(p.false_alarm_probability)
-            + ")."
-        ),
+        f"Recommender {RECOMMENDER}: #REval-hit-ratio@k={K} dropped",
+        f"Over the last {qw}, the chance-corrected #REval-hit-ratio (k={K}, r={R}) of recommender "
+        f"{RECOMMENDER} is more likely to have lost {pct(p.skill_loss_fraction)} of its skill above chance "
+        f"than to hold its baseline (the same window {', '.join(p.baseline_offsets)} ago): log-likelihood "
+        f"ratio {printed_value('%.1f')}, above log(1/{fmt(p.false_alarm_probability)}).",
     )
 
 
@@ -105,16 +127,13 @@ def _at_chance(p: Params) -> Rule:
     return _alert(
         p,
         "RevalRecommenderAtChance",
-        (f"reval:hit_ratio_corrected:kappa{qw}{q.sel}\n<= {fmt(p.chance_margin)}\n{q.enough}"),
+        f"reval:hit_ratio_corrected:kappa{qw}{q.sel}\n<= {fmt(p.chance_margin)}\n{q.enough}",
         p.chance_for,
         "warning",
-        "Recommender {{ $labels.recommender }} is no better than chance",
-        (
-            "The chance-corrected #REval-hit-ratio (k={{ $labels.k }}, r={{ $labels.r }}) of recommender "
-            "{{ $labels.recommender }} over the last " + qw + ' is {{ $value | printf "%.3f" }}: '
-            "its recommendations hit no more often than a popularity-weighted random draw of the "
-            "same size would."
-        ),
+        f"Recommender {RECOMMENDER} is no better than chance",
+        f"The chance-corrected #REval-hit-ratio (k={K}, r={R}) of recommender {RECOMMENDER} over the last "
+        f"{qw} is {printed_value('%.3f')}: its recommendations hit no more often than a "
+        "popularity-weighted random draw of the same size would.",
     )
 
 
@@ -123,95 +142,63 @@ def _semantic_gap(p: Params) -> Rule:
     return _alert(
         p,
         "RevalSemanticGapWidening",
-        (
-            f"reval:exact_match:mean{qw}{q.exact_sel}\n"
-            f"< {fmt(1 - p.gap_exact_drop_fraction)} * reval:exact_match:baseline{q.exact_sel}\n"
-            f"and on (recommender, r)\n"
-            f"reval:hit_ratio:mean{qw}{q.sel}\n"
-            f">= {fmt(1 - p.gap_reval_tolerance)} * reval:hit_ratio:baseline{q.sel}\n"
-            f"{q.enough}"
-        ),
+        f"reval:exact_match:mean{qw}{q.exact_sel}\n"
+        f"< {fmt(1 - p.gap_exact_drop_fraction)} * reval:exact_match:baseline{q.exact_sel}\n"
+        f"and on (recommender, r)\n"
+        f"reval:hit_ratio:mean{qw}{q.sel}\n"
+        f">= {fmt(1 - p.gap_reval_tolerance)} * reval:hit_ratio:baseline{q.sel}\n"
+        f"{q.enough}",
         p.gap_for,
         "info",
-        "Recommender {{ $labels.recommender }}: exact match falls while #REval holds",
-        (
-            "The exact hit ratio (r={{ $labels.r }}) of recommender {{ $labels.recommender }} "
-            "is more than "
-            + pct(p.gap_exact_drop_fraction)
-            + f" below its baseline while its #REval-hit-ratio at k={q.k} stays within "
-            + pct(p.gap_reval_tolerance)
-            + " of its own: the recommender (or the feed) moved to synonyms of the ground truth."
-        ),
+        f"Recommender {RECOMMENDER}: exact match falls while #REval holds",
+        f"The exact hit ratio (r={R}) of recommender {RECOMMENDER} is more than "
+        f"{pct(p.gap_exact_drop_fraction)} below its baseline while its #REval-hit-ratio at k={q.k} stays "
+        f"within {pct(p.gap_reval_tolerance)} of its own: the recommender (or the feed) moved to synonyms "
+        "of the ground truth.",
     )
 
 
 def _unknown_hashtags(p: Params) -> Rule:
+    share = "reval:unknown_hashtag_share:ratio"
     return _alert(
         p,
         "RevalUnknownHashtagsRising",
-        (
-            f"reval:unknown_hashtag_share:ratio{p.unknown_window} > {fmt(p.unknown_share_max)}\n"
-            f"and\nreval:unknown_hashtag_share:ratio{p.unknown_window}\n"
-            f"> reval:unknown_hashtag_share:ratio{p.unknown_baseline_window}"
-            f" + {fmt(p.unknown_share_rise)}"
-        ),
+        f"{share}{p.unknown_window} > {fmt(p.unknown_share_max)}\nand\n{share}{p.unknown_window}\n"
+        f"> {share}{p.unknown_baseline_window} + {fmt(p.unknown_share_rise)}",
         p.unknown_for,
         "warning",
-        "Recommender {{ $labels.recommender }}: many recommended hashtags unknown to the thesaurus",
-        (
-            "Over the last "
-            + p.unknown_window
-            + " more than "
-            + pct(p.unknown_share_max)
-            + " of the hashtags recommended by {{ $labels.recommender }} are not in the thesaurus, "
-            + pct(p.unknown_share_rise)
-            + " more than over the last "
-            + p.unknown_baseline_window
-            + ". Unknown hashtags only match themselves (Syn(h) = {h})."
-        ),
+        f"Recommender {RECOMMENDER}: many recommended hashtags unknown to the thesaurus",
+        f"Over the last {p.unknown_window} more than {pct(p.unknown_share_max)} of the hashtags recommended "
+        f"by {RECOMMENDER} are not in the thesaurus, {pct(p.unknown_share_rise)} more than over the last "
+        f"{p.unknown_baseline_window}. Unknown hashtags only match themselves (Syn(h) = {{h}}).",
     )
 
 
 def _no_scores(p: Params) -> Rule:
-    score = JOBS["score"]
+    events = f'reval_events_total{{job="{JOBS["score"]}"}}'
     return _alert(
         p,
         "RevalNoScores",
-        (
-            f'sum by (recommender) (rate(reval_events_total{{job="{score}"}}[{p.no_scores_window}]))'
-            " == 0\n"
-            f'or\nabsent(reval_events_total{{job="{score}"}})'
-        ),
+        f"sum by (recommender) (rate({events}[{p.no_scores_window}])) == 0\nor\nabsent({events})",
         p.no_scores_for,
         "critical",
-        "No recommendation events scored{{ with $labels.recommender }} for {{ . }}{{ end }}",
-        (
-            "The scoring workers scored no recommendation event"
-            "{{ with $labels.recommender }} of recommender {{ . }}{{ end }} in the last "
-            + p.no_scores_window
-            + "."
-        ),
+        f"No recommendation events scored{with_label('recommender', ' for ')}",
+        f"The scoring workers scored no recommendation event{with_label('recommender', ' of recommender ')} "
+        f"in the last {p.no_scores_window}.",
     )
 
 
 def _consumer_lag(p: Params) -> Rule:
+    lag = "reval:consumer_lag:sum"
     return _alert(
         p,
         "RevalConsumerLagGrowing",
-        (
-            f"reval:consumer_lag:sum > {p.lag_max_records}\n"
-            f"and\nderiv(reval:consumer_lag:sum[{p.lag_growth_window}]) > 0"
-        ),
+        f"{lag} > {p.lag_max_records}\nand\nderiv({lag}[{p.lag_growth_window}]) > 0",
         p.lag_for,
         "warning",
-        "{{ $labels.job }} is falling behind on {{ $labels.topic }}",
-        (
-            "Consumer group of {{ $labels.job }} is more than "
-            + str(p.lag_max_records)
-            + " records behind on topic {{ $labels.topic }} and the lag grew over the last "
-            + p.lag_growth_window
-            + "."
-        ),
+        f"{JOB} is falling behind on {TOPIC}",
+        f"Consumer group of {JOB} is more than {p.lag_max_records} records behind on topic {TOPIC} and "
+        f"the lag grew over the last {p.lag_growth_window}.",
     )
 
 
@@ -220,18 +207,13 @@ def _thesaurus_stale(p: Params) -> Rule:
     return _alert(
         p,
         "RevalThesaurusStale",
-        (
-            f'min(reval_index_age_seconds{{job="{index}"}}) > {fmt(seconds(p.index_max_age))}\n'
-            f'or\nmax(reval_index_version{{job="{index}"}}) == 0'
-        ),
+        f'min(reval_index_age_seconds{{job="{index}"}}) > {fmt(seconds(p.index_max_age))}\n'
+        f'or\nmax(reval_index_version{{job="{index}"}}) == 0',
         p.index_for,
         "warning",
         "The thesaurus index is stale",
-        (
-            "No new thesaurus version was published for more than "
-            + p.index_max_age
-            + " (or none was ever built): new hashtags get no synonyms."
-        ),
+        f"No new thesaurus version was published for more than {p.index_max_age} (or none was ever "
+        "built): new hashtags get no synonyms.",
     )
 
 
@@ -239,64 +221,46 @@ def _scorer_behind(p: Params) -> Rule:
     return _alert(
         p,
         "RevalScorerThesaurusBehind",
-        (
-            f'max(reval_index_version{{job="{JOBS["index"]}"}})\n'
-            f'> min(reval_scoring_thesaurus_version{{job="{JOBS["score"]}"}})'
-        ),
+        f'max(reval_index_version{{job="{JOBS["index"]}"}})\n'
+        f'> min(reval_scoring_thesaurus_version{{job="{JOBS["score"]}"}})',
         p.scorer_behind_for,
         "warning",
         "A scoring worker does not load the newest thesaurus version",
-        (
-            "The index job published a newer thesaurus version than at least one scoring worker "
-            "uses, for more than " + p.scorer_behind_for + "."
-        ),
+        "The index job published a newer thesaurus version than at least one scoring worker uses, for "
+        f"more than {p.scorer_behind_for}.",
     )
 
 
 def _dead_letters(p: Params) -> Rule:
+    window = p.dead_letter_window
     return _alert(
         p,
         "RevalDeadLetterRateHigh",
-        (
-            f"reval:dead_letter_ratio:ratio{p.dead_letter_window} > {fmt(p.dead_letter_ratio_max)}\n"
-            f"and on (topic)\n"
-            f"sum by (topic) (rate(reval_records_rejected_total[{p.dead_letter_window}])) "
-            f"> {fmt(p.dead_letter_min_rate)}"
-        ),
+        f"reval:dead_letter_ratio:ratio{window} > {fmt(p.dead_letter_ratio_max)}\nand on (topic)\n"
+        f"sum by (topic) (rate(reval_records_rejected_total[{window}])) > {fmt(p.dead_letter_min_rate)}",
         p.dead_letter_for,
         "warning",
-        "Many records of {{ $labels.topic }} go to the dead-letter topic",
-        (
-            "More than " + pct(p.dead_letter_ratio_max) + " of the records consumed from {{ $labels.topic }} "
-            "were rejected over the last " + p.dead_letter_window + "."
-        ),
+        f"Many records of {TOPIC} go to the dead-letter topic",
+        f"More than {pct(p.dead_letter_ratio_max)} of the records consumed from {TOPIC} were rejected "
+        f"over the last {window}.",
     )
 
 
 def _embed_collapsed(p: Params) -> Rule:
-    embed = JOBS["embed"]
+    baseline = (
+        f'sum(rate(reval_tweets_embedded_total{{job="{JOBS["embed"]}"}}'
+        f"[{p.embed_baseline_window}] offset {p.embed_window}))"
+    )
     return _alert(
         p,
         "RevalEmbedThroughputCollapsed",
-        (
-            f"reval:tweets_embedded:rate{p.embed_window}\n"
-            f'< {fmt(p.embed_collapse_fraction)} * sum(rate(reval_tweets_embedded_total{{job="{embed}"}}'
-            f"[{p.embed_baseline_window}] offset {p.embed_window}))\n"
-            f'and\nsum(rate(reval_tweets_embedded_total{{job="{embed}"}}'
-            f"[{p.embed_baseline_window}] offset {p.embed_window})) > {fmt(p.embed_min_baseline_rate)}"
-        ),
+        f"reval:tweets_embedded:rate{p.embed_window}\n< {fmt(p.embed_collapse_fraction)} * {baseline}\n"
+        f"and\n{baseline} > {fmt(p.embed_min_baseline_rate)}",
         p.embed_for,
         "warning",
         "Embedding throughput collapsed",
-        (
-            "The embed workers embedded fewer than "
-            + pct(p.embed_collapse_fraction)
-            + " as many tweets per second over the last "
-            + p.embed_window
-            + " as over the "
-            + p.embed_baseline_window
-            + " before."
-        ),
+        f"The embed workers embedded fewer than {pct(p.embed_collapse_fraction)} as many tweets per second "
+        f"over the last {p.embed_window} as over the {p.embed_baseline_window} before.",
     )
 
 
@@ -308,11 +272,8 @@ def _worker_down(p: Params) -> Rule:
         'up{job=~"reval-.*"} == 0' + "".join(f'\nor\nabsent(up{{job="{JOBS[role]}"}})' for role in ROLES),
         p.worker_down_for,
         "critical",
-        "{{ $labels.job }}{{ with $labels.instance }} at {{ . }}{{ end }} is down",
-        (
-            "Prometheus cannot scrape {{ $labels.job }}{{ with $labels.instance }} at {{ . }}{{ end }}"
-            " (or finds no target for it)."
-        ),
+        f"{JOB}{AT_INSTANCE} is down",
+        f"Prometheus cannot scrape {JOB}{AT_INSTANCE} (or finds no target for it).",
     )
 
 
@@ -323,12 +284,9 @@ def _topic_reset(p: Params) -> Rule:
         "max by (topic) (reval_topic_reset_detected) == 1",
         p.topic_reset_for,
         "critical",
-        "Topic {{ $labels.topic }} was re-created: its workers wait for accept-topic",
-        (
-            "The broker reports a new id for {{ $labels.topic }} (deleted and created again: its "
-            "offsets restarted at 0). Nothing of it is applied until an operator runs "
-            "`reval admin accept-topic {{ $labels.topic }}`."
-        ),
+        f"Topic {TOPIC} was re-created: its workers wait for accept-topic",
+        f"The broker reports a new id for {TOPIC} (deleted and created again: its offsets restarted at "
+        f"0). Nothing of it is applied until an operator runs `reval admin accept-topic {TOPIC}`.",
     )
 
 
@@ -339,12 +297,9 @@ def _redis_unavailable(p: Params) -> Rule:
         "max by (job, instance) (reval_redis_unavailable) == 1",
         p.redis_unavailable_for,
         "critical",
-        "{{ $labels.job }} waits for Redis",
-        (
-            "{{ $labels.job }}{{ with $labels.instance }} at {{ . }}{{ end }} cannot write to Redis "
-            "(connection, OOM, READONLY, LOADING...) and holds its batch unacknowledged: "
-            "nothing is lost, nothing advances."
-        ),
+        f"{JOB} waits for Redis",
+        f"{JOB}{AT_INSTANCE} cannot write to Redis (connection, OOM, READONLY, LOADING...) and holds its "
+        "batch unacknowledged: nothing is lost, nothing advances.",
     )
 
 
@@ -355,13 +310,10 @@ def _redis_lost_writes(p: Params) -> Rule:
         "max by (job, instance) (increase(reval_redis_rollbacks_total[15m])) > 0",
         "0m",
         "critical",
-        "{{ $labels.job }} found writes it had acknowledged missing from Redis",
-        (
-            "{{ $labels.job }}{{ with $labels.instance }} at {{ . }}{{ end }} found a Redis master gone "
-            "back in time (a failover to a replica without its latest writes, or a restart from older "
-            "data): running means, claims or the join may miss records whose offsets were committed. "
-            "Replay the input from before the fault."
-        ),
+        f"{JOB} found writes it had acknowledged missing from Redis",
+        f"{JOB}{AT_INSTANCE} found a Redis master gone back in time (a failover to a replica without its "
+        "latest writes, or a restart from older data): running means, claims or the join may miss "
+        "records whose offsets were committed. Replay the input from before the fault.",
     )
 
 
@@ -378,16 +330,10 @@ def _coherence_fell(p: Params) -> Rule:
         p.coherence_for,
         "warning",
         "The thesaurus's synonym sets became less coherent",
-        (
-            "The coherence lift of the current thesaurus version (its synonym sets' tweets against "
-            "random hashtags of matched popularity, TF-IDF) is, with 95% confidence, more than "
-            + pct(p.coherence_drop_fraction)
-            + " below its mean over the "
-            + p.coherence_baseline_window
-            + " before the last "
-            + p.coherence_baseline_offset
-            + ": new versions group hashtags that are less about one thing."
-        ),
+        "The coherence lift of the current thesaurus version (its synonym sets' tweets against random "
+        "hashtags of matched popularity, TF-IDF) is, with 95% confidence, more than "
+        f"{pct(p.coherence_drop_fraction)} below its mean over the {p.coherence_baseline_window} before "
+        f"the last {p.coherence_baseline_offset}: new versions group hashtags that are less about one thing.",
     )
 
 
@@ -409,23 +355,8 @@ _ALERTS: tuple[Callable[[Params], Rule], ...] = (
     _coherence_fell,
 )
 
-ALERTS = (
-    "RevalRecommenderQualityDrop",
-    "RevalRecommenderAtChance",
-    "RevalSemanticGapWidening",
-    "RevalUnknownHashtagsRising",
-    "RevalNoScores",
-    "RevalConsumerLagGrowing",
-    "RevalThesaurusStale",
-    "RevalScorerThesaurusBehind",
-    "RevalDeadLetterRateHigh",
-    "RevalEmbedThroughputCollapsed",
-    "RevalWorkerDown",
-    "RevalTopicReset",
-    "RevalRedisUnavailable",
-    "RevalRedisLostWrites",
-    "RevalThesaurusCoherenceFell",
-)
+#: The alerts' names, in the order of the rules file.
+ALERTS = tuple(alert(DEFAULTS)["alert"] for alert in _ALERTS)
 
 
 def alert_rules(p: Params) -> list[Rule]:

@@ -32,6 +32,7 @@ from redis.cluster import RedisCluster
 from redis.exceptions import NoScriptError
 
 from stream.means import RunningMean, Vector
+from stream.records import Coordinates
 from workers.adapters.means_format import (
     DimensionError,
     HashtagState,
@@ -83,11 +84,10 @@ return members
 
 @dataclass(frozen=True, eq=False)
 class Contribution:
-    """One embedded tweet: its Kafka coordinates, its hashtags and its embedding."""
+    """One embedded tweet: its Kafka coordinates (the embed role's topic carries the topic's
+    incarnation), its hashtags and its embedding."""
 
-    topic: str
-    partition: int
-    offset: int
+    coordinates: Coordinates
     hashtags: Sequence[str]
     vector: Vector
     time: float | None = None
@@ -274,7 +274,8 @@ class RedisMeans:
         groups: dict[str, dict[str, bytes]] = {}  # hashtag -> field -> vector (first one wins)
         duplicates = 0
         for c in contributions:
-            name = f"{c.topic}:{int(c.partition)}:{int(c.offset)}"  # numpy integers too
+            at = c.coordinates
+            name = f"{at.topic}:{int(at.partition)}:{int(at.offset)}"  # numpy integers too
             if self.window_s is not None and c.time is not None:
                 name += f"/{self.window_of(c.time)}"  # event time: the same on redelivery
             value = vector_bytes(c.vector)
@@ -293,12 +294,13 @@ class RedisMeans:
         for c in contributions:
             if not c.hashtags:
                 continue
-            if not isinstance(c.offset, int | np.integer) or not 0 <= c.offset <= MAX_OFFSET:
-                raise ValueError(f"offset {c.offset!r} is not an integer in [0, 2**53)")
-            if not isinstance(c.partition, int | np.integer) or c.partition < 0:
-                raise ValueError(f"partition {c.partition!r} is not a non-negative integer")
-            if "\0" in c.topic:
-                raise ValueError(f"topic {c.topic!r} contains NUL")
+            at = c.coordinates
+            if not isinstance(at.offset, int | np.integer) or not 0 <= at.offset <= MAX_OFFSET:
+                raise ValueError(f"offset {at.offset!r} is not an integer in [0, 2**53)")
+            if not isinstance(at.partition, int | np.integer) or at.partition < 0:
+                raise ValueError(f"partition {at.partition!r} is not a non-negative integer")
+            if "\0" in at.topic:
+                raise ValueError(f"topic {at.topic!r} contains NUL")
             if any(not isinstance(t, str) or not t for t in c.hashtags):
                 raise ValueError(f"hashtags must be non-empty strings, got {list(c.hashtags)!r}")
             shape = np.shape(c.vector)
@@ -307,13 +309,12 @@ class RedisMeans:
             expected = dim if dim is not None else self.dim
             if expected is not None and shape[0] != expected:
                 raise DimensionError(
-                    f"{shape[0]}-d vector at {c.topic}:{c.partition}@{c.offset}; "
-                    f"the store holds {expected}-d running means"
+                    f"{shape[0]}-d vector at {at}; the store holds {expected}-d running means"
                 )
             if c.time is not None and not math.isfinite(c.time):
-                raise ValueError(f"non-finite time {c.time!r} at {c.topic}:{c.partition}@{c.offset}")
+                raise ValueError(f"non-finite time {c.time!r} at {at}")
             if not np.all(np.isfinite(c.vector)):
-                raise ValueError(f"non-finite vector at {c.topic}:{c.partition}@{c.offset}")
+                raise ValueError(f"non-finite vector at {at}")
             dim = shape[0]
         return dim
 

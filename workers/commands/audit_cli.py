@@ -18,6 +18,7 @@ from workers.commands.console import (
     OFFLINE_HINT,
     Broker,
     Feeds,
+    JsonObject,
     command_group,
     err,
     fail,
@@ -60,7 +61,7 @@ def thesaurus_coherence(
     model: Annotated[
         str | None, typer.Option(help="Encoder for BERTScore [default: the thesaurus's model]")
     ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object")] = False,
+    as_json: JsonObject = False,
 ) -> None:
     """Thematic coherence of the synonym sets (paper 003): each hashtag's tweets with its
     top-k synonyms', against k random hashtags of matched popularity; exhaustive TF-IDF
@@ -250,7 +251,7 @@ def report_cmd(
     resamples: Annotated[int, typer.Option(help="Bootstrap resamples of the votes", min=100)] = 1000,
     seed: Annotated[int, typer.Option(help="Seed of the bootstrap")] = 0,
     broker: Broker = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object")] = False,
+    as_json: JsonObject = False,
 ) -> None:
     """rho_w and tau_w between the thesaurus's ranking of the audited pairs and the
     people's, per semantic area and overall, with 95% bootstrap intervals and chance."""
@@ -363,7 +364,7 @@ def simulate_cmd(
         str, typer.Option(help="thesaurus (its cosines), or 001's exponential / power similarities")
     ] = "thesaurus",
     seed: Annotated[int, typer.Option(help="First seed")] = 0,
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object")] = False,
+    as_json: JsonObject = False,
 ) -> None:
     """001's stochastic transitivity model with a known true ranking: the adaptive
     protocol against uniform pairs at the same number of votes (tau_w, rho_w to the truth)."""

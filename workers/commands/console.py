@@ -28,6 +28,11 @@ Feeds = Annotated[list[Path], typer.Argument(metavar="FEED", help="Tweet files: 
 LanguageFilter = Annotated[bool, typer.Option(help="Drop non-English tweets (paper 3.1.1)")]
 Broker = Annotated[str | None, typer.Option(help="Kafka bootstrap host:port [REVAL_BROKER]")]
 RedisUrl = Annotated[str | None, typer.Option(help="[REVAL_REDIS_URL]")]
+ThesaurusPath = Annotated[str, typer.Option("--thesaurus", "-t", help="Thesaurus dir or .json")]
+BatchSize = Annotated[int, typer.Option(help="Encoder batch size", min=1)]
+#: ``--json`` of the commands whose JSON is one object, and of those that print a summary.
+JsonObject = Annotated[bool, typer.Option("--json", help="Print one JSON object")]
+JsonSummary = Annotated[bool, typer.Option("--json", help="Print the summary as JSON")]
 
 OFFLINE_HINT = " (offline: a local model directory, or --model minilm, packaged)"
 err = Console(stderr=True)

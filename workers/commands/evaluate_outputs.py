@@ -5,12 +5,17 @@ from __future__ import annotations
 
 import csv
 import json
+from dataclasses import fields
 from pathlib import Path
 
 import numpy as np
 
 from workers.adapters.feeds import check_output_path
 from workers.commands.evaluate import Experiment
+from workers.commands.evaluate_summary import Cell
+
+#: The columns of ``results.csv``: each cell's p-core, then its fields.
+CSV_COLUMNS = ("core", *(f.name for f in fields(Cell)))
 
 # --------------------------------------------------------------------------- outputs
 
@@ -57,35 +62,14 @@ def write_outputs(experiment: Experiment, out_dir: str | Path, *, save_thesauri:
     (out / "results.json").write_text(
         json.dumps(experiment.results_json(), indent=1, ensure_ascii=False) + "\n", encoding="utf-8"
     )
-    columns = [
-        "core",
-        "split",
-        "seed",
-        "variant",
-        "hubness",
-        "recommender",
-        "r",
-        "k",
-        "reval_hit_ratio",
-        "ci_low",
-        "ci_high",
-        "reval_hit_ratio_corrected",
-        "corrected_ci_low",
-        "corrected_ci_high",
-        "corrected_null_reason",
-        "exact_hit_ratio",
-        "reval_hit_ratio_ranked",
-        "events",
-        "unscorable",
-    ]
     with open(out / "results.csv", "w", encoding="utf-8", newline="") as fh:
         writer = csv.writer(fh)
-        writer.writerow(columns)
+        writer.writerow(CSV_COLUMNS)
         for cell in experiment.cells:
             writer.writerow(
                 [
                     "" if cell[c] is None else (f"{cell[c]:.6f}" if isinstance(cell[c], float) else cell[c])
-                    for c in columns
+                    for c in CSV_COLUMNS
                 ]
             )
     with open(out / "recommendations.jsonl", "w", encoding="utf-8") as fh:

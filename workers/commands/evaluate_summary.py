@@ -6,7 +6,7 @@ embeddings on the same resamples (:func:`compare`)."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -61,6 +61,32 @@ class Run:
     similar_median: float | None = None
 
 
+@dataclass(frozen=True)
+class Cell:
+    """One cell of ``results.json``; its fields, in order, are also the columns of
+    ``results.csv`` (after the p-core the cell was computed on)."""
+
+    split: str
+    seed: int | str  # "all": the split's seeds pooled
+    variant: str
+    hubness: str
+    recommender: str
+    r: str
+    k: int
+    reval_hit_ratio: float | None
+    ci_low: float | None
+    ci_high: float | None
+    reval_hit_ratio_corrected: float | None
+    corrected_ci_low: float | None
+    corrected_ci_high: float | None
+    #: Why the corrected score is null: no null model, or no room above chance in this cell.
+    corrected_null_reason: str | None
+    exact_hit_ratio: float | None
+    reval_hit_ratio_ranked: float | None
+    events: int
+    unscorable: int
+
+
 def _grouped(config: ExperimentConfig, runs: list[Run]) -> Iterator[tuple[str, int | str, list[Run]]]:
     """(split, seed, runs): each run alone, and each split's seeds pooled (seed "all")."""
     for split in config.splits:
@@ -99,37 +125,32 @@ def summarise(config: ExperimentConfig, runs: list[Run]) -> list[dict[str, Any]]
             corrected = bootstrap_kappas(scored.raw, scored.expected, counts)
             exact = bootstrap_means(scored.exact_hit_ratio, counts)
             ranked = bootstrap_means(scored.ranked, counts)
-            variant, method, name = key
             for j, r in enumerate(rs):
                 for i, k in enumerate(ks):
                     e, c = raw[j * len(ks) + i], corrected[j * len(ks) + i]
-                    cells.append(
-                        {
-                            "split": split,
-                            "seed": seed,
-                            "variant": variant,
-                            "hubness": method,
-                            "recommender": name,
-                            "r": str(r),
-                            "k": k,
-                            "reval_hit_ratio": e.mean,
-                            "ci_low": e.low,
-                            "ci_high": e.high,
-                            "reval_hit_ratio_corrected": c.mean,
-                            "corrected_ci_low": c.low,
-                            "corrected_ci_high": c.high,
-                            # null: no null model, or no room above chance in this cell
-                            "corrected_null_reason": None
-                            if c.mean is not None
-                            else "no_room"
-                            if np.any(~np.isnan(scored.expected[:, j * len(ks) + i]))
-                            else "no_null_model",
-                            "exact_hit_ratio": exact[j].mean,
-                            "reval_hit_ratio_ranked": ranked[j * len(ks) + i].mean,
-                            "events": e.events,
-                            "unscorable": e.unscorable,
-                        }
+                    cell = Cell(
+                        split,
+                        seed,
+                        *key,  # variant, hubness, recommender
+                        str(r),
+                        k,
+                        reval_hit_ratio=e.mean,
+                        ci_low=e.low,
+                        ci_high=e.high,
+                        reval_hit_ratio_corrected=c.mean,
+                        corrected_ci_low=c.low,
+                        corrected_ci_high=c.high,
+                        corrected_null_reason=None
+                        if c.mean is not None
+                        else "no_room"
+                        if np.any(~np.isnan(scored.expected[:, j * len(ks) + i]))
+                        else "no_null_model",
+                        exact_hit_ratio=exact[j].mean,
+                        reval_hit_ratio_ranked=ranked[j * len(ks) + i].mean,
+                        events=e.events,
+                        unscorable=e.unscorable,
                     )
+                    cells.append(asdict(cell))
     return cells
 
 

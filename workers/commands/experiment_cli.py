@@ -14,6 +14,7 @@ from stream import alert_params
 from stream.scoring import parse_ints
 from workers.adapters.feeds import check_paths
 from workers.commands.console import (
+    BatchSize,
     Feeds,
     LanguageFilter,
     fail,
@@ -67,7 +68,7 @@ def evaluate_cmd(
         int | None, typer.Option(help="Use only the first N tweets left after pre-processing", min=1)
     ] = None,
     language_filter: LanguageFilter = True,
-    batch_size: Annotated[int, typer.Option(help="Encoder batch size", min=1)] = 32,
+    batch_size: BatchSize = 32,
     dtype: Annotated[
         str, typer.Option(help="Encoder dtype: float32 (reference numbers) or auto (core's choice)")
     ] = "float32",

@@ -20,6 +20,7 @@ from stream.records import ErrorLog
 from workers.adapters.feeds import check_output_path, check_paths
 from workers.commands.console import (
     Broker,
+    JsonSummary,
     err,
     fail,
     out,
@@ -63,7 +64,7 @@ def replay_feeds(
             "else from the topic name)"
         ),
     ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON")] = False,
+    as_json: JsonSummary = False,
 ) -> None:
     """Replay archived feeds into Kafka (original line bytes, key = tweet id, timestamp = event time)."""
 

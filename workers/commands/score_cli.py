@@ -14,6 +14,8 @@ from stream.scoring import ALL, Summary, parse_ints, r_label, score_event
 from workers.adapters.annoy_thesaurus import neighbour_cache
 from workers.adapters.feeds import check_output_path, check_paths, read_file
 from workers.commands.console import (
+    JsonObject,
+    ThesaurusPath,
     fail,
     load_or_fail,
     out,
@@ -24,12 +26,12 @@ from workers.commands.console import (
 
 def score(
     recs: Annotated[Path, typer.Argument(metavar="EVENTS", help="Recommendation events, JSON lines")],
-    thesaurus: Annotated[str, typer.Option("--thesaurus", "-t", help="Thesaurus dir or .json")],
+    thesaurus: ThesaurusPath,
     ks: Annotated[str, typer.Option("-k", help="Comma-separated k values")] = "0,5,10",
     rs: Annotated[
         str, typer.Option("-r", help="Top-r cut-offs, comma-separated; 'all' = whole list")
     ] = "all",
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object")] = False,
+    as_json: JsonObject = False,
     events_out: Annotated[
         Path | None, typer.Option("--events", help="Also write one JSON result per event here")
     ] = None,

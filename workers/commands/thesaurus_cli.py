@@ -19,8 +19,12 @@ from workers.adapters.annoy_thesaurus import DEFAULT_DEPTH
 from workers.adapters.feeds import check_paths
 from workers.commands.console import (
     OFFLINE_HINT,
+    BatchSize,
     Feeds,
+    JsonObject,
+    JsonSummary,
     LanguageFilter,
+    ThesaurusPath,
     command_group,
     err,
     fail,
@@ -45,7 +49,7 @@ def thesaurus_build(
         ),
     ] = "vinai/bertweet-base",
     min_count: Annotated[int, typer.Option(help="Leave out hashtags seen fewer times", min=1)] = 1,
-    batch_size: Annotated[int, typer.Option(help="Encoder batch size", min=1)] = 32,
+    batch_size: BatchSize = 32,
     n_trees: Annotated[int, typer.Option(help="Annoy trees", min=1)] = 50,
     hubness: Annotated[
         str,
@@ -56,7 +60,7 @@ def thesaurus_build(
     ] = DEFAULT_DEPTH,
     language_filter: LanguageFilter = True,
     force: Annotated[bool, typer.Option("--force", help="Replace a thesaurus already in --out")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON")] = False,
+    as_json: JsonSummary = False,
 ) -> None:
     """Clean → embed → per-hashtag running means → thesaurus (neighbour table + Annoy index)."""
     from workers.adapters.thesaurus_files import ThesaurusOverwriteError, check_writable_thesaurus_dir
@@ -238,7 +242,7 @@ def thesaurus_diff_cmd(
     min_support: Annotated[
         int, typer.Option(help="Only hashtags with at least this many tweets in both", min=0)
     ] = 5,
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object")] = False,
+    as_json: JsonObject = False,
 ) -> None:
     """Which hashtags' meaning moved between two versions: the cosine between each
     hashtag's mean then and now, the overlap of its top-10 neighbours, the movers."""
@@ -252,7 +256,7 @@ def thesaurus_diff_cmd(
 
 def synonyms(
     hashtags: Annotated[list[str], typer.Argument(metavar="HASHTAG", help="Hashtags, with or without #")],
-    thesaurus: Annotated[str, typer.Option("--thesaurus", "-t", help="Thesaurus dir or .json")],
+    thesaurus: ThesaurusPath,
     k: Annotated[int, typer.Option("-k", help="Number of synonyms", min=0)] = 10,
     as_json: Annotated[bool, typer.Option("--json", help='Print {"hashtag": [...]}')] = False,
 ) -> None:

@@ -15,7 +15,7 @@ import faust
 from stream.batch import TextEncoder
 from stream.cleaning import Dropped, Prepared, dedup, prepare
 from stream.coherence import coherence_text
-from stream.records import parse_tweet
+from stream.records import Coordinates, parse_tweet
 from workers.adapters.exporter import Exporter
 from workers.adapters.kafka_client import TopicIdentity
 from workers.adapters.redis_client import Client, with_retry
@@ -101,7 +101,7 @@ class Embedder:
         vectors = self.encoder.encode([p.text for _, p in kept])
         seconds = time.perf_counter() - started
         contributions = [
-            Contribution(scope[r.topic], r.partition, r.offset, p.hashtags, v, _event_time(r, p))
+            Contribution(Coordinates(scope[r.topic], r.partition, r.offset), p.hashtags, v, _event_time(r, p))
             for (r, p), v in zip(kept, vectors, strict=True)
         ]
         started = time.perf_counter()
