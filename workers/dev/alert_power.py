@@ -21,9 +21,12 @@ backtest (drifted run against the control run, per event):
   hashtags near one truth loses a share per hashtag replaced, where #REval loses nothing
   until the last one goes; ``exact_precision`` is the same at k = 0.
 
-and then, per alert k, the deployed ``reval_drop`` and ``exact_drop`` rules of
+and, read together, the information of ``excess`` and ``precision`` (``shift' cov^-1 shift``:
+what a test on their best linear combination learns per event).  Then, per alert k, the
+deployed ``reval_drop`` and ``exact_drop`` rules of
 :mod:`stream.backtest` (the time scale as ``reval backtest`` picks it): false alarms per day
-of the control run and each drift's detection delay.  The feed is embedded once; one walk
+of the control run and each drift's detection delay, and ``precision_drop``: the #REval
+rule's test run on the precision form (no chance term).  The feed is embedded once; one walk
 per k (the ``synonyms`` drift takes its synonyms from the thesaurus at that k).
 
     python -m workers.dev.alert_power FEED [--limit N] [--inject KIND:AMOUNT ...]
@@ -140,6 +143,18 @@ def signal_information(
     }
 
 
+def precision_form(matrix: Sequence[Sequence[int]], k: int) -> tuple[float, float]:
+    """From an |R| x |G| synonym-rank matrix (:meth:`stream.scoring.NeighbourCache.matrix`):
+    the share of the recommended hashtags with a ground truth among their k synonyms, and
+    among their 0 synonyms (themselves: exact precision).
+
+    >>> precision_form([[3, 0], [12, 40], [2, 1 << 30]], 10)  # rows: recommended hashtags
+    (0.6666666666666666, 0.3333333333333333)
+    """
+    minima = [min(row) for row in matrix]
+    return sum(m <= k for m in minima) / len(minima), sum(m == 0 for m in minima) / len(minima)
+
+
 class PrecisionWalk(Walk):
     """The backtest's walk that also keeps each event's ``precision`` and ``exact_precision``
     (module docstring) per run, from the same rank matrix the scorer reads."""
@@ -159,9 +174,7 @@ class PrecisionWalk(Walk):
             top = list(dict.fromkeys(recs))[: self.r]
             if not top or not truth:
                 continue
-            minima = [min(row) for row in cache.matrix(top, truth)]
-            precision[j] = sum(m <= self.k for m in minima) / len(top)
-            exact[j] = sum(m == 0 for m in minima) / len(top)
+            precision[j], exact[j] = precision_form(cache.matrix(top, truth), self.k)
 
 
 def precision_series(series: bt.Series, precision: Floats) -> bt.Series:
