@@ -457,7 +457,7 @@ class Consumer:
 
 
 # One Hypothesis model of crashes and rebalances: every step of a run in one loop.
-def simulate(client: redis.Redis | RedisCluster, log: list[Contribution], data: st.DataObject):  # noqa: PLR0915
+def simulate(client: redis.Redis | RedisCluster, log: list[Contribution], data: st.DataObject):
     prefix = _prefix()
     committed: dict[tuple[str, int], int] = {}
     fold_after = data.draw(st.sampled_from([1, 2, 50]))
@@ -518,27 +518,33 @@ def simulate(client: redis.Redis | RedisCluster, log: list[Contribution], data: 
         for reader, states in stale:  # every stale fold lands at the end: all but races refused
             reader._fold(states)
 
-        expected = in_memory(log, DIM)
-        got, windows = RedisMeans(client, prefix=prefix).read_all_with_windows()
-        assert set(got) == set(expected)
-        for tag in expected:
-            assert got[tag].count == expected[tag].count
-            assert np.array_equal(got[tag].total, expected[tag].total)
-        per_window: dict[str, dict[int, tuple[int, np.ndarray]]] = {}
-        for c in log:
-            if c.time is None:
-                continue
-            for tag in set(c.hashtags):
-                count, total = per_window.setdefault(tag, {}).get(int(c.time), (0, np.zeros(DIM)))
-                per_window[tag][int(c.time)] = (count + 1, total + c.vector)
-        assert {t: set(w) for t, w in windows.items()} == {t: set(w) for t, w in per_window.items()}
-        for tag, by_window in per_window.items():
-            for window, (count, total) in by_window.items():
-                assert windows[tag][window].count == count
-                assert np.array_equal(windows[tag][window].total, total)
-        assert applied == sum(len(set(c.hashtags)) for c in log)  # each update applied once
+        assert_as_batch(RedisMeans(client, prefix=prefix), log, applied)
     finally:
         RedisMeans(client, prefix=prefix).clear()
+
+
+def assert_as_batch(store: RedisMeans, log: list[Contribution], applied: int) -> None:
+    """The store holds what a batch recomputation of ``log`` gives, all-time and per window,
+    and each hashtag's update was applied exactly once."""
+    expected = in_memory(log, DIM)
+    got, windows = store.read_all_with_windows()
+    assert set(got) == set(expected)
+    for tag in expected:
+        assert got[tag].count == expected[tag].count
+        assert np.array_equal(got[tag].total, expected[tag].total)
+    per_window: dict[str, dict[int, tuple[int, np.ndarray]]] = {}
+    for c in log:
+        if c.time is None:
+            continue
+        for tag in set(c.hashtags):
+            count, total = per_window.setdefault(tag, {}).get(int(c.time), (0, np.zeros(DIM)))
+            per_window[tag][int(c.time)] = (count + 1, total + c.vector)
+    assert {t: set(w) for t, w in windows.items()} == {t: set(w) for t, w in per_window.items()}
+    for tag, by_window in per_window.items():
+        for window, (count, total) in by_window.items():
+            assert windows[tag][window].count == count
+            assert np.array_equal(windows[tag][window].total, total)
+    assert applied == sum(len(set(c.hashtags)) for c in log)  # each update applied once
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
