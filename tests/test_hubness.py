@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 import stream.neighbour_table as thesaurus_module
 from stream.hubness import METHODS, best_first, centred, exact_candidates, hubness_report, k_occurrence
-from stream.neighbour_table import NeighbourTable, build_neighbour_table, embedding_cosines
+from stream.neighbour_table import Centring, NeighbourTable, build_neighbour_table, embedding_cosines
 from stream.thesaurus import ExactThesaurus
 from workers.adapters.annoy_thesaurus import AnnoyThesaurus
 from workers.adapters.store import ThesaurusStore, load_thesaurus
@@ -217,7 +217,8 @@ def test_embedding_cosines_from_the_ranking_space(was_centred: bool) -> None:
     ids = rng.integers(0, 50, size=(50, 6))
     sims = np.einsum("ij,ikj->ik", space, space[ids]).astype(np.float32)
     direct = np.einsum("ij,ikj->ik", unit, unit[ids])
-    assert np.allclose(embedding_cosines(unit, was_centred, ids, sims), direct, atol=1e-6)
+    centring = Centring.of(unit) if was_centred else None
+    assert np.allclose(embedding_cosines(centring, slice(0, 50), ids, sims), direct, atol=1e-6)
 
 
 def test_the_directory_round_trips_the_table_and_answers_deeper_queries(tmp_path: Path) -> None:
