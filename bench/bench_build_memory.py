@@ -9,7 +9,8 @@ fresh process on the same vectors (read from one ``.npz`` file), alternating ABB
 wall and CPU seconds, the load average around it, the process's resident memory once the
 vectors are loaded and its peak (``ru_maxrss``: the whole process, vectors included), and a
 SHA-256 of the table (neighbour ids, distances, the method's per-hashtag statistics), so that
-the two trees' tables are shown identical or not.
+the two trees' tables are shown identical or not; with ``--queries N``, this tree's first table's
+recall@10 and @depth on N random hashtags against the same re-ranking over all pairs.
 
     python -m bench.bench_build_memory --sizes 100000,300000 --baseline /tmp/main-src
     python -m bench.bench_build_memory --sizes 30000 --dim 64 --rounds 1  # smoke
@@ -36,7 +37,7 @@ from workers.adapters.annoy_thesaurus import DEFAULT_DEPTH
 BUILD_ONCE = """
 import hashlib, json, os, resource, sys, time
 import numpy as np
-tree, data, trees, depth = sys.argv[1:5]
+tree, data, trees, depth, queries = sys.argv[1:6]
 sys.path.insert(0, tree)
 from workers.adapters.annoy_thesaurus import AnnoyThesaurus
 with np.load(data) as stored:
@@ -49,18 +50,34 @@ built = AnnoyThesaurus.build(names, vectors, counts=counts, depth=int(depth), n_
                              model_id="bench", n_jobs=-1)
 wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
 table = built.table
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 digest = hashlib.sha256()
 for array in (table.neighbour_ids, table.distances, *(table.stats[k] for k in sorted(table.stats))):
     digest.update(np.ascontiguousarray(array).tobytes())
+recall = {}
+if int(queries):  # this tree only: rows other than the build's own sample, against all pairs
+    from bench.bench_index import exact_top
+    from stream.neighbour_table import ranking_space
+    from stream.thesaurus import kept_unit_rows
+    space, _ = ranking_space(kept_unit_rows(names, vectors, counts, 1), True)
+    picked = np.random.default_rng(7).choice(len(names), size=int(queries), replace=False)
+    shared = {10: 0, int(depth): 0}
+    for lo in range(0, len(picked), 20):
+        part = picked[lo : lo + 20]
+        truth = exact_top(built, space, part, int(depth))
+        for k in shared:
+            for t, f in zip(truth[:, :k], table.neighbour_ids[part, :k]):
+                shared[k] += len(set(t.tolist()) & set(f.tolist()))
+    recall = {k: v / (len(picked) * k) for k, v in shared.items()}
 print(json.dumps({"wall": wall, "cpu": cpu, "load": [load, os.getloadavg()[0]], "rss_before": rss,
-                  "peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-                  "table": digest.hexdigest(), "search": table.metadata.search}))
+                  "peak": peak, "table": digest.hexdigest(), "search": table.metadata.search,
+                  "recall": recall}))
 """
 
 
-def build_once(tree: Path, data: Path, trees: int, depth: int) -> dict[str, object]:
+def build_once(tree: Path, data: Path, trees: int, depth: int, queries: int) -> dict[str, object]:
     done = subprocess.run(
-        [sys.executable, "-c", BUILD_ONCE, str(tree), str(data), str(trees), str(depth)],
+        [sys.executable, "-c", BUILD_ONCE, str(tree), str(data), str(trees), str(depth), str(queries)],
         check=True, capture_output=True, text=True,
     )  # fmt: skip
     run: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
@@ -79,6 +96,13 @@ def main(argv: list[str] | None = None) -> str:
     p.add_argument("--depth", type=int, default=DEFAULT_DEPTH)
     p.add_argument("--rounds", type=int, default=2, help="builds per tree and size (ABBA)")
     p.add_argument("--baseline", type=Path, help="a source tree whose build is compared")
+    p.add_argument(
+        "--queries",
+        type=int,
+        default=0,
+        help="this tree's first build: recall@10 / @depth of the table on this many random hashtags "
+        "against the same re-ranking over all pairs (exact)",
+    )
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
     here = Path(__file__).resolve().parents[1]
@@ -95,7 +119,8 @@ def main(argv: list[str] | None = None) -> str:
             for r in range(args.rounds):
                 order = list(trees) if r % 2 else list(trees)[::-1]  # baseline first, then ABBA
                 for label in order:
-                    run = build_once(trees[label], data, args.trees, args.depth)
+                    queries = args.queries if label == "this" and r == 0 else 0
+                    run = build_once(trees[label], data, args.trees, args.depth, queries)
                     runs[label].append(run)
                     print(f"{n:,} {label} round {r + 1}: {run['wall']:.1f} s, CPU {run['cpu']:.1f} s, "
                           f"peak RSS {gb(run['peak'])} GB (vectors loaded: {gb(run['rss_before'])} GB), "
@@ -111,6 +136,13 @@ def main(argv: list[str] | None = None) -> str:
                 + f" | {gb(got[0]['rss_before'])} | {gb(max(float(x['peak']) for x in got))} "  # type: ignore[arg-type]
                 f"| {got[0]['table']!s:.16} | `{json.dumps(got[0]['search'])}` |"
             )
+            if got[0]["recall"]:
+                rows.append(
+                    f"| {n:,} | {label}: recall@10 / @{args.depth} on {args.queries} random hashtags "
+                    f"against the same re-ranking over all pairs | "
+                    + " / ".join(f"{v:.4f}" for v in got[0]["recall"].values())  # type: ignore[attr-defined]
+                    + " | | | | | | |"
+                )
         if "baseline" in runs:
             med = {
                 label: {
