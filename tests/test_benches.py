@@ -70,3 +70,12 @@ def test_bench_cost_curves_runs_and_plots(tmp_path: Path) -> None:
     assert "| 600 |" in text and "| largest k | events/s |" in text and "| 100 |" in text
     for png in ("cost_build_vs_vocabulary.png", "cost_scoring_vs_vocabulary.png", "cost_scoring_vs_k.png"):
         assert (tmp_path / png).read_bytes().startswith(b"\x89PNG")
+
+
+@pytest.mark.slow
+def test_bench_build_memory_compares_two_trees(tmp_path: Path) -> None:
+    # The repository against itself as the baseline: the same table, shown identical.
+    workload = ["--sizes", "400", "--dim", "16", "--trees", "2", "--rounds", "1", "--queries", "20"]
+    text = run_bench("bench_build_memory", *workload, "--baseline", str(REPO), out=tmp_path / "memory.md")
+    assert "| 400 | this |" in text and "| 400 | baseline |" in text and "tables identical" in text
+    assert "| 400 | this: recall@10 / @100 on 20 random hashtags" in text
