@@ -6,8 +6,9 @@ vectors, Zipf counts, ``--dim``): the index build as the index job runs it
 (``AnnoyThesaurus.build``, default hubness method, depth 100, the Annoy index on all cores),
 then the scorer's step on ``--events`` events drawn by popularity (``score_events`` in
 batches of 256, the worker's r grid, the default k grid; the null model on): a first pass on
-a fresh neighbour cache (cold) and a second (warm). At ``--grid-size`` hashtags the warm
-rate is also measured for k grids of growing largest k.
+a fresh neighbour cache (cold) and a second (warm); the process's peak resident memory
+(``ru_maxrss``, vectors included, so far in the run) after the build and after the scoring.
+At ``--grid-size`` hashtags the warm rate is also measured for k grids of growing largest k.
 
     python -m bench.bench_cost_curves --out docs/bench/cost_curves.md --plots docs/bench
     python -m bench.bench_cost_curves --sizes 500,1000 --dim 64 --events 300 --grid-size 1000  # smoke
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import resource
 import sys
 import time
 from pathlib import Path
@@ -55,6 +57,11 @@ def events_for(
     return out
 
 
+def peak_rss() -> int:
+    """The process's peak resident memory so far, bytes (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 def rate(events: list[tuple[Recommendation, tuple[str, ...]]], cache: object, ks: tuple[int, ...]) -> float:
     start = time.perf_counter()
     for i in range(0, len(events), 256):
@@ -84,14 +91,16 @@ def main(argv: list[str] | None = None) -> str:
             n_trees=args.trees, model_id="bench", n_jobs=-1,
         )  # fmt: skip
         build_s = time.perf_counter() - t0
+        built_peak = peak_rss()
         events = events_for(names, counts, args.events)
         t0 = time.perf_counter()
         cache = neighbour_cache(built.table, max(DEFAULT_KS))
         setup_s = time.perf_counter() - t0
         cold = rate(events, cache, DEFAULT_KS)
         warm = rate(events, cache, DEFAULT_KS)
-        rows.append((n, build_s, setup_s, cold, warm))
-        print(f"{n}: build {build_s:.1f} s, cold {cold:,.0f}, warm {warm:,.0f} events/s", file=sys.stderr)
+        rows.append((n, build_s, setup_s, cold, warm, built_peak, peak_rss()))
+        print(f"{n}: build {build_s:.1f} s (peak RSS {built_peak / 1e9:.2f} GB), cold {cold:,.0f}, "
+              f"warm {warm:,.0f} events/s", file=sys.stderr, flush=True)  # fmt: skip
         if n == args.grid_size:
             for ks in GRIDS:
                 grid_cache = neighbour_cache(built.table, max(ks))
@@ -108,12 +117,14 @@ def main(argv: list[str] | None = None) -> str:
         f"before / after; {args.dim}-d clustered vectors, {args.trees} Annoy trees, depth {DEPTH}, "
         f"{args.events} events per pass, batches of 256, r grid {DEFAULT_RS}.",
         "",
-        "| hashtags | index build s | build s / n² (ns) | scorer set-up s | events/s cold | events/s warm |",
-        "|---:|---:|---:|---:|---:|---:|",
+        "| hashtags | index build s | build s / n² (ns) | scorer set-up s | events/s cold | events/s warm "
+        "| peak RSS after the build / the scoring, GB |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
     ]
     lines += [
-        f"| {n:,} | {b:.1f} | {b / n**2 * 1e9:.2f} | {s:.2f} | {c:,.0f} | {w:,.0f} |"
-        for n, b, s, c, w in rows
+        f"| {n:,} | {b:.1f} | {b / n**2 * 1e9:.2f} | {s:.2f} | {c:,.0f} | {w:,.0f} "
+        f"| {pb / 1e9:.2f} / {ps / 1e9:.2f} |"
+        for n, b, s, c, w, pb, ps in rows
     ]
     if grid_rates:
         lines += [
@@ -131,7 +142,7 @@ def main(argv: list[str] | None = None) -> str:
 
 
 def plot(
-    rows: list[tuple[int, float, float, float, float]], grid: list[tuple[int, float]], where: Path
+    rows: list[tuple[int, float, float, float, float, int, int]], grid: list[tuple[int, float]], where: Path
 ) -> None:
     import matplotlib
 

@@ -53,8 +53,16 @@ CSLS_K = 10
 #: Hashtags sampled per hashtag to estimate its similarity distribution (mutual proximity).
 MP_SAMPLE = 2048
 
-Candidates = Callable[[npt.NDArray[np.float32], int], tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]]
+Ids = npt.NDArray[np.signedinteger[Any]]
+"""Row ids of hashtags (-1: none): int32 below 2**31 rows (:func:`id_dtype`), else int64."""
+Candidates = Callable[[npt.NDArray[np.float32], int], tuple[Ids, npt.NDArray[np.float32]]]
 """``(unit vectors, c) -> (ids, cosines)``: each row's c nearest others, nearest first."""
+
+
+def id_dtype(n: int) -> type[np.int32] | type[np.int64]:
+    """The integer type of ids among ``n`` rows: int32 where it holds them (half the memory of
+    a candidate list: n x 400 ids are 1.6 GB at 1,000,000 hashtags instead of 3.2)."""
+    return np.int32 if n < 2**31 else np.int64
 
 
 def check_method(method: str) -> str:
@@ -74,7 +82,7 @@ def candidate_count(depth: int, method: str) -> int:
 
 def exact_candidates(
     unit: npt.NDArray[np.float32], c: int, *, block: int = 1024
-) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
+) -> tuple[Ids, npt.NDArray[np.float32]]:
     """Each row's ``c`` nearest other rows by cosine (exact; ties by index), in blocks.
 
     >>> ids, sims = exact_candidates(np.eye(3, dtype=np.float32) + 0.1, 2)
@@ -83,7 +91,7 @@ def exact_candidates(
     """
     n = unit.shape[0]
     c = max(min(c, n - 1), 0)
-    ids = np.zeros((n, c), dtype=np.int64)
+    ids = np.zeros((n, c), dtype=id_dtype(n))
     sims = np.zeros((n, c), dtype=np.float32)
     if c <= 0:
         return ids, sims
@@ -150,17 +158,16 @@ CLUSTERED_MAX_SHARE = 0.25
 
 @dataclass(frozen=True)
 class ClusteredSearch:
-    """Candidates from a clustered (inverted-file) search, and what it saw of exact.
+    """How a clustered (inverted-file) search found its candidates, and what it saw of exact.
 
-    ``ids``/``sims`` as :func:`exact_candidates` gives them, but each row only compared with
-    the members of the ``probes`` clusters nearest its own (more where those hold fewer than
-    ``c`` others); ``pairs`` the pairs compared.  ``sample`` rows had their cosines to every
-    row computed exactly (``sample_sims``) to choose ``probes`` so that they found at least
-    ``cover_target`` of their true ``cover`` nearest (``cover``: what they found).
+    Each of the ``n`` rows only compared with the members of the ``probes`` clusters nearest
+    its own (more where those hold fewer than ``c`` others); ``pairs`` the pairs compared.
+    ``sample`` rows had their cosines to every row computed exactly (``sample_sims``) to
+    choose ``probes`` so that they found at least ``cover_target`` of their true ``cover``
+    nearest (``cover``: what they found).
     """
 
-    ids: npt.NDArray[np.int64]
-    sims: npt.NDArray[np.float32]
+    n: int
     clusters: int
     probes: int
     pairs: int
@@ -169,7 +176,7 @@ class ClusteredSearch:
     sample_sims: npt.NDArray[np.float32]
 
     def report(self) -> dict[str, Any]:
-        n = len(self.ids)
+        n = self.n
         return {
             "kind": "clustered",
             "clusters": self.clusters,
@@ -226,9 +233,10 @@ def clustered_candidates(
     sample: int = RECALL_SAMPLE,
     cover_target: float = COVER_TARGET,
     max_share: float = CLUSTERED_MAX_SHARE,
-) -> ClusteredSearch | None:
+) -> tuple[Ids, npt.NDArray[np.float32], ClusteredSearch] | None:
     """Each row's ``c`` nearest others by cosine among the members of the clusters nearest
-    its own (an inverted-file search joined with itself), or None where that would compare
+    its own (an inverted-file search joined with itself) as ``(ids, cosines, how)``, each
+    as :func:`exact_candidates` gives them, or None where that would compare
     more than ``max_share`` of all pairs to find ``cover_target`` of the true ``cover``
     nearest on a sample of rows (a space without clusters: search exactly instead).
 
@@ -250,7 +258,14 @@ def clustered_candidates(
     sample_sims = space[rows] @ space.T
     sample_sims[np.arange(len(rows)), rows] = -np.inf
     cover = min(cover, n - 1)
-    truth = np.argpartition(-sample_sims, cover - 1, axis=1)[:, :cover]
+    # In blocks of sampled rows: a partition of all 300 at once makes a negated copy and an
+    # int64 index of 300 x n (3.6 GB at 1,000,000); each row's partition is its own.
+    truth = np.concatenate(
+        [
+            np.argpartition(-sample_sims[lo : lo + 16], cover - 1, axis=1)[:, :cover]
+            for lo in range(0, len(rows), 16)
+        ]
+    )
 
     centroids = spherical_kmeans(space, clusters, seed=seed, sample=min(n, 24 * clusters))
     label = nearest_centroid(space, centroids)
@@ -278,7 +293,7 @@ def clustered_candidates(
     if pairs > max_share * n * n:
         return None
 
-    ids = np.zeros((n, c), dtype=np.int64)
+    ids = np.zeros((n, c), dtype=id_dtype(n))
     sims = np.zeros((n, c), dtype=np.float32)
     for own, union in plans:
         for start in range(0, len(own), 1024):
@@ -287,7 +302,7 @@ def clustered_candidates(
             s[np.arange(len(block)), np.searchsorted(union, block)] = -np.inf
             ids[block], sims[block] = top_per_row(s, union, c)
     found = np.mean(probe_rank[label[rows][:, None], label[truth]] < probes)
-    return ClusteredSearch(ids, sims, clusters, probes, pairs, float(found), rows, sample_sims)
+    return ids, sims, ClusteredSearch(n, clusters, probes, pairs, float(found), rows, sample_sims)
 
 
 def sampled_recall(
@@ -302,11 +317,17 @@ def sampled_recall(
     per-hashtag statistics) puts in its first k."""
     rows = search.sample
     n, depth = ranked.ids.shape
-    every = np.broadcast_to(np.arange(n), (len(rows), n))
-    exact = scores(method, rows, every, search.sample_sims, ranked.stats)
-    exact[np.arange(len(rows)), rows] = -np.inf
     deepest = min(max(ks), n - 1, depth)
-    truth = best_first(exact, np.broadcast_to(name_rank, exact.shape), deepest)
+    # In blocks of sampled rows: the scores of all 300 against every row are 300 x n float64
+    # (2.4 GB at 1,000,000, several such temporaries at once); each row's ranking is its own.
+    truths = []
+    for lo in range(0, len(rows), 16):
+        part = rows[lo : lo + 16]
+        every = np.broadcast_to(np.arange(n), (len(part), n))
+        exact = scores(method, part, every, search.sample_sims[lo : lo + 16], ranked.stats)
+        exact[np.arange(len(part)), part] = -np.inf
+        truths.append(best_first(exact, np.broadcast_to(name_rank, exact.shape), deepest))
+    truth = np.concatenate(truths)
     got = ranked.ids[rows]
     out = {}
     for asked in ks:
@@ -328,10 +349,17 @@ def centred(unit: npt.NDArray[np.floating]) -> npt.NDArray[np.float32]:
     # In blocks of rows: the same values (each row's own arithmetic) without three whole-matrix
     # float64 temporaries (600 MB each at 100,000 x 768, ~4 s of a build in page faults).
     for start in range(0, matrix.shape[0], 4096):
-        shifted = matrix[start : start + 4096] - mean
-        norms = np.linalg.norm(shifted, axis=1, keepdims=True)
-        out[start : start + 4096] = np.divide(shifted, norms, out=np.zeros_like(shifted), where=norms > 0)
+        out[start : start + 4096], _ = centre_block(matrix[start : start + 4096] - mean)
     return out
+
+
+def centre_block(
+    shifted: npt.NDArray[np.float64],
+) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+    """Rows of unit vectors minus the mean (``shifted``) scaled to unit length again, and
+    the lengths they had (:func:`centred`, a block of rows at a time)."""
+    norms = np.linalg.norm(shifted, axis=1, keepdims=True)
+    return np.divide(shifted, norms, out=np.zeros_like(shifted), where=norms > 0), norms[:, 0]
 
 
 def _normal_cdf(z: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
@@ -346,10 +374,9 @@ def _normal_cdf(z: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
 
 @dataclass(frozen=True)
 class ReRanked:
-    """Per hashtag: neighbour ids (nearest first, -1 = none) and the score they were ranked by."""
+    """Per hashtag: neighbour ids (nearest first, -1 = none)."""
 
-    ids: npt.NDArray[np.int64]
-    scores: npt.NDArray[np.float64]
+    ids: Ids
     #: Per-hashtag statistics the method used (CSLS: ``csls_r``; MP: ``mp_mu``, ``mp_sigma``),
     #: so that a later, deeper query is ranked the same way (:func:`scores`).
     stats: dict[str, npt.NDArray[np.float32]]
@@ -377,7 +404,7 @@ def method_stats(
 def scores(
     method: str,
     rows: npt.NDArray[np.int64],
-    ids: npt.NDArray[np.int64],
+    ids: Ids,
     sims: npt.NDArray[np.float32],
     stats: dict[str, npt.NDArray[np.float32]],
 ) -> npt.NDArray[np.float64]:
@@ -397,35 +424,39 @@ def scores(
 def rerank(
     method: str,
     space: npt.NDArray[np.float32],
-    ids: npt.NDArray[np.int64],
+    ids: Ids,
     sims: npt.NDArray[np.float32],
     depth: int,
     name_rank: npt.NDArray[np.int64],
     *,
     seed: int = 0,
+    block: int = 4096,
 ) -> ReRanked:
     """Re-rank each row's cosine candidates (``ids``, ``sims``, computed in ``space``; -1 =
-    no candidate) by ``method`` and keep the best ``depth``; ties are broken by ``name_rank``."""
+    no candidate) by ``method`` and keep the best ``depth``; ties are broken by ``name_rank``.
+    In blocks of ``block`` rows: each row's ranking is its own, so the table is the same as in
+    one pass, without its n x candidates float64 scores (3.2 GB each at 1,000,000 x 400)."""
     check_method(method)
     n = space.shape[0]
     stats = method_stats(method, space, sims, seed=seed)
-    ranked = scores(method, np.arange(n, dtype=np.int64), ids, sims, stats)
-    ranked[ids < 0] = -np.inf
     keep = min(depth, ids.shape[1])
-    order = best_first(ranked, name_rank[ids], keep)
-    out_ids = np.take_along_axis(ids, order, 1)
-    out_scores = np.take_along_axis(ranked, order, 1)
-    out_sims = np.take_along_axis(sims, order, 1)
-    out_ids[~np.isfinite(out_scores)] = -1
-    if keep < depth:  # fewer hashtags than the depth: pad
-        out_ids = np.pad(out_ids, ((0, 0), (0, depth - keep)), constant_values=-1)
-        out_scores = np.pad(out_scores, ((0, 0), (0, depth - keep)), constant_values=-np.inf)
-        out_sims = np.pad(out_sims, ((0, 0), (0, depth - keep)), constant_values=-np.inf)
-    return ReRanked(out_ids, out_scores, stats, out_sims)
+    out_ids = np.full((n, depth), -1, dtype=ids.dtype)  # -1 and -inf pad lists shorter than depth
+    out_sims = np.full((n, depth), -np.inf, dtype=np.float32)
+    for start in range(0, n, block):
+        stop = min(start + block, n)
+        cand, cos = ids[start:stop], sims[start:stop]
+        ranked = scores(method, np.arange(start, stop, dtype=np.int64), cand, cos, stats)
+        ranked[cand < 0] = -np.inf
+        order = best_first(ranked, name_rank[cand], keep)
+        kept = np.take_along_axis(cand, order, 1)
+        kept[~np.isfinite(np.take_along_axis(ranked, order, 1))] = -1
+        out_ids[start:stop, :keep] = kept
+        out_sims[start:stop, :keep] = np.take_along_axis(cos, order, 1)
+    return ReRanked(out_ids, stats, out_sims)
 
 
 def best_first(
-    ranked: npt.NDArray[np.floating], ties: npt.NDArray[np.int64], keep: int
+    ranked: npt.NDArray[np.floating], ties: npt.NDArray[np.signedinteger[Any]], keep: int
 ) -> npt.NDArray[np.int64]:
     """Per row, the positions of the ``keep`` highest of ``ranked``, highest first, equal
     scores in ascending ``ties``: ``np.lexsort((ties, -ranked), axis=1)[:, :keep]``.
@@ -476,8 +507,7 @@ def exact_rerank(
     _, near_sims = exact_candidates(space, CSLS_K)
     stats = method_stats(method, space, near_sims, seed=seed)
     keep = min(depth, max(n - 1, 0))
-    out_ids = np.full((n, depth), -1, dtype=np.int64)
-    out_scores = np.full((n, depth), -np.inf)
+    out_ids = np.full((n, depth), -1, dtype=id_dtype(n))
     for start in range(0, n, block):
         rows = np.arange(start, min(start + block, n))
         ids = np.broadcast_to(np.arange(n), (len(rows), n))
@@ -489,8 +519,7 @@ def exact_rerank(
         part = np.take_along_axis(ranked, top, 1)
         order = np.lexsort((name_rank[top], -part), axis=1)
         out_ids[rows, :keep] = np.take_along_axis(top, order, 1)
-        out_scores[rows, :keep] = np.take_along_axis(part, order, 1)
-    return ReRanked(out_ids, out_scores, stats)
+    return ReRanked(out_ids, stats)
 
 
 def similarity_moments(

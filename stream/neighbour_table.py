@@ -10,6 +10,7 @@ exact re-ranking (:data:`RECALL_TARGET`), or from an exact blocked search.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
@@ -17,9 +18,10 @@ import numpy.typing as npt
 
 from stream.hubness import (
     Candidates,
+    Ids,
     ReRanked,
     candidate_count,
-    centred,
+    centre_block,
     check_method,
     clustered_candidates,
     exact_candidates,
@@ -32,11 +34,12 @@ from stream.thesaurus import (
     StoredThesaurus,
     ThesaurusFormatError,
     ThesaurusMetadata,
+    UnitRows,
     check_k,
     check_max_distance,
     content_version,
+    kept_unit_rows,
     name_ranks,
-    unit_rows,
     utc_now,
 )
 
@@ -57,11 +60,14 @@ def _rank_neighbours(
     if candidates == "clustered":
         found = clustered_candidates(space, want, cover=depth, seed=seed) if want else None
         if found is not None:
-            ranked = rerank(method, space, found.ids, found.sims, depth, name_rank, seed=seed)
-            recall = sampled_recall(method, ranked, found, name_rank, (10, depth))
+            ids, sims, clustered = found
+            del found  # the candidates (n x 400 ids and cosines) go once re-ranked
+            ranked = rerank(method, space, ids, sims, depth, name_rank, seed=seed)
+            del ids, sims
+            recall = sampled_recall(method, ranked, clustered, name_rank, (10, depth))
             bound = recall[10].mean() - 2.33 * recall[10].std() / np.sqrt(len(recall[10]))
             report = {
-                **found.report(),
+                **clustered.report(),
                 "recall_at_10": round(float(recall[10].mean()), 6),
                 f"recall_at_{depth}": round(float(recall[depth].mean()), 6),
                 "recall_at_10_lower_bound": round(float(bound), 6),
@@ -74,42 +80,88 @@ def _rank_neighbours(
         candidates = exact_candidates
     else:
         search = {"kind": "nearest" if candidates is exact_candidates else "candidates"}
-    empty = (np.zeros((n, 0), np.int64), np.zeros((n, 0), np.float32))
+    empty = (np.zeros((n, 0), np.int32), np.zeros((n, 0), np.float32))
     ids, sims = candidates(space, want) if want else empty
     return rerank(method, space, ids, sims, depth, name_rank, seed=seed), search
 
 
-def embedding_cosines(
-    unit: npt.NDArray[np.float64],
-    was_centred: bool,
-    ids: npt.NDArray[np.int64],
-    sims: npt.NDArray[np.float32],
-) -> npt.NDArray[np.float64]:
-    """The cosines of the unit rows ``unit[i]`` and ``unit[ids[i, j]]`` from their cosines
-    ``sims`` in the space they were ranked in: ``unit`` itself, or (``was_centred``) the
-    centred space of :func:`stream.hubness.centred`, where x = a_x x' + m with m the mean row,
-    so x.y = a_x a_y x'.y' + b_x + b_y + m.m with b_x = (x - m).m -- a few operations per
-    neighbour instead of gathering its 768 floats (19% of a 100,000 build).  Equal to the
-    direct dot products within float32 rounding (~1e-7).
+@dataclass(frozen=True)
+class Centring:
+    """How the centred space of :func:`stream.hubness.centred` maps back to the unit rows:
+    x = a_x x' + m with m the mean row, and b_x = (x - m).m -- what turns cosines in the
+    centred space into the embeddings' own (:func:`embedding_cosines`)."""
 
+    a: npt.NDArray[np.float64]
+    b: npt.NDArray[np.float64]
+    mm: float
+
+    @classmethod
+    def of(cls, unit: npt.NDArray[np.float64]) -> Centring:
+        """Of unit rows held whole (a build reads them in blocks: :func:`ranking_space`)."""
+        mean = unit.mean(axis=0)
+        shifted = unit - mean
+        return cls(np.linalg.norm(shifted, axis=1), shifted @ mean, float(mean @ mean))
+
+
+def embedding_cosines(
+    centring: Centring | None, rows: slice, ids: Ids, sims: npt.NDArray[np.float32]
+) -> npt.NDArray[np.float64]:
+    """The cosines of the unit rows ``unit[i]`` and ``unit[ids[i, j]]`` (i in ``rows``) from
+    their cosines ``sims`` in the space they were ranked in: ``unit`` itself (``centring``
+    None), or its centred space, where x.y = a_x a_y x'.y' + b_x + b_y + m.m (:class:`Centring`)
+    -- a few operations per neighbour instead of gathering its 768 floats (19% of a 100,000
+    build).  Equal to the direct dot products within float32 rounding (~1e-7).
+
+    >>> from stream.hubness import centred
     >>> unit = np.array([[1.0, 0.0], [0.6, 0.8], [0.0, 1.0]])
     >>> space = centred(unit)
     >>> ids = np.array([[1], [2], [1]])
     >>> sims = np.einsum("ij,ikj->ik", space, space[ids]).astype(np.float32)
-    >>> np.round(embedding_cosines(unit, True, ids, sims), 6).tolist()
+    >>> np.round(embedding_cosines(Centring.of(unit), slice(0, 3), ids, sims), 6).tolist()
     [[0.6], [0.8], [0.8]]
     """
-    if not was_centred:
+    if centring is None:
         return sims.astype(np.float64)
-    mean = unit.mean(axis=0)
-    shifted = unit - mean
-    a = np.linalg.norm(shifted, axis=1)
-    b = shifted @ mean
+    a, b = centring.a, centring.b
     safe = np.maximum(ids, 0)
     cosines: npt.NDArray[np.float64] = (
-        a[:, None] * a[safe] * sims.astype(np.float64) + b[:, None] + b[safe] + float(mean @ mean)
+        a[rows, None] * a[safe] * sims.astype(np.float64) + b[rows, None] + b[safe] + centring.mm
     )
     return cosines
+
+
+def ranking_space(rows: UnitRows, centre: bool) -> tuple[npt.NDArray[np.float32], Centring | None]:
+    """The space the hashtags are ranked in, float32: their unit rows, or (``centre``) the
+    unit rows centred (:func:`stream.hubness.centred`) with the :class:`Centring` back.
+    Read from ``rows`` in blocks: the same values to the bit as from the whole float64
+    matrix (numpy sums a column's rows in order, so the running sum over the blocks is the
+    whole matrix's), without that matrix (6.1 GB at 1,000,000 x 768).
+
+    >>> from stream.hubness import centred
+    >>> unit = np.array([[1.0, 0.0], [0.6, 0.8], [0.0, 1.0]])
+    >>> space, centring = ranking_space(kept_unit_rows(["a", "b", "c"], unit, None, 1), True)
+    >>> whole = Centring.of(unit)
+    >>> pairs = [(space, centred(unit)), (centring.a, whole.a), (centring.b, whole.b)]
+    >>> [bool(np.array_equal(x, y)) for x, y in pairs]
+    [True, True, True]
+    """
+    n, d = len(rows), rows.dimension
+    space = np.empty((n, d), dtype=np.float32)
+    if not centre:
+        for start, block in rows.blocks():
+            space[start : start + len(block)] = block
+        return space, None
+    total = np.zeros(d)
+    for _, block in rows.blocks():
+        total = np.add.reduce(np.concatenate([total[None], block]), axis=0)
+    mean = total / n
+    a, b = np.empty(n), np.empty(n)
+    for start, block in rows.blocks():
+        stop = start + len(block)
+        shifted = block - mean
+        space[start:stop], a[start:stop] = centre_block(shifted)
+        b[start:stop] = shifted @ mean
+    return space, Centring(a, b, float(mean @ mean))
 
 
 class NeighbourTable(StoredThesaurus):
@@ -247,16 +299,12 @@ def build_neighbour_table(
         raise ValueError(f"depth must be at least 1, got {depth}")
     max_distance = check_max_distance(max_distance)
     given = None if counts is None else [int(c) for c in np.asarray(counts).tolist()]
-    kept, unit = unit_rows(names, vectors, given, min_count)
+    rows = kept_unit_rows(names, vectors, given, min_count)
+    kept = rows.names
     row_of = {name: i for i, name in enumerate(names)}
     kept_counts = np.asarray([given[row_of[name]] if given else 1 for name in kept], dtype=np.int64)
+    del row_of
     n = len(kept)
-    space = centred(unit) if method.startswith("center") and n else unit.astype(np.float32)
-    name_rank = name_ranks(kept)
-    if on_space is not None:
-        on_space(space)
-    ranked, search = _rank_neighbours(method, space, depth, name_rank, candidates, seed)
-    neighbours, distances = _distances(unit, method, ranked, max_distance)
     params = {
         "metric": metric,
         "method": method,
@@ -266,12 +314,22 @@ def build_neighbour_table(
         "model_id": model_id,
         "seed": seed,
     }
+    version = version or content_version(kept, (block for _, block in rows.blocks()), params)
+    # The unit rows are read in blocks where they are needed; held whole (float64) only for
+    # the exact re-ranking's neighbour cosines (all pairs: small vocabularies).
+    space, centring = ranking_space(rows, method.startswith("center") and n > 0)
+    name_rank = name_ranks(kept)
+    if on_space is not None:
+        on_space(space)
+    ranked, search = _rank_neighbours(method, space, depth, name_rank, candidates, seed)
+    unit = rows.matrix() if ranked.sims is None else None
+    neighbours, distances = _distances(ranked, centring, unit, max_distance)
     metadata = ThesaurusMetadata(
         model_id=model_id,
-        dimension=int(unit.shape[1]),
+        dimension=rows.dimension,
         count=n,
         built_at=utc_now(),
-        version=version or content_version(kept, unit, params),
+        version=version,
         n_trees=n_trees,
         metric=metric,
         min_count=min_count,
@@ -281,34 +339,43 @@ def build_neighbour_table(
         hubness=hubness_report(kept, neighbours).to_dict(),
         search=search,
     )
-    return NeighbourTable(kept, neighbours.astype(np.int32), distances, kept_counts, metadata, ranked.stats)
+    return NeighbourTable(kept, neighbours, distances, kept_counts, metadata, ranked.stats)
 
 
 def _distances(
-    unit: npt.NDArray[np.float64], method: str, ranked: ReRanked, max_distance: float | None
-) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
+    ranked: ReRanked,
+    centring: Centring | None,
+    unit: npt.NDArray[np.float64] | None,
+    max_distance: float | None,
+    *,
+    block: int = 4096,
+) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.float32]]:
     """The ranked neighbours (-1: none) and their cosine distances in the embedding space
-    (not the space they were ranked in), each list cut at the first beyond ``max_distance``."""
-    n = len(unit)
-    neighbours = ranked.ids
-    valid = neighbours >= 0
-    if ranked.sims is not None:
-        cosines = embedding_cosines(unit, method.startswith("center"), ranked.ids, ranked.sims)
-    else:
-        # In blocks of rows: gathering every neighbour's vector at once is n x depth x d floats
-        # (43 GB at 100,000 x 70 x 768). Small blocks (64 rows: ~20 MB of gathered rows at depth
-        # 100 x 768) stay in cache; 1,024-row blocks (300 MB) took 2-3x longer, 43 s of a 230-s
-        # build at 100,000 (BENCHMARKS.md, issue 27 §5). Each cosine is the same dot product
-        # whatever the block, so the values are the same to the bit.
-        cosines = np.empty(neighbours.shape, dtype=np.float64)
-        for start in range(0, n, 64):
-            rows = slice(start, start + 64)
-            gathered = unit[np.where(valid[rows], neighbours[rows], 0)]
-            cosines[rows] = np.einsum("ij,ikj->ik", unit[rows], gathered)
-    distances = np.where(valid, np.clip(1.0 - cosines, 0.0, 2.0), np.inf).astype(np.float32)
-    if max_distance is not None:
-        # Cut each list at the first neighbour beyond the limit (ranks stay contiguous).
-        beyond = np.cumsum(distances > max_distance, axis=1) > 0
-        neighbours = np.where(beyond, -1, neighbours)
-        distances = np.where(beyond, np.inf, distances)
+    (not the space they were ranked in), each list cut at the first beyond ``max_distance``:
+    from the neighbours' cosines in the ranking space (:func:`embedding_cosines`), or where
+    the re-ranking has none (the exact one) as dot products of the ``unit`` rows.  In blocks
+    of rows: each row's arithmetic is its own, without n x depth float64 temporaries."""
+    n, depth = ranked.ids.shape
+    neighbours = np.empty((n, depth), dtype=np.int32)
+    distances = np.empty((n, depth), dtype=np.float32)
+    # Gathering neighbours' vectors: small blocks (64 rows: ~20 MB of gathered rows at depth 100
+    # x 768) stay in cache; 1,024-row blocks (300 MB) took 2-3x longer, 43 s of a 230-s build at
+    # 100,000 (BENCHMARKS.md, issue 27 §5). Each cosine is the same dot product whatever the block.
+    step = block if ranked.sims is not None else 64
+    for start in range(0, n, step):
+        rows = slice(start, start + step)
+        ids = ranked.ids[rows]
+        valid = ids >= 0
+        if ranked.sims is not None:
+            cosines = embedding_cosines(centring, rows, ids, ranked.sims[rows])
+        else:
+            assert unit is not None
+            cosines = np.einsum("ij,ikj->ik", unit[rows], unit[np.where(valid, ids, 0)])
+        near = np.where(valid, np.clip(1.0 - cosines, 0.0, 2.0), np.inf).astype(np.float32)
+        if max_distance is not None:
+            # Cut each list at the first neighbour beyond the limit (ranks stay contiguous).
+            beyond = np.cumsum(near > max_distance, axis=1) > 0
+            ids = np.where(beyond, -1, ids)
+            near = np.where(beyond, np.inf, near)
+        neighbours[rows], distances[rows] = ids, near
     return neighbours, distances

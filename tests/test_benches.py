@@ -79,3 +79,12 @@ def test_profile_score_step_runs_on_a_tiny_workload(tmp_path: Path, redis_url: s
     text = run_bench("profile_score_step", *workload, out=tmp_path / "step.md")
     assert "| dedup claims in Redis (redis-py pipeline + Lua) |" in text
     assert "nan" not in text.lower()  # every part found in the profile under its own file
+
+
+@pytest.mark.slow
+def test_bench_build_memory_compares_two_trees(tmp_path: Path) -> None:
+    # The repository against itself as the baseline: the same table, shown identical.
+    workload = ["--sizes", "400", "--dim", "16", "--trees", "2", "--rounds", "1", "--queries", "20"]
+    text = run_bench("bench_build_memory", *workload, "--baseline", str(REPO), out=tmp_path / "memory.md")
+    assert "| 400 | this |" in text and "| 400 | baseline |" in text and "tables identical" in text
+    assert "| 400 | this: recall@10 / @100 on 20 random hashtags" in text

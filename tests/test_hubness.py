@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -11,9 +12,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import stream.neighbour_table as thesaurus_module
+import workers.adapters.annoy_thesaurus as annoy_module
 from stream.hubness import METHODS, best_first, centred, exact_candidates, hubness_report, k_occurrence
-from stream.neighbour_table import NeighbourTable, build_neighbour_table, embedding_cosines
-from stream.thesaurus import ExactThesaurus
+from stream.neighbour_table import (
+    Centring,
+    NeighbourTable,
+    build_neighbour_table,
+    embedding_cosines,
+    ranking_space,
+)
+from stream.thesaurus import ExactThesaurus, kept_unit_rows, unit_rows
 from workers.adapters.annoy_thesaurus import AnnoyThesaurus
 from workers.adapters.store import ThesaurusStore, load_thesaurus
 from workers.adapters.thesaurus_files import INDEX_FILE, TABLE_FILE, ThesaurusCorruptError
@@ -217,7 +225,56 @@ def test_embedding_cosines_from_the_ranking_space(was_centred: bool) -> None:
     ids = rng.integers(0, 50, size=(50, 6))
     sims = np.einsum("ij,ikj->ik", space, space[ids]).astype(np.float32)
     direct = np.einsum("ij,ikj->ik", unit, unit[ids])
-    assert np.allclose(embedding_cosines(unit, was_centred, ids, sims), direct, atol=1e-6)
+    centring = Centring.of(unit) if was_centred else None
+    assert np.allclose(embedding_cosines(centring, slice(0, 50), ids, sims), direct, atol=1e-6)
+
+
+@pytest.mark.parametrize("method", ["center+csls", "csls"])
+def test_the_space_read_in_blocks_is_the_whole_matrix_s_to_the_bit(method: str) -> None:
+    """A build reads the unit rows in blocks of 4,096 (no float64 copy of the whole matrix):
+    over several blocks, float32 vectors and a min_count that drops some, the ranking space
+    and the centring terms are those of the whole float64 matrix, bit for bit."""
+    rng = np.random.default_rng(5)
+    vectors = (rng.normal(size=(10_000, 24)) + 0.7).astype(np.float32)
+    names = [f"h{i}" for i in range(10_000)]
+    counts = rng.integers(1, 5, size=10_000).tolist()
+    unit = vectors.astype(np.float64)[np.array(counts) >= 2]
+    unit /= np.linalg.norm(unit, axis=1)[:, None]  # the whole matrix at once
+    assert np.array_equal(unit_rows(names, vectors, counts, 2)[1], unit)
+    space, centring = ranking_space(kept_unit_rows(names, vectors, counts, 2), method.startswith("center"))
+    if centring is None:
+        assert np.array_equal(space, unit.astype(np.float32))
+    else:
+        whole = Centring.of(unit)
+        assert np.array_equal(space, centred(unit))
+        assert np.array_equal(centring.a, whole.a) and np.array_equal(centring.b, whole.b)
+        assert centring.mm == whole.mm
+
+
+def test_a_large_annoy_index_is_built_after_the_table_and_is_the_same(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Above ANNOY_BESIDE_MAX_BYTES the Annoy index is built once the table is done (beside the
+    search its memory would add to the search's peak): in this thread, not the pool's, with the
+    same table and the same index (one build thread, one seed) as beside."""
+    names, vectors, counts = hub_space(300)
+    threads: list[str] = []
+    build_index = annoy_module._annoy_index
+
+    def recorded(*args: object) -> object:
+        threads.append(threading.current_thread().name)
+        return build_index(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(annoy_module, "_annoy_index", recorded)
+    beside = AnnoyThesaurus.build(names, vectors, counts=counts, depth=10, n_trees=10)
+    monkeypatch.setattr(annoy_module, "ANNOY_BESIDE_MAX_BYTES", 0)
+    after = AnnoyThesaurus.build(names, vectors, counts=counts, depth=10, n_trees=10)
+    assert threads[0].startswith("annoy-build") and threads[1] == threading.main_thread().name
+    assert np.array_equal(beside.table.neighbour_ids, after.table.neighbour_ids)
+    assert np.array_equal(beside.table.distances, after.table.distances)
+    assert np.array_equal(beside.vectors(), after.vectors())
+    for h in names[:30]:  # deeper than the table: Annoy's answers
+        assert after.neighbours_with_distances(h, 40) == beside.neighbours_with_distances(h, 40)
 
 
 def test_the_directory_round_trips_the_table_and_answers_deeper_queries(tmp_path: Path) -> None:

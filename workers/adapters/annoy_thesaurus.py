@@ -61,6 +61,12 @@ DEFAULT_DEPTH = 100
 #: (:func:`stream.hubness.exact_candidates`) where the clusters do not reach the recall.
 EXACT_CANDIDATES_UP_TO = 20_000
 
+#: The Annoy index is built in a thread while the table is searched when it takes at most this
+#: many bytes (its items' vectors, 4 (d + 3) bytes each: 309 MB at 100,000 x 768), after the
+#: table otherwise: beside the search, Annoy's ~3.7 KB per hashtag at 768-d (3.7 GB at
+#: 1,000,000) would add to the search's peak of memory (BENCHMARKS.md, issue 27 §5).
+ANNOY_BESIDE_MAX_BYTES = 512 * 2**20
+
 #: Default ``search_k`` is this many times Annoy's own default (``n_trees * n``).
 #: On the clustered 10,000-vector test set (64-d, 50 trees) Annoy's default gave
 #: recall@10 0.71; 10x (search_k 5,500 for k = 10) gives 0.987 at well under a
@@ -188,14 +194,19 @@ class AnnoyThesaurus(BaseThesaurus):
         if candidates == "auto":
             candidates = "exact" if len(names) <= EXACT_CANDIDATES_UP_TO else "clustered"
         # The index answers queries deeper than the table, in the space the table ranks in.
-        # It is built in a thread while the table is searched: Annoy's trees (~18 s of CPU at
-        # 100,000 x 768, 50 trees) release the GIL, and much of the table's search is one
-        # core's numpy work, so on 2 cores the two overlap.
+        # A small one is built in a thread while the table is searched: Annoy's trees (~18 s
+        # of CPU at 100,000 x 768, 50 trees) release the GIL, and much of the table's search is
+        # one core's numpy work, so on 2 cores the two overlap. A large one is built after
+        # the table, once the search's candidates are freed (ANNOY_BESIDE_MAX_BYTES).
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="annoy-build") as pool:
             building: list[Future[AnnoyIndex]] = []
+            later: list[npt.NDArray[np.float32]] = []
 
             def index_space(space: npt.NDArray[np.float32]) -> None:
-                building.append(pool.submit(_annoy_index, space, n_trees, seed, n_jobs))
+                if 4 * space.shape[0] * (space.shape[1] + 3) <= ANNOY_BESIDE_MAX_BYTES:
+                    building.append(pool.submit(_annoy_index, space, n_trees, seed, n_jobs))
+                else:
+                    later.append(space)
 
             table = build_neighbour_table(
                 names,
@@ -213,7 +224,7 @@ class AnnoyThesaurus(BaseThesaurus):
                 seed=seed,
                 on_space=index_space,
             )
-            index = building[0].result()
+            index = building[0].result() if building else _annoy_index(later.pop(), n_trees, seed, n_jobs)
         return cls(table, index, search_k=search_k)
 
     @classmethod
@@ -484,8 +495,11 @@ def _annoy_index(space: npt.NDArray[np.float32], n_trees: int, seed: int, n_jobs
     """An angular Annoy index of the rows of ``space``, item i = row i."""
     index = AnnoyIndex(space.shape[1], AnnoyThesaurus.METRIC)
     index.set_seed(seed)
-    for i, row in enumerate(space):
-        index.add_item(i, row.tolist())
+    for i in range(len(space)):
+        index.add_item(i, space[i].tolist())
+    # Annoy holds its own copy now: where this was the last reference (the index built after
+    # the table), the space is freed before the trees are.
+    del space
     index.build(n_trees, n_jobs=n_jobs)
     return index
 
