@@ -381,7 +381,7 @@ class ReRanked:
     #: so that a later, deeper query is ranked the same way (:func:`scores`).
     stats: dict[str, npt.NDArray[np.float32]]
     #: The neighbours' cosines in the space they were ranked in, where the re-ranking had them
-    #: (:func:`rerank`; ``None`` from :func:`exact_rerank`).
+    #: (:func:`rerank` of given candidates; ``None`` from the exact one).
     sims: npt.NDArray[np.float32] | None = None
 
 
@@ -424,35 +424,49 @@ def scores(
 def rerank(
     method: str,
     space: npt.NDArray[np.float32],
-    ids: Ids,
-    sims: npt.NDArray[np.float32],
     depth: int,
     name_rank: npt.NDArray[np.int64],
+    candidates: tuple[Ids, npt.NDArray[np.float32]] | None = None,
     *,
     seed: int = 0,
-    block: int = 4096,
+    block: int | None = None,
 ) -> ReRanked:
-    """Re-rank each row's cosine candidates (``ids``, ``sims``, computed in ``space``; -1 =
-    no candidate) by ``method`` and keep the best ``depth``; ties are broken by ``name_rank``.
-    In blocks of ``block`` rows: each row's ranking is its own, so the table is the same as in
-    one pass, without its n x candidates float64 scores (3.2 GB each at 1,000,000 x 400)."""
+    """Re-rank each row's cosine ``candidates`` (ids and their cosines, computed in ``space``;
+    -1 = no candidate) by ``method`` and keep the best ``depth``; ties are broken by
+    ``name_rank``.  Without candidates every other hashtag is one: exact, O(n^2 d) like an
+    exact cosine search, and the result keeps no cosines (``sims`` None).
+
+    In blocks of ``block`` rows (4,096 of given candidates, 512 of all n): each row's ranking
+    is its own, so the table is the same as in one pass, without its n x candidates float64
+    scores (3.2 GB each at 1,000,000 x 400).
+    """
     check_method(method)
     n = space.shape[0]
-    stats = method_stats(method, space, sims, seed=seed)
-    keep = min(depth, ids.shape[1])
-    out_ids = np.full((n, depth), -1, dtype=ids.dtype)  # -1 and -inf pad lists shorter than depth
+    if candidates is None:
+        stats = method_stats(method, space, exact_candidates(space, CSLS_K)[1], seed=seed)
+        keep, rows_per_block, dtype = min(depth, max(n - 1, 0)), block or 512, np.dtype(id_dtype(n))
+    else:
+        stats = method_stats(method, space, candidates[1], seed=seed)
+        keep, rows_per_block, dtype = min(depth, candidates[0].shape[1]), block or 4096, candidates[0].dtype
+    out_ids = np.full((n, depth), -1, dtype=dtype)  # -1 and -inf pad lists shorter than depth
     out_sims = np.full((n, depth), -np.inf, dtype=np.float32)
-    for start in range(0, n, block):
-        stop = min(start + block, n)
-        cand, cos = ids[start:stop], sims[start:stop]
-        ranked = scores(method, np.arange(start, stop, dtype=np.int64), cand, cos, stats)
+    for start in range(0, n, rows_per_block):
+        rows = np.arange(start, min(start + rows_per_block, n), dtype=np.int64)
+        if candidates is None:
+            cand: Ids = np.broadcast_to(np.arange(n, dtype=dtype), (len(rows), n))
+            cos = space[rows] @ space.T
+        else:
+            cand, cos = candidates[0][rows[0] : rows[-1] + 1], candidates[1][rows[0] : rows[-1] + 1]
+        ranked = scores(method, rows, cand, cos, stats)
         ranked[cand < 0] = -np.inf
+        if candidates is None:
+            ranked[np.arange(len(rows)), rows] = -np.inf  # a hashtag is not its own neighbour
         order = best_first(ranked, name_rank[cand], keep)
         kept = np.take_along_axis(cand, order, 1)
         kept[~np.isfinite(np.take_along_axis(ranked, order, 1))] = -1
-        out_ids[start:stop, :keep] = kept
-        out_sims[start:stop, :keep] = np.take_along_axis(cos, order, 1)
-    return ReRanked(out_ids, stats, out_sims)
+        out_ids[rows[0] : rows[-1] + 1, :keep] = kept
+        out_sims[rows[0] : rows[-1] + 1, :keep] = np.take_along_axis(cos, order, 1)
+    return ReRanked(out_ids, stats, None if candidates is None else out_sims)
 
 
 def best_first(
@@ -489,37 +503,6 @@ def best_first(
     if len(redo):
         out[redo] = np.lexsort((ties[redo], -ranked[redo]), axis=1)[:, :keep]
     return out
-
-
-def exact_rerank(
-    method: str,
-    space: npt.NDArray[np.float32],
-    depth: int,
-    name_rank: npt.NDArray[np.int64],
-    *,
-    seed: int = 0,
-    block: int = 512,
-) -> ReRanked:
-    """:func:`rerank` with every other hashtag as a candidate (no candidate cut-off): exact,
-    in blocks of rows, O(n^2 d) like an exact cosine search."""
-    check_method(method)
-    n = space.shape[0]
-    _, near_sims = exact_candidates(space, CSLS_K)
-    stats = method_stats(method, space, near_sims, seed=seed)
-    keep = min(depth, max(n - 1, 0))
-    out_ids = np.full((n, depth), -1, dtype=id_dtype(n))
-    for start in range(0, n, block):
-        rows = np.arange(start, min(start + block, n))
-        ids = np.broadcast_to(np.arange(n), (len(rows), n))
-        ranked = scores(method, rows, ids, space[rows] @ space.T, stats)
-        ranked[np.arange(len(rows)), rows] = -np.inf
-        if keep == 0:
-            continue
-        top = np.argpartition(-ranked, keep - 1, axis=1)[:, :keep]
-        part = np.take_along_axis(ranked, top, 1)
-        order = np.lexsort((name_rank[top], -part), axis=1)
-        out_ids[rows, :keep] = np.take_along_axis(top, order, 1)
-    return ReRanked(out_ids, stats)
 
 
 def similarity_moments(

@@ -25,7 +25,6 @@ from stream.hubness import (
     check_method,
     clustered_candidates,
     exact_candidates,
-    exact_rerank,
     hubness_report,
     rerank,
     sampled_recall,
@@ -55,14 +54,14 @@ def _rank_neighbours(
     """The re-ranked table and how its candidates were found (``build_neighbour_table``)."""
     n = space.shape[0]
     if candidates is None:
-        return exact_rerank(method, space, depth, name_rank, seed=seed), {"kind": "exact"}
+        return rerank(method, space, depth, name_rank, seed=seed), {"kind": "exact"}
     want = min(candidate_count(depth, method), max(n - 1, 0))
     if candidates == "clustered":
         found = clustered_candidates(space, want, cover=depth, seed=seed) if want else None
         if found is not None:
             ids, sims, clustered = found
             del found  # the candidates (n x 400 ids and cosines) go once re-ranked
-            ranked = rerank(method, space, ids, sims, depth, name_rank, seed=seed)
+            ranked = rerank(method, space, depth, name_rank, (ids, sims), seed=seed)
             del ids, sims
             recall = sampled_recall(method, ranked, clustered, name_rank, (10, depth))
             bound = recall[10].mean() - 2.33 * recall[10].std() / np.sqrt(len(recall[10]))
@@ -82,7 +81,7 @@ def _rank_neighbours(
         search = {"kind": "nearest" if candidates is exact_candidates else "candidates"}
     empty = (np.zeros((n, 0), np.int32), np.zeros((n, 0), np.float32))
     ids, sims = candidates(space, want) if want else empty
-    return rerank(method, space, ids, sims, depth, name_rank, seed=seed), search
+    return rerank(method, space, depth, name_rank, (ids, sims), seed=seed), search
 
 
 @dataclass(frozen=True)

@@ -357,17 +357,6 @@ def name_ranks(names: Sequence[str]) -> npt.NDArray[np.int64]:
     return rank
 
 
-def unit_rows(
-    names: Sequence[str],
-    vectors: npt.ArrayLike,
-    counts: Sequence[int] | None,
-    min_count: int,
-) -> tuple[list[str], npt.NDArray[np.float64]]:
-    """Validate the inputs, drop hashtags below ``min_count``, scale vectors to unit length."""
-    rows = kept_unit_rows(names, vectors, counts, min_count)
-    return rows.names, rows.matrix()
-
-
 def content_version(
     names: Sequence[str],
     unit: npt.NDArray[np.float64] | Iterable[npt.NDArray[np.float64]],
@@ -430,7 +419,8 @@ class ExactThesaurus(StoredThesaurus):
         """The exact twin of :meth:`AnnoyThesaurus.build`, called the same way (the Annoy
         index's and the re-ranking's parameters aside)."""
         max_distance = check_max_distance(max_distance)
-        kept, unit = unit_rows(names, vectors, counts, min_count)
+        rows = kept_unit_rows(names, vectors, counts, min_count)
+        kept, unit = rows.names, rows.matrix()
         if version is None:
             params = {
                 "metric": cls.METRIC,

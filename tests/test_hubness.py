@@ -21,7 +21,7 @@ from stream.neighbour_table import (
     embedding_cosines,
     ranking_space,
 )
-from stream.thesaurus import ExactThesaurus, kept_unit_rows, unit_rows
+from stream.thesaurus import ExactThesaurus, kept_unit_rows
 from workers.adapters.annoy_thesaurus import AnnoyThesaurus
 from workers.adapters.store import ThesaurusStore, load_thesaurus
 from workers.adapters.thesaurus_files import INDEX_FILE, TABLE_FILE, ThesaurusCorruptError
@@ -240,8 +240,9 @@ def test_the_space_read_in_blocks_is_the_whole_matrix_s_to_the_bit(method: str) 
     counts = rng.integers(1, 5, size=10_000).tolist()
     unit = vectors.astype(np.float64)[np.array(counts) >= 2]
     unit /= np.linalg.norm(unit, axis=1)[:, None]  # the whole matrix at once
-    assert np.array_equal(unit_rows(names, vectors, counts, 2)[1], unit)
-    space, centring = ranking_space(kept_unit_rows(names, vectors, counts, 2), method.startswith("center"))
+    rows = kept_unit_rows(names, vectors, counts, 2)
+    assert np.array_equal(rows.matrix(), unit)
+    space, centring = ranking_space(rows, method.startswith("center"))
     if centring is None:
         assert np.array_equal(space, unit.astype(np.float32))
     else:
