@@ -89,7 +89,7 @@ def fail_stop(reason: str, exit: Exit = os._exit) -> NoReturn:
     exit(FAIL_STOP_EXIT)
 
 
-def stop_now(role: str, why: str = "while Redis is unavailable", exit: Exit = os._exit) -> NoReturn:
+def stop_now(role: str, why: str, exit: Exit = os._exit) -> NoReturn:
     """Shutting down while a batch is not settled: leave without acknowledging it (it is
     redelivered after the restart) and without waiting for it to finish."""
     log.warning("%s: stopping %s; the batch in progress will be redelivered", role, why)
@@ -324,7 +324,7 @@ class Runtime:
     def fail_stop(self, reason: str) -> NoReturn:
         fail_stop(reason, self.exit)
 
-    def stop_now(self, role: str, why: str = "while Redis is unavailable") -> NoReturn:
+    def stop_now(self, role: str, why: str) -> NoReturn:
         stop_now(role, why, self.exit)
 
     async def run(self, role: str, fn: Callable[..., T], *args: Any) -> T:
@@ -336,8 +336,8 @@ class Runtime:
         the process here (nothing acknowledged); any other error is the caller's."""
         try:
             return await self.run(role, fn, *args)
-        except Stopping:
-            self.stop_now(role)
+        except Stopping as exc:  # its text says whether Redis was away or only the stop came
+            self.stop_now(role, f"mid-batch ({exc})")
         except FailStop as exc:
             self.fail_stop(f"{role}: {exc}")
 
