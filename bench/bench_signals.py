@@ -95,9 +95,11 @@ def main() -> None:
 
     t = np.arange(0.0, 30 * 86400.0, 60.0)  # an event a minute for 30 days
     n = len(t)
-    series = bt.Series(t, rng.random(n), 0.2 * rng.random(n), rng.random(n), np.full(n, 10.0), np.zeros(n))
-    rules = bt.Rules(15.0, 3600.0, tuple(86400.0 * d for d in range(1, 8)), 0.2, 1800.0, 50, 0.5, 4.6, 0.0,
-                     3600.0, 0.2, 0.05, 3600.0, 3600.0, 86400.0, 0.2, 0.1, 1800.0)  # fmt: skip
+    series = bt.Series(
+        t, rng.random(n), 0.2 * rng.random(n), rng.random(n), np.full(n, 10.0), np.zeros(n), rng.random(n)
+    )
+    rules = bt.Rules(15.0, 3600.0, tuple(86400.0 * d for d in range(1, 8)), 0.2, 1800.0, 50, 0.5, 4.6,
+                     900.0, 0.0, 3600.0, 0.2, 0.05, 3600.0, 3600.0, 86400.0, 0.2, 0.1, 1800.0)  # fmt: skip
     at = np.arange(t[0], t[-1], rules.step)
     rule_s = time_it(lambda: bt.signals(series, at, rules))
 

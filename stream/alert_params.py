@@ -60,21 +60,24 @@ class Params:
     # among k >= 5 (deploy/README.md, "Which k the alerts watch").
     alert_k: int = 10
     alert_r: str = "10"
-    # Quality drop (#REval): a sequential test on the chance-corrected sums over
+    # Quality drop (#REval): a sequential test on the sums of #REval's precision form over
     # `quality_window` (stream.backtest.skill_loss) -- did the recommender lose
-    # `skill_loss_fraction` of its baseline skill above chance (the kappa of the same window
-    # at each of `baseline_offsets` ago: daily seasonality)? Its log-likelihood ratio against
-    # "kept its baseline skill" above log(1 / `false_alarm_probability`) (Wald's bound: a
-    # recommender at its baseline gets there with at most that probability), for `quality_for`.
+    # `skill_loss_fraction` of its baseline (the mean and variance of the same window at each
+    # of `baseline_offsets` ago: daily seasonality)? Its log-likelihood ratio against "kept its
+    # baseline" above log(1 / `false_alarm_probability`) (Wald's bound: a recommender at its
+    # baseline gets there with at most that probability), for `skill_loss_for`: the test
+    # already asks for significance over the window, so it holds half as long as the
+    # fixed-fraction rule below (docs/backtest.md: every hold adds its length to the delay).
     quality_window: str = "1h"
     baseline_offsets: tuple[str, ...] = ("1d", "2d", "3d", "4d", "5d", "6d", "7d")
     skill_loss_fraction: float = 0.5
     false_alarm_probability: float = 0.01
-    quality_for: str = "30m"
-    # The fixed-fraction drop of a mean below its baseline that a monitor without the chance
-    # correction would alert on: no deployed alert uses it; `reval backtest` compares the
-    # #REval alert with it on the exact hit ratio (its `exact_drop`).
+    skill_loss_for: str = "15m"
+    # The fixed-fraction drop of a mean below its baseline that a monitor without synonyms
+    # would alert on, for `quality_for`: no deployed alert uses it; `reval backtest` compares
+    # the #REval alert with it on the exact hit ratio (its `exact_drop`).
     quality_drop_fraction: float = 0.2
+    quality_for: str = "30m"
     # Ignore a recommender with fewer scored events than this in `quality_window`.
     min_events: int = 50
     # At chance: the chance-corrected #REval (0 = a popularity-weighted random recommender)
@@ -171,6 +174,7 @@ TEST = replace(
     quality_window="10s",
     baseline_offsets=("30s", "40s", "50s"),
     quality_for="3s",
+    skill_loss_for="3s",
     chance_for="3s",
     min_events=20,
     gap_for="5s",

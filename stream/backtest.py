@@ -63,7 +63,7 @@ Bools = npt.NDArray[np.bool_]
 #: Alert signals, each one rule of deploy/prometheus (``exact_drop`` is a fixed-fraction drop
 #: rule on the exact hit ratio: what a monitor without synonyms would alert on).
 SIGNALS = {
-    "reval_drop": "RevalRecommenderQualityDrop (sequential test of the chance-corrected #REval sums)",
+    "reval_drop": "RevalRecommenderQualityDrop (sequential test of #REval's precision form)",
     "corrected_at_chance": "RevalRecommenderAtChance (chance-corrected #REval)",
     "exact_drop": "the exact hit ratio over the quality window falls a fixed fraction below its baseline",
     "semantic_gap": "RevalSemanticGapWidening (exact falls, #REval holds)",
@@ -85,9 +85,10 @@ class Rules:
     quality_for: float
     min_events: int
     #: The #REval alert's sequential test (:func:`skill_loss`): the share of the baseline's
-    #: skill above chance whose loss it tests for, and its bound log(1 / alpha).
+    #: precision form whose loss it tests for, its bound log(1 / alpha) and its hold time.
     skill_loss_fraction: float
     skill_loss_bound: float
+    skill_loss_for: float
     chance_margin: float
     chance_for: float
     gap_exact_drop_fraction: float
@@ -104,7 +105,9 @@ class Rules:
 class Series:
     """Per-event scores of one run in event-time order (NaN: unscorable).  ``reval`` is
     #REval at the alert (k, r), ``exact`` the exact hit ratio at r; ``recommended`` and
-    ``unknown`` count each event's recommended hashtags and those the thesaurus lacks."""
+    ``unknown`` count each event's recommended hashtags and those the thesaurus lacks;
+    ``precision`` is #REval's precision form at the alert (k, r)
+    (:func:`stream.metrics.reval_precision_by_k`: what the #REval alert tests)."""
 
     t: Floats
     reval: Floats
@@ -112,6 +115,7 @@ class Series:
     exact: Floats
     recommended: Floats
     unknown: Floats
+    precision: Floats
 
 
 def _window_sums(t: Floats, values: Floats, at: Floats, window: float) -> tuple[Floats, Floats]:
@@ -165,49 +169,51 @@ def _offset_sums(t: Floats, values: Floats, at: Floats, window: float, offsets: 
 
 def skill_loss(
     t: Floats,
-    observed: Floats,
-    expected: Floats,
+    values: Floats,
     at: Floats,
     window: float,
     offsets: Sequence[float],
     shift: float,
 ) -> Floats:
     """The log-likelihood ratio, over the window ``(at - window, at]``, that the recommender
-    lost ``shift`` of its skill above chance rather than kept its baseline skill.
+    lost ``shift`` of its baseline precision form of #REval rather than kept it.
 
-    Skill is the chance-corrected score, the kappa of the sums (:mod:`stream.chance`): over
-    the window, excess D = sum(observed - expected), room R = sum(1 - expected), n events.
-    The baseline kappa0 is that of the same window at each offset (ratio of the mean sums).
-    Per event, the observed value has mean e + kappa r (r = 1 - e) and, at most, the variance
-    v of a 0/1 outcome with the window's mean.  Testing kappa0 against kappa1 = kappa0 - delta
-    (delta = ``shift`` * kappa0) with these Gaussian terms and a common r gives the
-    log-likelihood ratio  ``delta R / (n v) * ((kappa0 - delta / 2) R - D)``: the CUSUM
-    (Page) increment summed over the window.  An alarm at ``log(1 / alpha)`` is one a
-    recommender at its baseline reaches with probability at most alpha (Wald's bound).
+    ``values`` is #REval's precision form per event (:func:`stream.metrics.reval_precision_by_k`:
+    the share of the recommended hashtags with a ground truth among their k synonyms).  It,
+    not #REval itself, is what the test reads: #REval counts each ground truth once, so a list
+    with several hashtags near one truth loses nothing until the last of them is replaced,
+    while the precision form loses a share per hashtag replaced by an unrelated one and keeps
+    it when a hashtag is replaced by its synonym (a drift that keeps meaning).
+
+    Over the window: sum P and n events.  The baseline, from the same window at each offset
+    (the mean sums): mean m0 = P0 / n0 and variance v0 = Q0 / n0 - m0^2 (Q: the sum of the
+    squares; a share's variance is far below the m (1 - m) of a 0/1 outcome).  Testing m0
+    against m1 = m0 - delta (delta = ``shift`` * m0) with Gaussian terms of variance v0 gives
+    the log-likelihood ratio ``delta / v0 * ((m0 - delta / 2) n - P)``: the CUSUM (Page)
+    increment summed over the window.  An alarm at ``log(1 / alpha)`` is one a recommender at
+    its baseline reaches with probability at most alpha (Wald's bound).
 
     NaN where there is nothing to test: no events in the window, no baseline, or a baseline
-    without skill above chance (kappa0 <= 0: the at-chance alert speaks for it).
+    of 0 (nothing to lose).
 
-    >>> t = np.arange(400.0); e = np.full(400, 0.2)
-    >>> o = np.where(t < 200, (t % 2 == 0) * 1.0, (t % 10 == 0) * 1.0)  # kappa 0.375, then -0.125
-    >>> llr = skill_loss(t, o, e, np.array([199.0, 399.0]), 100.0, (200.0,), 0.5)
-    >>> [round(float(x), 2) for x in llr]
-    [nan, 19.5]
+    >>> t = np.arange(400.0)
+    >>> p = np.where(t < 200, (t % 2 == 0) * 0.4, (t % 10 == 0) * 0.4)  # mean 0.2, then 0.04
+    >>> llr = skill_loss(t, p, np.array([199.0, 399.0]), 100.0, (200.0,), 0.5)
+    >>> [round(float(x), 2) for x in llr]  # v0 = 0.08 - 0.04 = 0.04; 2.5 (15 - 4)
+    [nan, 27.5]
     """
-    ok = ~np.isnan(observed) & ~np.isnan(expected)
-    excess = np.where(ok, observed - expected, np.nan)
-    room = np.where(ok, 1.0 - expected, np.nan)
-    d, n = _window_sums(t, excess, at, window)
-    r, _ = _window_sums(t, room, at, window)
-    d0 = _offset_sums(t, excess, at, window, offsets)
-    r0 = _offset_sums(t, room, at, window, offsets)
+    ok = ~np.isnan(values)
+    shares = np.where(ok, values, np.nan)
+    total, n = _window_sums(t, shares, at, window)
+    p0 = _offset_sums(t, shares, at, window, offsets)
+    q0 = _offset_sums(t, shares * shares, at, window, offsets)
+    n0 = _offset_sums(t, np.where(ok, 1.0, np.nan), at, window, offsets)
     with np.errstate(invalid="ignore", divide="ignore"):
-        kappa0 = np.where(r0 > MIN_ROOM, d0 / r0, np.nan)
-        delta = shift * kappa0
-        mean = (n - r + kappa0 * r) / n  # mean of e + kappa0 r over the window's events
-        v = np.clip(mean * (1.0 - mean), 1e-6, 0.25)
-        llr = delta * r / (n * v) * ((kappa0 - delta / 2.0) * r - d)
-    return np.where((n > 0) & (kappa0 > 0) & (r > MIN_ROOM), llr, np.nan)
+        m0 = p0 / n0
+        v0 = np.clip(q0 / n0 - m0 * m0, 1e-6, 0.25)
+        delta = shift * m0
+        llr = delta / v0 * ((m0 - delta / 2.0) * n - total)
+    return np.where((n > 0) & (n0 > 0) & (m0 > 0), llr, np.nan)
 
 
 def baseline(t: Floats, values: Floats, at: Floats, window: float, offsets: Sequence[float]) -> Floats:
@@ -295,7 +301,7 @@ def statistics(series: Series, at: Floats, rules: Rules) -> Statistics:
         corrected_now=window_kappa(t, series.reval, series.expected, at, qw),
         share_now=share(rules.unknown_window),
         share_base=share(rules.unknown_baseline_window),
-        llr=skill_loss(t, series.reval, series.expected, at, qw, offsets, rules.skill_loss_fraction),
+        llr=skill_loss(t, series.precision, at, qw, offsets, rules.skill_loss_fraction),
     )
 
 
@@ -319,7 +325,7 @@ def conditions(
         conditions = {
             "reval_drop": (
                 (np.nan_to_num(llr, nan=-np.inf) > rules.skill_loss_bound) & enough,
-                rules.quality_for,
+                rules.skill_loss_for,
             ),
             "corrected_at_chance": (
                 (np.nan_to_num(corrected_now, nan=np.inf) <= rules.chance_margin) & enough,
@@ -349,7 +355,7 @@ def signals(series: Series, at: Floats, rules: Rules) -> dict[str, Bools]:
 def holds(rules: Rules) -> dict[str, float]:
     """Each signal's hold time (its rule's ``for``)."""
     return {
-        "reval_drop": rules.quality_for,
+        "reval_drop": rules.skill_loss_for,
         "corrected_at_chance": rules.chance_for,
         "exact_drop": rules.quality_for,
         "semantic_gap": rules.gap_for,

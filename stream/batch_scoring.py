@@ -109,6 +109,7 @@ def _score_group(
         exact: dict[str, ExactScores] = {}
         ranked: dict[str, dict[int, float]] = {}
         slices: dict[str, dict[str, dict[int, float]]] = {}
+        precision: dict[str, dict[int, float]] = {}
         reval_json: dict[str, dict[str, float]] = {}
         corrected_json: dict[str, dict[str, float | None]] = {}
         expected_json: dict[str, dict[str, float]] = {}
@@ -126,6 +127,7 @@ def _score_group(
                 corrected_json[label] = dict(zip(keys, found.corrected[i], strict=True))
             exact[label] = found.exact[i]
             exact_json[label] = _exact_json(found.exact[i])
+            precision[label] = dict(zip(ks, found.precision[i], strict=True))
             values = found.ranked[i]
             ranked[label] = dict(zip(ks, values, strict=True))
             ranked_json[label] = dict(zip(keys, values, strict=True))
@@ -146,6 +148,7 @@ def _score_group(
                 unknown_recommended=sum(1 for h in recs[i] if not known(h)),
                 ranked=ranked,
                 slices=slices,
+                precision=precision,
                 json_cells={
                     "reval_hit_ratio": reval_json,
                     "reval_hit_ratio_corrected": corrected_json,
@@ -198,6 +201,7 @@ class _Lists:
     exact: list[ExactScores]
     ranked: list[list[float]]
     slices: list[list[tuple[str, list[float]]]] | None
+    precision: list[list[float]]
 
 
 class _Grid:
@@ -276,7 +280,11 @@ class _Grid:
             slices = [
                 [(name, values[i]) for name, present, values in found if present[i]] for i in range(len(m))
             ]
-        return _Lists(observed.tolist(), expected_, corrected_, exact, self.ranked(m).tolist(), slices)
+        # The precision form (stream.metrics.reval_precision_by_k): rows within k over the rows.
+        precision = (self.row_hits[self.batch, m - 1] / m[:, None]).tolist()
+        return _Lists(
+            observed.tolist(), expected_, corrected_, exact, self.ranked(m).tolist(), slices, precision
+        )
 
     def reval(self, m: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
         """Eq. 4 at each k (|B| x K) on the first ``m`` rows: rows that reach G when

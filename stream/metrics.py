@@ -77,6 +77,24 @@ def reval_by_k(matrix: Sequence[Sequence[int]], n_truth: int, ks: Sequence[int])
     return reval_from_minima(minima, min(n_rec, n_truth), ks)
 
 
+def reval_precision_by_k(matrix: Sequence[Sequence[int]], ks: Sequence[int]) -> list[float]:
+    """Eq. 4's |R| <= |G| branch whatever the sizes, for every k of ``ks``: the share of the
+    recommended hashtags (rows) with a ground truth among their k synonyms.
+
+    #REval counts the ground truths caught, once each, when |R| > |G| (10 recommended, 1-3
+    truths: the usual event), so a list with several hashtags near one truth loses nothing
+    until the last of them goes; this *precision form* loses a share per hashtag replaced by
+    one unrelated to the truth, and keeps it when a hashtag is replaced by a synonym. It is
+    what the #REval alert tests (:func:`stream.backtest.skill_loss`).
+
+    >>> reval_precision_by_k([[3, 0], [12, 40], [2, 1 << 30]], [0, 10])  # 3 rows, 2 truths
+    [0.3333333333333333, 0.6666666666666666]
+    >>> reval_by_k([[3, 0], [12, 40], [2, 1 << 30]], 2, [0, 10])  # #REval: both truths caught at 10
+    [0.5, 1.0]
+    """
+    return reval_from_minima(sorted(map(min, matrix)), len(matrix), ks)
+
+
 def reval_from_minima(minima: Sequence[int], denominator: int, ks: Sequence[int]) -> list[float]:
     """Eq. 4 for every k of ``ks`` from the sorted smallest ranks of its units (rows when
     |R| <= |G|, columns otherwise) and min(|R|, |G|): the end of :func:`reval_by_k`.

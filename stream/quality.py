@@ -12,10 +12,10 @@ adapter's job (:class:`workers.adapters.quality_metrics.QualityMetrics`).
 >>> from stream.metrics import ExactScores
 >>> from stream.scoring import EventScore
 >>> exact = {"all": ExactScores(1.0, 0.5, 0.5, 0.5, 0.5)}
->>> hit = EventScore("1", "mowe", "v1", reval={"all": {5: 1.0}}, exact=exact,
-...                  ranked={"all": {5: 0.5}}, expected={"all": {5: 0.25}})
->>> miss = EventScore("2", "mowe", "v1", reval={"all": {5: 0.0}}, exact=exact,
-...                   ranked={"all": {5: 0.0}}, expected={"all": {5: 0.25}})
+>>> hit = EventScore("1", "mowe", "v1", reval={"all": {5: 1.0}}, exact=exact, ranked={"all": {5: 0.5}},
+...                  expected={"all": {5: 0.25}}, precision={"all": {5: 0.5}})
+>>> miss = EventScore("2", "mowe", "v1", reval={"all": {5: 0.0}}, exact=exact, ranked={"all": {5: 0.0}},
+...                   expected={"all": {5: 0.25}}, precision={"all": {5: 0.0}})
 >>> quality = QualityAggregate(ks=[5], rs=[None], windows=[3600], clock=lambda: 1e9)
 >>> counts = quality.update_many([hit, miss], [100.0, 200.0])
 >>> counts.outcomes, counts.recommended
@@ -27,6 +27,8 @@ adapter's job (:class:`workers.adapters.quality_metrics.QualityMetrics`).
 ([('5', 'all')], [1.0, 0.5])
 >>> quality.corrected_rolling(totals.corrected["mowe"])  # (1 - 0.5) / (2 - 0.5) per window
 [[0.3333333333333333]]
+>>> totals.precision["mowe"].sums.tolist()  # the precision form's sum, then its squares
+[0.5, 0.25]
 """
 
 from __future__ import annotations
@@ -147,6 +149,7 @@ class Snapshot:
     main: dict[str, Totals]
     corrected: dict[str, Totals]
     slices: dict[tuple[str, str], Totals]
+    precision: dict[str, Totals]
 
 
 @dataclass
@@ -189,7 +192,10 @@ class QualityAggregate:
       #REval-hit-ratio of each (k, r) cell (:meth:`corrected_cells`), then the null's
       expectation of each; the count is the best possible sum (1 per event);
     * slices, per (recommender, popularity slice): the #REval-hit-ratio on that slice's
-      ground truths per (k, r) cell; sums only.
+      ground truths per (k, r) cell; sums only;
+    * precision, per recommender: the precision form of #REval of each (k, r) cell
+      (:attr:`stream.scoring.EventScore.precision`), then its square (the #REval alert
+      estimates its variance from them); sums only.
 
     ``names`` (default: each score's recommender) are the keys the totals are kept under:
     the exporter passes bounded label values.
@@ -214,6 +220,7 @@ class QualityAggregate:
         self._main: dict[str, WindowedSums] = {}
         self._corrected: dict[str, WindowedSums] = {}
         self._slices: dict[tuple[str, str], WindowedSums] = {}
+        self._precision: dict[str, WindowedSums] = {}
 
     def main_cells(self) -> list[tuple[CellKind, str, str]]:
         """``(kind, k or exact metric, r)`` of each position of the main layout."""
@@ -257,6 +264,7 @@ class QualityAggregate:
         corrected: list[float] = []
         corrected_events: list[int] = []  # the positions in ``scored`` of the corrected rows
         sliced: list[float] = []
+        shares: list[float] = []
         slice_keys: list[tuple[str, str]] = []
         if names is None:
             names = [score.recommender for score in scores]
@@ -273,6 +281,9 @@ class QualityAggregate:
                 main += _exact_values(score.exact[r])
                 main += score.ranked[r].values()
             _fixed_width(main, width * (len(scored) + 1))
+            for r in rs:
+                shares += list(score.precision[r].values())[: len(self.ks)]
+            _fixed_width(shares, n_k * (len(scored) + 1))
             if score.expected:
                 for r in rs:
                     corrected += list(score.reval[r].values())[: len(self.ks)]
@@ -307,6 +318,13 @@ class QualityAggregate:
             admitted,
             corrected_events,
         )
+        share_values = np.array(shares, dtype=np.float64).reshape(-1, n_k)
+        precision = np.concatenate([share_values, share_values**2], axis=1)
+        for name, at in _by_key([n for n, _ in scored]).items():
+            shares_of = self._precision.get(name)
+            if shares_of is None:
+                shares_of = self._precision[name] = WindowedSums(2 * n_k)
+            shares_of.update_many(precision[at], [0.0] * len(at), [False] * len(at))
         slice_values = np.array(sliced, dtype=np.float64).reshape(-1, n_k)
         for key, rows in _by_key(slice_keys).items():
             sums = self._slices.get(key)
@@ -340,4 +358,5 @@ class QualityAggregate:
             {name: sums.get() for name, sums in self._main.items()},
             {name: sums.get() for name, sums in self._corrected.items()},
             {key: sums.get() for key, sums in self._slices.items()},
+            {name: sums.get() for name, sums in self._precision.items()},
         )

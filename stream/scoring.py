@@ -26,6 +26,7 @@ from stream.metrics import (
     exact_from_ranks,
     rank_matrix,
     reval_by_k,
+    reval_precision_by_k,
 )
 from stream.neighbour_table import NeighbourTable
 from stream.rank import DCG, RankWeights, ranked_by_k
@@ -279,6 +280,10 @@ class EventScore:
     #: #REval-hit-ratio on the ground truths of each popularity slice (:mod:`stream.slices`):
     #: ``slices[r][slice][k]``, only the slices the event's ground truth falls in.
     slices: dict[str, dict[str, dict[int, float]]] = field(default_factory=dict)
+    #: The precision form of #REval (:func:`stream.metrics.reval_precision_by_k`): the share of
+    #: the top-r recommended hashtags with a ground truth among their k synonyms, ``[r][k]``.
+    #: What the #REval alert tests; exported as sums, not written to the event's JSON.
+    precision: dict[str, dict[int, float]] = field(default_factory=dict)
     #: The score cells of :meth:`to_json` (its "reval_hit_ratio" ... "reval_hit_ratio_slices"),
     #: made by :func:`stream.batch_scoring.score_events` beside the fields above from the same
     #: lists: a batch's scores are written out once each, and re-keying every dict for JSON cost more than
@@ -380,9 +385,13 @@ def score_event(
     exact: dict[str, ExactScores] = {}
     ranked: dict[str, dict[int, float]] = {}
     slices: dict[str, dict[str, dict[int, float]]] = {}
+    precision: dict[str, dict[int, float]] = {}
     # The top-r rows are a prefix of the matrix, so every r with the same number of rows (r
     # beyond |R|, and "all") has the same scores: computed once per row count.
-    done: dict[int, tuple[list[float], list[float] | None, ExactScores, list[float], dict[str, list[float]]]]
+    done: dict[
+        int,
+        tuple[list[float], list[float] | None, ExactScores, list[float], dict[str, list[float]], list[float]],
+    ]
     done = {}
     # No synonym link within the largest k (the usual event on a live feed): Eq. 4, its
     # rank-aware variant and every slice are 0 at every k and r, as those functions find.
@@ -404,8 +413,10 @@ def score_event(
                 else slice_scores(rows, columns, ks, observed)
                 if columns
                 else {},
+                zeros if unreached else reval_precision_by_k(rows, ks),
             )
-        observed, at_chance, exact[label], by_rank, by_slice = found
+        observed, at_chance, exact[label], by_rank, by_slice, shares = found
+        precision[label] = dict(zip(ks, shares, strict=True))
         reval[label] = dict(zip(ks, observed, strict=True))
         if at_chance is not None:
             expected_[label] = dict(zip(ks, at_chance, strict=True))
@@ -421,6 +432,7 @@ def score_event(
         unknown_recommended=unknown,
         ranked=ranked,
         slices=slices,
+        precision=precision,
     )
 
 

@@ -28,17 +28,23 @@ STEP = 30.0  # one event every 30 s: 120 in the 1 h quality window, above min_ev
 
 def steady(days: float = 12.0) -> bt.Series:
     """A recommender that never changes: #REval 0.5 against a chance expectation of 0.3
-    (corrected: 0.2 / 0.7), exact 0.4, 10 recommended hashtags of which none unknown."""
+    (corrected: 0.2 / 0.7), exact 0.4, 10 recommended hashtags of which none unknown, #REval's
+    precision form 0.6 and 0.2 in turn (mean 0.4, variance 0.04)."""
     t = np.arange(0.0, days * DAY, STEP)
     n = len(t)
-    return bt.Series(t, np.full(n, 0.5), np.full(n, 0.3), np.full(n, 0.4), np.full(n, 10.0), np.zeros(n))
+    precision = np.where(np.arange(n) % 2 == 0, 0.6, 0.2)
+    return bt.Series(
+        t, np.full(n, 0.5), np.full(n, 0.3), np.full(n, 0.4), np.full(n, 10.0), np.zeros(n), precision
+    )
 
 
 def drifted(start: float, **after: float) -> bt.Series:
     """:func:`steady` with the named columns set to new values from ``start`` on."""
     base = steady()
-    columns = {name: getattr(base, name).copy() for name in ("reval", "expected", "exact", "recommended")}
-    columns["unknown"] = base.unknown.copy()
+    columns = {
+        name: getattr(base, name).copy()
+        for name in ("reval", "expected", "exact", "recommended", "unknown", "precision")
+    }
     for name, value in after.items():
         columns[name][base.t >= start] = value
     return bt.Series(base.t, **columns)
@@ -64,28 +70,25 @@ def test_the_steady_run_raises_no_alarm(rules: bt.Rules) -> None:
     )
 
 
-def reference_llr(o0: float, o1: float, e: float, x: float, n: int, shift: float) -> float:
+def reference_llr(m0: float, v0: float, p1: float, x: float, n: int, shift: float) -> float:
     """The #REval alert's log-likelihood ratio, written out for a window of ``n`` events of
-    which a share ``x`` scores ``o1`` and the rest ``o0``, every expectation ``e``, against a
-    baseline of ``o0`` (stream.backtest.skill_loss, docstring)."""
-    room = n * (1 - e)
-    excess = n * ((1 - x) * (o0 - e) + x * (o1 - e))
-    kappa0 = (o0 - e) / (1 - e)
-    delta = shift * kappa0
-    mean = e + kappa0 * (1 - e)
-    return delta * room / (n * mean * (1 - mean)) * ((kappa0 - delta / 2) * room - excess)
+    which a share ``x`` has the precision form ``p1`` and the rest the baseline's mean ``m0``,
+    against a baseline of mean ``m0`` and variance ``v0`` (stream.backtest.skill_loss, docstring)."""
+    total = n * ((1 - x) * m0 + x * p1)
+    delta = shift * m0
+    return delta / v0 * ((m0 - delta / 2) * n - total)
 
 
 def test_a_quality_drop_fires_when_the_statistics_cross_then_holds(rules: bt.Rules) -> None:
     start = 10 * DAY
-    found = delays(drifted(start, reval=0.2, exact=0.1), rules, start)
+    found = delays(drifted(start, reval=0.2, exact=0.1, precision=0.1), rules, start)
     # #REval: the sequential test crosses log(1 / alpha) once a share x of the 1 h window
-    # (120 events) has drifted, then the rule holds for quality_for (30 min).
+    # (120 events) has drifted, then the rule holds for skill_loss_for (15 min).
     n = int(rules.quality_window / STEP)
     shares = np.linspace(0.0, 1.0, 100_001)
-    llr = np.array([reference_llr(0.5, 0.2, 0.3, x, n, rules.skill_loss_fraction) for x in shares])
+    llr = np.array([reference_llr(0.4, 0.04, 0.1, x, n, rules.skill_loss_fraction) for x in shares])
     x = shares[np.argmax(llr > rules.skill_loss_bound)]
-    expected = rules.quality_window * x + rules.quality_for
+    expected = rules.quality_window * x + rules.skill_loss_for
     assert found["reval_drop"] is not None and abs(found["reval_drop"] - expected) <= 2 * STEP
     # exact: the 1 h mean of v0 before / v1 after falls below 0.8 v0 once a share
     # x = 0.2 v0 / (v0 - v1) of the window has drifted, then holds for quality_for.
@@ -100,11 +103,10 @@ def test_a_quality_drop_fires_when_the_statistics_cross_then_holds(rules: bt.Rul
 
 
 def test_a_small_drop_within_the_noise_is_no_alarm(rules: bt.Rules) -> None:
-    """A loss of a tenth of the skill: far below the tested half, the statistic never
-    crosses; the fixed-fraction rule on exact match fires on a 25% drop."""
+    """A loss of a tenth of the precision form: far below the tested half, the statistic
+    never crosses; the fixed-fraction rule on exact match fires on a 25% drop."""
     start = 10 * DAY
-    kappa0 = 0.2 / 0.7
-    found = delays(drifted(start, reval=0.3 + 0.9 * kappa0 * 0.7, exact=0.3), rules, start)
+    found = delays(drifted(start, precision=0.36, exact=0.3), rules, start)
     assert found["reval_drop"] is None
     assert found["exact_drop"] is not None
 
@@ -134,7 +136,9 @@ def test_at_chance_and_unknown_hashtags(rules: bt.Rules) -> None:
 
 def test_operating_curves_trade_delay_for_false_alarms(rules: bt.Rules) -> None:
     start = 10 * DAY
-    control, drift = steady(), drifted(start, reval=0.2, exact=0.1)
+    # precision form 0.4 -> 0.285: the full window's ratio is 0.2 / 0.04 x (0.3 - 0.285) x 120
+    # = 9.0, past log(1 / alpha) for alpha >= 0.001, short of it for 1e-4 and 1e-6.
+    control, drift = steady(), drifted(start, reval=0.2, exact=0.1, precision=0.285)
     at = np.arange(control.t[0], control.t[-1], rules.step)  # instants every 15 s: 69,000
     curves = bt.operating_curves(control, {"d": drift}, {"d": start}, at, rules, days=12.0)
     assert set(curves) == set(bt.SIGNALS)
@@ -156,6 +160,7 @@ def test_too_few_events_never_alert(rules: bt.Rules) -> None:
     full = steady()
     sparse = bt.Series(**{name: getattr(full, name)[::200] for name in bt.Series.__dataclass_fields__})
     sparse.reval[sparse.t >= 10 * DAY] = 0.0
+    sparse.precision[sparse.t >= 10 * DAY] = 0.0
     at = np.arange(sparse.t[0], sparse.t[-1], rules.step)
     assert bt.episodes(bt.signals(sparse, at, rules)["reval_drop"]) == 0  # 1.2 events an hour < 50
 

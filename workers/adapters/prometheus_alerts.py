@@ -112,13 +112,14 @@ def _quality_drop(p: Params) -> Rule:
         p,
         "RevalRecommenderQualityDrop",
         f"reval:skill_loss:llr{q.sel}\n> {fmt(math.log(1 / p.false_alarm_probability))}\n{q.enough}",
-        p.quality_for,
+        p.skill_loss_for,
         "warning",
         f"Recommender {RECOMMENDER}: #REval-hit-ratio@k={K} dropped",
-        f"Over the last {qw}, the chance-corrected #REval-hit-ratio (k={K}, r={R}) of recommender "
-        f"{RECOMMENDER} is more likely to have lost {pct(p.skill_loss_fraction)} of its skill above chance "
-        f"than to hold its baseline (the same window {', '.join(p.baseline_offsets)} ago): log-likelihood "
-        f"ratio {printed_value('%.1f')}, above log(1/{fmt(p.false_alarm_probability)}).",
+        f"Over the last {qw}, the precision form of #REval (k={K}, r={R}: the share of the recommended "
+        f"hashtags with a ground truth among their k synonyms) of recommender {RECOMMENDER} is more "
+        f"likely to have lost {pct(p.skill_loss_fraction)} of its baseline than to hold it (the same "
+        f"window {', '.join(p.baseline_offsets)} ago): log-likelihood ratio {printed_value('%.1f')}, "
+        f"above log(1/{fmt(p.false_alarm_probability)}).",
     )
 
 

@@ -122,15 +122,40 @@ def _baseline_rules(p: Params) -> list[Rule]:
                 + f" > {fmt(MIN_ROOM / seconds(qw))})"
             ),
         },
+        # The #REval alert reads #REval's precision form (stream.metrics.reval_precision_by_k):
+        # its sum, the sum of its squares and its events over the window, as rates.
+        *(
+            {"record": f"reval:precision_{what}:rate{qw}", "expr": f"sum by ({by}) (rate({metric}[{qw}]))"}
+            for what, metric in (
+                ("sum", "reval_hit_ratio_precision_sum"),
+                ("squares", "reval_hit_ratio_precision_squares_total"),
+                ("events", "reval_hit_ratio_precision_count"),
+            )
+        ),
         {
-            "record": f"reval:corrected_events:rate{qw}",
-            "expr": f"sum by ({by}) (rate(reval_corrected_events_total[{qw}]))",
+            # Its baseline mean and variance: of the mean sums of the window at each offset.
+            "record": "reval:precision:baseline",
+            "expr": (
+                _by_offsets(f"reval:precision_sum:rate{qw}", p.baseline_offsets, by)
+                + "\n/\n("
+                + _by_offsets(f"reval:precision_events:rate{qw}", p.baseline_offsets, by)
+                + " > 0)"
+            ),
         },
         {
-            # The #REval alert's statistic (stream.backtest.skill_loss): with D, R, n the excess,
-            # room and events of the window and kappa0 > 0 the baseline skill, delta =
-            # skill_loss_fraction * kappa0 and v = m (1 - m), m = 1 - (1 - kappa0) R / n:
-            # delta R / (n v) * ((kappa0 - delta / 2) R - D), the rates times the window.
+            "record": "reval:precision_variance:baseline",
+            "expr": (
+                _by_offsets(f"reval:precision_squares:rate{qw}", p.baseline_offsets, by)
+                + "\n/\n("
+                + _by_offsets(f"reval:precision_events:rate{qw}", p.baseline_offsets, by)
+                + " > 0)\n- reval:precision:baseline ^ 2"
+            ),
+        },
+        {
+            # The #REval alert's statistic (stream.backtest.skill_loss): with P and n the sum
+            # and events of the window, m0 > 0 and v0 the baseline mean and variance and delta =
+            # skill_loss_fraction * m0: delta / v0 * ((m0 - delta / 2) n - P), the rates times
+            # the window.
             "record": "reval:skill_loss:llr",
             "expr": _skill_loss(p),
         },
@@ -173,14 +198,13 @@ def recording_rules(p: Params) -> list[Rule]:
 
 def _skill_loss(p: Params) -> str:
     qw = p.quality_window
-    kappa0 = "(reval:hit_ratio_corrected:baseline > 0)"  # no skill above chance: nothing to lose
-    room, excess, events = (f"reval:corrected_{x}:rate{qw}" for x in ("room", "excess", "events"))
-    share = f"((1 - reval:hit_ratio_corrected:baseline) * {room} / {events})"  # 1 - m
+    m0 = "(reval:precision:baseline > 0)"  # a baseline of 0: nothing to lose
     f = p.skill_loss_fraction
     return (
-        f"{fmt(f)} * {kappa0} * {room}\n"
-        f"/ ({events} * clamp((1 - {share}) * {share}, 1e-06, 0.25))\n"
-        f"* ({fmt(1 - f / 2)} * reval:hit_ratio_corrected:baseline * {room} - {excess})\n"
+        f"{fmt(f)} * {m0}\n"
+        f"/ clamp(reval:precision_variance:baseline, 1e-06, 0.25)\n"
+        f"* ({fmt(1 - f / 2)} * reval:precision:baseline * reval:precision_events:rate{qw}"
+        f" - reval:precision_sum:rate{qw})\n"
         f"* {fmt(seconds(qw))}"
     )
 

@@ -18,7 +18,13 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from stream.quality import QualityAggregate, Totals
 from stream.scoring import EventScore
-from workers.adapters.exporter import CORRECTED_COUNTERS, Exporter, LabelGuard
+from workers.adapters.exporter import (
+    CORRECTED_COUNTERS,
+    PRECISION_HELP,
+    PRECISION_SQUARES_HELP,
+    Exporter,
+    LabelGuard,
+)
 
 
 class QualityMetrics:
@@ -88,6 +94,7 @@ class QualityMetrics:
         yield from (main_families[key] for key in ("exact_match", "ranked", "reval"))
         yield corrected_families[3]
         yield from (main_families[key] for key in ("exact", "ranked_rolling", "in_window"))
+        yield from self._precision_families(totals.precision)
 
     def _main_families(self, main: dict[str, Totals], labels: list[str]) -> dict[str, Metric]:
         """The summaries of the whole run and the rolling means, per recommender, from the
@@ -172,6 +179,21 @@ class QualityMetrics:
                     if kappa is not None:  # none: an empty window, or no room above chance
                         rolling.add_metric([*cell, label], kappa)
         return [observed, expected, events, rolling]
+
+    def _precision_families(self, precision: dict[str, Totals]) -> list[Metric]:
+        """The precision form's summary and the sum of its squares, per (k, r) cell."""
+        labels = ["recommender", "k", "r"]
+        summary = SummaryMetricFamily("reval_hit_ratio_precision", PRECISION_HELP, labels=labels)
+        squares = CounterMetricFamily(
+            "reval_hit_ratio_precision_squares", PRECISION_SQUARES_HELP, labels=labels
+        )
+        layout = self.sums.corrected_cells()
+        for name, totals in precision.items():
+            for i, (k, r) in enumerate(layout):
+                cell = [name, k, r]
+                summary.add_metric(cell, count_value=totals.count, sum_value=float(totals.sums[i]))
+                squares.add_metric(cell, float(totals.sums[len(layout) + i]))
+        return [summary, squares]
 
     def _slice_family(self, sliced: dict[tuple[str, str], Totals]) -> Metric:
         by_slice = SummaryMetricFamily(

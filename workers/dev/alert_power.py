@@ -15,19 +15,19 @@ backtest (drifted run against the control run, per event):
   ``(1 - e) / (p (1 - p))`` with ``p = e + kappa (1 - e)`` (the optimal weights of a
   per-event likelihood-ratio test of the kappa: events with more room above chance carry
   more information);
-* ``precision``: the share of the top-r recommended hashtags with a ground truth among their
-  k synonyms (Eq. 4's |R| <= |G| branch, always) -- unlike #REval (which counts the ground
+* ``precision``: #REval's precision form, what the #REval alert tests
+  (:func:`stream.metrics.reval_precision_by_k`: the share of the top-r recommended hashtags
+  with a ground truth among their k synonyms) -- unlike #REval (which counts the ground
   truths caught, once each, when |R| > |G|) it does not saturate: a list with several
   hashtags near one truth loses a share per hashtag replaced, where #REval loses nothing
-  until the last one goes; ``exact_precision`` is the same at k = 0.
+  until the last one goes.
 
 and, read together, the information of ``excess`` and ``precision`` (``shift' cov^-1 shift``:
 what a test on their best linear combination learns per event).  Then, per alert k, the
-deployed ``reval_drop`` and ``exact_drop`` rules of
-:mod:`stream.backtest` (the time scale as ``reval backtest`` picks it): false alarms per day
-of the control run and each drift's detection delay, and ``precision_drop``: the #REval
-rule's test run on the precision form (no chance term).  The feed is embedded once; one walk
-per k (the ``synonyms`` drift takes its synonyms from the thesaurus at that k).
+deployed ``reval_drop`` and ``exact_drop`` rules of :mod:`stream.backtest` (the time scale as
+``reval backtest`` picks it): false alarms per day of the control run and each drift's
+detection delay.  The feed is embedded once; one walk per k (the ``synonyms`` drift takes its
+synonyms from the thesaurus at that k).
 
     python -m workers.dev.alert_power FEED [--limit N] [--inject KIND:AMOUNT ...]
                                       [--ks 1,5,10] [--model minilm]
@@ -46,12 +46,10 @@ import numpy.typing as npt
 from stream import backtest as bt
 from stream.alert_params import rule_params
 from stream.experiment import no_progress
-from stream.scoring import NeighbourCache
 from workers.commands.backtest.simulation import (
     DAY,
     BacktestConfig,
     Feed,
-    Scores,
     Walk,
     load_feed,
     scaled_rules,
@@ -117,8 +115,8 @@ def signal_information(
     """The four signals of the module docstring over the events where ``after``.
 
     >>> t, e, hits = np.arange(4.0), np.full(4, 0.2), np.array([1.0, 0.0, 1.0, 0.0])
-    >>> control = bt.Series(t, hits, e, hits, np.ones(4), np.zeros(4))
-    >>> drifted = bt.Series(t, np.array([1.0, 0.0, 0.0, 0.0]), e, np.zeros(4), np.ones(4), np.zeros(4))
+    >>> control = bt.Series(t, hits, e, hits, np.ones(4), np.zeros(4), hits)
+    >>> drifted = bt.Series(t, np.array([1.0, 0.0, 0.0, 0.0]), e, np.zeros(4), np.ones(4), np.zeros(4), hits)
     >>> found = signal_information(control, drifted, t >= 2)
     >>> {name: round(f.per_event, 2) for name, f in found.items()}
     {'exact': 1.0, 'reval': 1.0, 'excess': 1.0, 'excess_weighted': 1.0}
@@ -141,53 +139,6 @@ def signal_information(
             room / (p * (1.0 - p)),
         ),
     }
-
-
-def precision_form(matrix: Sequence[Sequence[int]], k: int) -> tuple[float, float]:
-    """From an |R| x |G| synonym-rank matrix (:meth:`stream.scoring.NeighbourCache.matrix`):
-    the share of the recommended hashtags with a ground truth among their k synonyms, and
-    among their 0 synonyms (themselves: exact precision).
-
-    >>> precision_form([[3, 0], [12, 40], [2, 1 << 30]], 10)  # rows: recommended hashtags
-    (0.6666666666666666, 0.3333333333333333)
-    """
-    minima = [min(row) for row in matrix]
-    return sum(m <= k for m in minima) / len(minima), sum(m == 0 for m in minima) / len(minima)
-
-
-class PrecisionWalk(Walk):
-    """The backtest's walk that also keeps each event's ``precision`` and ``exact_precision``
-    (module docstring) per run, from the same rank matrix the scorer reads."""
-
-    def __init__(self, *args: object, **kwargs: object) -> None:
-        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
-        n = len(self.feed.events)
-        self.precision: dict[int, tuple[Floats, Floats]] = {}  # id(Scores) -> (precision, exact)
-        for col in (self.control, *self.runs.values()):
-            self.precision[id(col)] = (np.full(n, np.nan), np.full(n, np.nan))
-
-    def _score(self, col: Scores, lo: int, lists: list[list[str]], cache: NeighbourCache) -> None:
-        super()._score(col, lo, lists, cache)
-        precision, exact = self.precision[id(col)]
-        for j, recs in enumerate(lists, start=lo):
-            truth = list(dict.fromkeys(self.feed.prepared[self.feed.events[j]].hashtags))
-            top = list(dict.fromkeys(recs))[: self.r]
-            if not top or not truth:
-                continue
-            precision[j], exact[j] = precision_form(cache.matrix(top, truth), self.k)
-
-
-def precision_series(series: bt.Series, precision: Floats) -> bt.Series:
-    """``series`` with the precision form in place of #REval and no chance term (expected 0
-    where scored): what the #REval test reads to test the precision's own drop."""
-    return bt.Series(
-        series.t,
-        precision,
-        np.where(np.isnan(precision), np.nan, 0.0),
-        series.exact,
-        series.recommended,
-        series.unknown,
-    )
 
 
 def rule_delays(
@@ -234,22 +185,19 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|---|---|---|---|---|---|")
     rows = []
     for k in ks:
-        walk = PrecisionWalk(feed, config, config.parsed(), k, 10)
+        walk = Walk(feed, config, config.parsed(), k, 10)
         walk.run(no_progress, {})
         control = walk.control.series(feed.t_events)
         drifted = {label: col.series(feed.t_events) for label, col in walk.runs.items()}
         for label, series in drifted.items():
             after = feed.t_events >= feed.starts[label]
             found_all = signal_information(control, series, after)
-            for i, name in enumerate(("precision", "exact_precision")):
-                control_p = walk.precision[id(walk.control)][i]
-                drifted_p = walk.precision[id(walk.runs[label])][i]
-                found_all[name] = information(
-                    np.where(after, control_p, np.nan), np.where(after, drifted_p, np.nan)
-                )
+            found_all["precision"] = information(
+                np.where(after, control.precision, np.nan), np.where(after, series.precision, np.nan)
+            )
             joint = joint_information(
-                [control.reval - control.expected, walk.precision[id(walk.control)][0]],
-                [series.reval - series.expected, walk.precision[id(walk.runs[label])][0]],
+                [control.reval - control.expected, control.precision],
+                [series.reval - series.expected, series.precision],
                 after,
             )
             for name, found in found_all.items():
@@ -259,25 +207,10 @@ def main(argv: list[str] | None = None) -> int:
                 )
             print(f"| {k} | {label} | excess and precision, jointly | | | | | {joint:.4f} |")
         alarms, delays = rule_delays(feed, control, drifted, ("reval_drop", "exact_drop"))
-        # The deployed #REval test on the precision form (no chance term: expected 0), as
-        # "precision_drop": the same windows, bound and hold time.
-        as_precision = {
-            label: precision_series(series, walk.precision[id(walk.runs[label])][0])
-            for label, series in drifted.items()
-        }
-        p_alarms, p_delays = rule_delays(
-            feed,
-            precision_series(control, walk.precision[id(walk.control)][0]),
-            as_precision,
-            ("reval_drop",),
-        )
-        alarms["precision_drop"] = p_alarms["reval_drop"]
-        for label in delays:
-            delays[label]["precision_drop"] = p_delays[label]["reval_drop"]
         rows.append((k, alarms, delays))
-    rules = ("reval_drop", "precision_drop", "exact_drop")
-    print("\n| k | drift | reval_drop delay (d) | precision_drop delay (d) | exact_drop delay (d) |")
-    print("|---|---|---|---|---|")
+    rules = ("reval_drop", "exact_drop")
+    print("\n| k | drift | reval_drop delay (d) | exact_drop delay (d) |")
+    print("|---|---|---|---|")
     for k, alarms, delays in rows:
         for label, delay in delays.items():
             cells = " | ".join("—" if delay[s] is None else f"{delay[s]:.2f}" for s in rules)

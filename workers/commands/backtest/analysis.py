@@ -211,7 +211,8 @@ class _Detections:
         # The earliest a drop alarm could fire after the injection even for a drift visible at
         # once: the rule must be evaluable (enough events, a baseline) at every instant of its
         # hold time.  A delay equal to it is bound by the feed's gaps, not by the signal.
-        possible = np.flatnonzero(bt.hold(self.can_fire & (at >= start), at, rules.quality_for))
+        hold = min(rules.quality_for, rules.skill_loss_for)
+        possible = np.flatnonzero(bt.hold(self.can_fire & (at >= start), at, hold))
         return {
             "injected_at": iso(start),
             "earliest_possible_drop_delay_s": None

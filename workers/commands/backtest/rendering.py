@@ -13,7 +13,7 @@ import numpy.typing as npt
 
 from stream import backtest as bt
 from workers.adapters.backfill import Family, Series, counter_at, create_blocks, write_openmetrics
-from workers.adapters.exporter import CORRECTED_COUNTERS
+from workers.adapters.exporter import CORRECTED_COUNTERS, PRECISION_HELP, PRECISION_SQUARES_HELP
 from workers.commands.backtest.analysis import Backtest
 from workers.commands.backtest.simulation import EMBEDDING_ALPHA, EMBEDDING_SIGNAL, iso
 from workers.commands.evaluate_outputs import check_results_dir
@@ -148,6 +148,10 @@ def _families() -> dict[str, Family]:
             f"reval_corrected_{what}": Family(f"reval_corrected_{what}", "counter", help_text, [])
             for what, help_text in CORRECTED_COUNTERS.items()
         },
+        "reval_hit_ratio_precision": Family("reval_hit_ratio_precision", "summary", PRECISION_HELP, []),
+        "reval_hit_ratio_precision_squares": Family(
+            "reval_hit_ratio_precision_squares", "counter", PRECISION_SQUARES_HELP, []
+        ),
         "reval_exact_match": Family(
             "reval_exact_match", "summary", "Exact-match metric of scored events", []
         ),
@@ -203,6 +207,13 @@ def backfill(result: Backtest, out_dir: Path, *, interval_s: float = 900.0) -> d
                 np.where(with_chance, values, 0.0),
                 False,
             )
+        add("reval_hit_ratio_precision", {**who, "k": str(k), "r": r}, col.precision, True)
+        add(
+            "reval_hit_ratio_precision_squares",
+            {**who, "k": str(k), "r": r},
+            np.where(np.isnan(col.precision), 0.0, col.precision**2),
+            False,
+        )
         add("reval_exact_match", {**who, "metric": "hit_ratio", "r": r}, col.exact, True)
         scored = np.where(np.isnan(col.reval), 0.0, 1.0)
         add("reval_events", {**who, "outcome": "scored"}, scored, False)

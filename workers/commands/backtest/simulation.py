@@ -121,6 +121,7 @@ def rules_for(params: Params, scale: float) -> tuple[bt.Rules, int, str]:
         min_events=params.min_events,
         skill_loss_fraction=params.skill_loss_fraction,
         skill_loss_bound=math.log(1.0 / params.false_alarm_probability),
+        skill_loss_for=d(params.skill_loss_for),
         chance_margin=params.chance_margin,
         chance_for=d(params.chance_for),
         gap_exact_drop_fraction=params.gap_exact_drop_fraction,
@@ -149,11 +150,15 @@ class Scores:
         #: the sums the chance-corrected score of any window is the kappa of
         self.expected = np.full(n, np.nan)
         self.exact = np.full(n, np.nan)
+        #: #REval's precision form at the alert (k, r): what the #REval alert tests
+        self.precision = np.full(n, np.nan)
         self.recommended = np.zeros(n)
         self.unknown = np.zeros(n)
 
     def series(self, t: npt.NDArray[np.float64]) -> bt.Series:
-        return bt.Series(t, self.reval, self.expected, self.exact, self.recommended, self.unknown)
+        return bt.Series(
+            t, self.reval, self.expected, self.exact, self.recommended, self.unknown, self.precision
+        )
 
 
 @dataclass
@@ -408,6 +413,7 @@ class Walk:
                     col.slices[name][j] = by_k[k]
                 col.expected[j] = s.expected.get(label, {}).get(k, math.nan)
                 col.exact[j] = s.exact[label].hit_ratio
+                col.precision[j] = s.precision[label][k]
 
 
 def embedding_test(
