@@ -298,9 +298,9 @@ class SteadyWatch:
 
 
 def assert_recording_rules_have_values(prometheus: Prometheus) -> None:
-    """Every window's recording rules (k=0 is the exact hit ratio); the #REval alert's
-    statistic from the workers' corrected sums: flaky lost its skill above chance (far past
-    the bound), steady did not."""
+    """Every window's recording rules (k=0 is the exact hit ratio); the corrected score from
+    the workers' corrected sums: flaky lost its skill above chance, steady did not; the #REval
+    alert's statistic from their precision-form sums: flaky far past the bound, steady not."""
     for window in TEST.windows:
         for expr in (
             f"reval:hit_ratio:mean{window}",
@@ -319,6 +319,11 @@ def assert_recording_rules_have_values(prometheus: Prometheus) -> None:
         kappa,
         skill,
     )
+    shares = prometheus.value(f'reval:precision_sum:rate{QW}{{k="{K}", r="{R}"}}')
+    events = prometheus.value(f'reval:precision_events:rate{QW}{{k="{K}", r="{R}"}}')
+    base = prometheus.value(f'reval:precision:baseline{{k="{K}", r="{R}"}}')
+    assert shares["flaky"] / events["flaky"] < 0.5 * base["flaky"], (shares, events, base)
+    assert shares["steady"] / events["steady"] > 0.5 * base["steady"], (shares, events, base)
     llr = prometheus.value(f'reval:skill_loss:llr{{k="{K}", r="{R}"}}')
     bound = math.log(1 / TEST.false_alarm_probability)
     assert llr["flaky"] > bound > llr["steady"], llr
