@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import cast
+from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -104,62 +104,51 @@ def _score_group(
     keys = str_keys(dict.fromkeys(ks, 0.0)).keys()  # the k as JSON keys, in order
     out = []
     for i, event in enumerate(events):
-        reval: dict[str, dict[int, float]] = {}
-        expected_: dict[str, dict[int, float]] = {}
-        exact: dict[str, ExactScores] = {}
-        ranked: dict[str, dict[int, float]] = {}
-        slices: dict[str, dict[str, dict[int, float]]] = {}
-        precision: dict[str, dict[int, float]] = {}
-        reval_json: dict[str, dict[str, float]] = {}
-        corrected_json: dict[str, dict[str, float | None]] = {}
-        expected_json: dict[str, dict[str, float]] = {}
-        exact_json: dict[str, dict[str, float]] = {}
-        ranked_json: dict[str, dict[str, float]] = {}
-        slices_json: dict[str, dict[str, dict[str, float]]] = {}
+        score = EventScore(
+            tweet_id=event.tweet_id,
+            recommender=event.recommender,
+            thesaurus_version=version,
+            n_recommended=len(recs[i]),
+            unknown_recommended=sum(1 for h in recs[i] if not known(h)),
+            json_cells={name: {} for name in _JSON_CELLS},
+        )
+        # The score's cells are filled in place (its dicts are its own, made empty above).
+        cells = cast(dict[str, dict[str, Any]], score.json_cells)
         for label, found in labels:
             values = found.observed[i]
-            reval[label] = dict(zip(ks, values, strict=True))
-            reval_json[label] = dict(zip(keys, values, strict=True))
+            score.reval[label] = dict(zip(ks, values, strict=True))
+            cells["reval_hit_ratio"][label] = dict(zip(keys, values, strict=True))
             if found.expected is not None and found.corrected is not None:
                 values = found.expected[i]
-                expected_[label] = dict(zip(ks, values, strict=True))
-                expected_json[label] = dict(zip(keys, values, strict=True))
-                corrected_json[label] = dict(zip(keys, found.corrected[i], strict=True))
-            exact[label] = found.exact[i]
-            exact_json[label] = _exact_json(found.exact[i])
-            precision[label] = dict(zip(ks, found.precision[i], strict=True))
+                score.expected[label] = dict(zip(ks, values, strict=True))
+                cells["reval_hit_ratio_expected"][label] = dict(zip(keys, values, strict=True))
+                cells["reval_hit_ratio_corrected"][label] = dict(zip(keys, found.corrected[i], strict=True))
+            score.exact[label] = found.exact[i]
+            cells["exact"][label] = _exact_json(found.exact[i])
+            score.precision[label] = dict(zip(ks, found.precision[i], strict=True))
             values = found.ranked[i]
-            ranked[label] = dict(zip(ks, values, strict=True))
-            ranked_json[label] = dict(zip(keys, values, strict=True))
+            score.ranked[label] = dict(zip(ks, values, strict=True))
+            cells["reval_hit_ratio_ranked"][label] = dict(zip(keys, values, strict=True))
             if found.slices is not None:
-                slices[label] = {name: dict(zip(ks, values, strict=True)) for name, values in found.slices[i]}
-                slices_json[label] = {
+                score.slices[label] = {
+                    name: dict(zip(ks, values, strict=True)) for name, values in found.slices[i]
+                }
+                cells["reval_hit_ratio_slices"][label] = {
                     name: dict(zip(keys, values, strict=True)) for name, values in found.slices[i]
                 }
-        out.append(
-            EventScore(
-                tweet_id=event.tweet_id,
-                recommender=event.recommender,
-                thesaurus_version=version,
-                n_recommended=len(recs[i]),
-                reval=reval,
-                expected=expected_,
-                exact=exact,
-                unknown_recommended=sum(1 for h in recs[i] if not known(h)),
-                ranked=ranked,
-                slices=slices,
-                precision=precision,
-                json_cells={
-                    "reval_hit_ratio": reval_json,
-                    "reval_hit_ratio_corrected": corrected_json,
-                    "exact": exact_json,
-                    "reval_hit_ratio_ranked": ranked_json,
-                    "reval_hit_ratio_slices": slices_json,
-                    "reval_hit_ratio_expected": expected_json,
-                },
-            )
-        )
+        out.append(score)
     return out
+
+
+#: The score cells of :meth:`EventScore.to_json` that the batch path makes beside the fields.
+_JSON_CELLS = (
+    "reval_hit_ratio",
+    "reval_hit_ratio_corrected",
+    "exact",
+    "reval_hit_ratio_ranked",
+    "reval_hit_ratio_slices",
+    "reval_hit_ratio_expected",
+)
 
 
 @lru_cache(maxsize=4096)

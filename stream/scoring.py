@@ -380,12 +380,11 @@ def score_event(
     n_truth = len(truth)
     chance, bands = cache.chance, cache.bands
     columns = columns_by_slice(truth, bands) if bands is not None else {}
-    reval: dict[str, dict[int, float]] = {}
-    expected_: dict[str, dict[int, float]] = {}
-    exact: dict[str, ExactScores] = {}
-    ranked: dict[str, dict[int, float]] = {}
-    slices: dict[str, dict[str, dict[int, float]]] = {}
-    precision: dict[str, dict[int, float]] = {}
+    unknown = sum(1 for h in recommended if not cache.known(h))
+    score = EventScore(**base, unknown_recommended=unknown)  # type: ignore[arg-type]
+    # Its cells are filled in place below (its dicts are its own, made empty).
+    reval, expected_, exact, ranked = score.reval, score.expected, score.exact, score.ranked
+    slices, precision = score.slices, score.precision
     # The top-r rows are a prefix of the matrix, so every r with the same number of rows (r
     # beyond |R|, and "all") has the same scores: computed once per row count.
     done: dict[
@@ -423,17 +422,7 @@ def score_event(
         ranked[label] = dict(zip(ks, by_rank, strict=True))
         if columns:
             slices[label] = {name: dict(zip(ks, values, strict=True)) for name, values in by_slice.items()}
-    unknown = sum(1 for h in recommended if not cache.known(h))
-    return EventScore(
-        **base,  # type: ignore[arg-type]
-        reval=reval,
-        expected=expected_,
-        exact=exact,
-        unknown_recommended=unknown,
-        ranked=ranked,
-        slices=slices,
-        precision=precision,
-    )
+    return score
 
 
 class Summary:

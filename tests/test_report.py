@@ -29,6 +29,7 @@ EXAMPLE_PLOTS = [
     "k-curve-after-injection",
     "curves",
     "thesaurus",
+    "audit",
 ]
 FIGURE = re.compile(r'<figure class="plot" data-plot="([^"]*)">(.*?)</figure>', re.S)
 HOSTILE = "random:<b>&amp;$x$"  # HTML markup, an entity and mathtext in a drift's name
@@ -213,7 +214,7 @@ def test_the_example_has_one_inline_svg_plot_per_expected_figure(example_report:
     # Self-contained: nothing to fetch, nothing to run.
     assert not re.search(r"<script|<link|<img|<iframe|\bsrc=|url\(\s*['\"]?(https?:|//)", page, re.I)
     # What was run, readable without having run it.
-    for text in ("mowe", "crisislex-t26", "2013-02-15", "k=10", "×113.128", "43%", "30.2 d (676 events)"):
+    for text in ("mowe", "crisislex-t26", "2013-02-15", "k=10", "×113.128", "43%", "105.8 d (3,311 events)"):
         assert text in page, text
     assert "Movers at the last refit" in page and "helicopter" in page
     # Only hashtags that moved: got tweets, or changed neighbours (issue 26).

@@ -36,6 +36,13 @@ def _by_offsets(metric: str, offsets: tuple[str, ...], by: str) -> str:
     return f"avg by ({by}) (\n  {joined}\n)"
 
 
+def _offsets_ratio(numerator: str, denominator: str, floor: str, p: Params, by: str) -> str:
+    """A baseline of a ratio: the ratio of the mean sums of the quality window at each offset
+    (not the mean of the ratios), null where the denominator is not above ``floor``."""
+    mean_sums = (_by_offsets(x, p.baseline_offsets, by) for x in (numerator, denominator))
+    return f"{next(mean_sums)}\n/\n({next(mean_sums)} > {floor})"
+
+
 # --------------------------------------------------------------------------- recording rules
 
 
@@ -115,11 +122,12 @@ def _baseline_rules(p: Params) -> list[Rule]:
         {
             # The baseline skill: the kappa of the mean sums of the window at each offset.
             "record": "reval:hit_ratio_corrected:baseline",
-            "expr": (
-                _by_offsets(f"reval:corrected_excess:rate{qw}", p.baseline_offsets, by)
-                + "\n/\n("
-                + _by_offsets(f"reval:corrected_room:rate{qw}", p.baseline_offsets, by)
-                + f" > {fmt(MIN_ROOM / seconds(qw))})"
+            "expr": _offsets_ratio(
+                f"reval:corrected_excess:rate{qw}",
+                f"reval:corrected_room:rate{qw}",
+                fmt(MIN_ROOM / seconds(qw)),
+                p,
+                by,
             ),
         },
         # The #REval alert reads #REval's precision form (stream.metrics.reval_precision_by_k):
@@ -135,21 +143,16 @@ def _baseline_rules(p: Params) -> list[Rule]:
         {
             # Its baseline mean and variance: of the mean sums of the window at each offset.
             "record": "reval:precision:baseline",
-            "expr": (
-                _by_offsets(f"reval:precision_sum:rate{qw}", p.baseline_offsets, by)
-                + "\n/\n("
-                + _by_offsets(f"reval:precision_events:rate{qw}", p.baseline_offsets, by)
-                + " > 0)"
+            "expr": _offsets_ratio(
+                f"reval:precision_sum:rate{qw}", f"reval:precision_events:rate{qw}", "0", p, by
             ),
         },
         {
             "record": "reval:precision_variance:baseline",
-            "expr": (
-                _by_offsets(f"reval:precision_squares:rate{qw}", p.baseline_offsets, by)
-                + "\n/\n("
-                + _by_offsets(f"reval:precision_events:rate{qw}", p.baseline_offsets, by)
-                + " > 0)\n- reval:precision:baseline ^ 2"
-            ),
+            "expr": _offsets_ratio(
+                f"reval:precision_squares:rate{qw}", f"reval:precision_events:rate{qw}", "0", p, by
+            )
+            + "\n- reval:precision:baseline ^ 2",
         },
         {
             # The #REval alert's statistic (stream.backtest.skill_loss): with P and n the sum
