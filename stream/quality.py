@@ -179,6 +179,15 @@ def _by_key(keys: Sequence[K]) -> dict[K, list[int]]:
     return found
 
 
+def _add_sums(into: dict[K, WindowedSums], keys: Sequence[K], values: Values) -> None:
+    """Rows of ``values`` (one per key, in order) into each key's sums; no windows."""
+    for key, rows in _by_key(keys).items():
+        sums = into.get(key)
+        if sums is None:
+            sums = into[key] = WindowedSums(values.shape[1])
+        sums.update_many(values[rows], [0.0] * len(rows), [False] * len(rows))
+
+
 class QualityAggregate:
     """Per recommender, the sums and windows of scored events (the module's example).
 
@@ -320,17 +329,8 @@ class QualityAggregate:
         )
         share_values = np.array(shares, dtype=np.float64).reshape(-1, n_k)
         precision = np.concatenate([share_values, share_values**2], axis=1)
-        for name, at in _by_key([n for n, _ in scored]).items():
-            shares_of = self._precision.get(name)
-            if shares_of is None:
-                shares_of = self._precision[name] = WindowedSums(2 * n_k)
-            shares_of.update_many(precision[at], [0.0] * len(at), [False] * len(at))
-        slice_values = np.array(sliced, dtype=np.float64).reshape(-1, n_k)
-        for key, rows in _by_key(slice_keys).items():
-            sums = self._slices.get(key)
-            if sums is None:
-                sums = self._slices[key] = WindowedSums(n_k)
-            sums.update_many(slice_values[rows], [0.0] * len(rows), [False] * len(rows))
+        _add_sums(self._precision, [n for n, _ in scored], precision)
+        _add_sums(self._slices, slice_keys, np.array(sliced, dtype=np.float64).reshape(-1, n_k))
         return counts
 
     def _add(
