@@ -282,7 +282,8 @@ class EventScore:
     slices: dict[str, dict[str, dict[int, float]]] = field(default_factory=dict)
     #: The precision form of #REval (:func:`stream.metrics.reval_precision_by_k`): the share of
     #: the top-r recommended hashtags with a ground truth among their k synonyms, ``[r][k]``.
-    #: What the #REval alert tests; exported as sums, not written to the event's JSON.
+    #: What the #REval alert tests; exported as sums and averaged by :class:`Summary`, not
+    #: written to the event's JSON.
     precision: dict[str, dict[int, float]] = field(default_factory=dict)
     #: The score cells of :meth:`to_json` (its "reval_hit_ratio" ... "reval_hit_ratio_slices"),
     #: made by :func:`stream.batch_scoring.score_events` beside the fields above from the same
@@ -439,6 +440,7 @@ class Summary:
         self.reval: dict[str, dict[int, Mean]] = {}
         self.corrected: dict[str, dict[int, CorrectedSum]] = {}
         self.ranked: dict[str, dict[int, Mean]] = {}
+        self.precision: dict[str, dict[int, Mean]] = {}
         self.exact: dict[str, dict[str, Mean]] = {}
 
     def update(self, score: EventScore) -> None:
@@ -446,7 +448,11 @@ class Summary:
         if score.unscorable is not None:
             self.unscorable += 1
             return
-        for table, values in ((self.reval, score.reval), (self.ranked, score.ranked)):
+        for table, values in (
+            (self.reval, score.reval),
+            (self.ranked, score.ranked),
+            (self.precision, score.precision),
+        ):
             for r, by_k in values.items():
                 means = table.setdefault(r, {})
                 for k, value in by_k.items():
@@ -493,9 +499,9 @@ class Summary:
                 str(k): {
                     "reval_hit_ratio": mean.get(),
                     **self._corrected(label, k),
-                    "reval_hit_ratio_ranked": (
-                        self.ranked[label][k].get() if k in self.ranked.get(label, {}) else None
-                    ),
+                    "reval_hit_ratio_ranked": _mean_of(self.ranked, label, k),
+                    # #REval's precision form: what the #REval alert tests (its sums are exported)
+                    "reval_hit_ratio_precision": _mean_of(self.precision, label, k),
                 }
                 for k, mean in sorted(self.reval.get(label, {}).items())
             },
@@ -504,3 +510,8 @@ class Summary:
 
     def labels(self) -> list[str]:
         return list(self.reval)
+
+
+def _mean_of(table: dict[str, dict[int, Mean]], label: str, k: int) -> float | None:
+    found = table.get(label, {}).get(k)
+    return None if found is None else found.get()

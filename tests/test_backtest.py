@@ -246,6 +246,8 @@ def test_backtest_end_to_end(backtest_run: tuple[Path, Path, list[str]], tmp_pat
     assert by["vocab:1", "unknown_rising"]["delay_s"] is not None
     assert by["vocab:1", "unknown_rising"]["false_alarms_per_day"] == 0
     assert detection["effects"]["vocab:1"]["unknown_share_after"] == {"control": 0.0, "drifted": 1.0}
+    # ... and no respelled hashtag has a synonym: the precision form the #REval alert tests is 0.
+    assert detection["effects"]["vocab:1"]["precision_after"]["drifted"] == 0.0
     # The canary recommends what nobody uses: exact match collapses.
     swap = detection["effects"]["swap:least-popular"]["exact_after"]
     assert swap["drifted"] < swap["control"] / 2

@@ -114,12 +114,20 @@ def test_score_json_contract(tmp_path: Path) -> None:
     assert payload["events"] == 3 and payload["unscorable"] == 1
     # A JSON thesaurus has no popularity to weigh a null recommender by: no chance correction.
     # Rank-aware (DCG): event 1's one hit is sport at synonym rank 3, w_syn(3) = 1/log2(5).
+    # Precision form: event 1's hockey has sport among its 3 synonyms; event 2's swim is a
+    # truth and x is unknown (half its list); at k=0 it is exact precision (0.25 below).
     assert payload["by_k"] == {
-        "0": {"reval_hit_ratio": 0.5, **NO_CHANCE, "reval_hit_ratio_ranked": 0.5},
+        "0": {
+            "reval_hit_ratio": 0.5,
+            **NO_CHANCE,
+            "reval_hit_ratio_ranked": 0.5,
+            "reval_hit_ratio_precision": 0.25,
+        },
         "3": {
             "reval_hit_ratio": 1.0,
             **NO_CHANCE,
             "reval_hit_ratio_ranked": pytest.approx((1 / math.log2(5) + 1.0) / 2),
+            "reval_hit_ratio_precision": 0.75,
         },
     }
     assert payload["exact"] == {
@@ -139,6 +147,7 @@ def test_score_json_contract(tmp_path: Path) -> None:
         app, ["score", str(recs), "--thesaurus", str(thesaurus), "-k", "0,3", "-r", "1,all"]
     )
     assert table.exit_code == 0 and "k=3" in table.output and "hit_ratio" in table.output
+    assert "#REval precision form" in table.output
 
 
 def test_score_corrects_for_chance_from_the_sums(tmp_path: Path) -> None:

@@ -74,12 +74,20 @@ def test_summary_means_and_unknown_hashtags() -> None:
     # Rank-aware (DCG): event 1 has hockey at rank 1 with sport at synonym rank 3, so
     # w_syn(3) / (w_rec(1) + w_rec(2)); event 2 is an exact hit at rank 1 (1.0).
     ranked_1 = (1 / math.log2(5)) / (1 + 1 / math.log2(3))
+    # Precision form: event 1 has one of its two recommended (hockey, via sport) with a truth
+    # among its 3 synonyms and none exactly; event 2 its one, exactly.
     assert got["by_k"] == {  # a JSON thesaurus: no null model, no chance correction
-        "0": {"reval_hit_ratio": 0.5, **NO_CHANCE, "reval_hit_ratio_ranked": 0.5},
+        "0": {
+            "reval_hit_ratio": 0.5,
+            **NO_CHANCE,
+            "reval_hit_ratio_ranked": 0.5,
+            "reval_hit_ratio_precision": 0.5,
+        },
         "3": {
             "reval_hit_ratio": 0.75,
             **NO_CHANCE,
             "reval_hit_ratio_ranked": pytest.approx((ranked_1 + 1.0) / 2),
+            "reval_hit_ratio_precision": 0.75,
         },
     }
     assert got["exact"]["hit_rate"] == 0.5

@@ -251,12 +251,12 @@ def _effects(d: dict[str, Any]) -> Table | None:
     def pair(e: Any, key: str) -> str:
         return f"{rv.fmt(rv.get_in(e, key, 'control'))} → {rv.fmt(rv.get_in(e, key, 'drifted'))}"
 
-    keys = ("reval_after", "corrected_after", "exact_after", "unknown_share_after")
+    keys = ("reval_after", "precision_after", "corrected_after", "exact_after", "unknown_share_after")
     rows = [
         [name, rv.count(rv.get_in(e, "events_after")), *(pair(e, k) for k in keys)]
         for name, e in effects.items()
     ]
-    header = ["drift", "events after", "#REval", "corrected", "exact", "unknown share"]
+    header = ["drift", "events after", "#REval", "precision form", "corrected", "exact", "unknown share"]
     return Table(header, rows, [False, True])
 
 

@@ -113,6 +113,11 @@ def _print_scores(payload: dict[str, Any], ks: list[int], rs: list[int | None], 
             "chance-corrected #REval-hit-ratio (0 = random, 1 = best; 95% interval)",
         ),
         ("reval_hit_ratio_ranked", "rank-aware #REval-hit-ratio"),
+        (
+            "reval_hit_ratio_precision",
+            "#REval precision form (share of the recommended with a ground truth among their k synonyms;"
+            " what the #REval alert tests)",
+        ),
     ):
         table = Table(title=title)
         table.add_column("r")

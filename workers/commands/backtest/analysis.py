@@ -224,7 +224,8 @@ class _Detections:
                     "control": _mean(getattr(control, metric)[after]),
                     "drifted": _mean(getattr(drifted, metric)[after]),
                 }
-                for metric in ("reval", "exact")
+                # The precision form: what the #REval alert tests (its loss, not #REval's).
+                for metric in ("reval", "exact", "precision")
             },
             "corrected_after": {"control": _kappa(control, after), "drifted": _kappa(drifted, after)},
             "unknown_share_after": {

@@ -68,15 +68,17 @@ def markdown(result: Backtest) -> str:
         "",
     ]
     lines += [
-        "| drift | events | earliest possible drop alarm | #REval | corrected | exact | unknown share |",
-        "|---|---|---|---|---|---|---|",
+        "| drift | events | earliest possible drop alarm | #REval | precision form | corrected | exact "
+        "| unknown share |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for drift, e in s["effects"].items():
         cells = [bt.duration_text(e["earliest_possible_drop_delay_s"])] + [
             f"{e[m]['control']} → {e[m]['drifted']}"
-            for m in ("reval_after", "corrected_after", "exact_after", "unknown_share_after")
+            for m in ("reval_after", "precision_after", "corrected_after", "exact_after", "unknown_share_after")
         ]
         lines.append(f"| {drift} | {e['events_after']:,} | " + " | ".join(cells) + " |")
+    lines += kept_meaning(s["effects"], s["rules"]["skill_loss_fraction"])
     e = s["embedding_drift"]
     if e["tests"]:
         lines += [
@@ -93,6 +95,34 @@ def markdown(result: Backtest) -> str:
     for kind, met in s["goal"].items():
         lines.append(f"- {kind}: {'met' if met else 'not met'}")
     return "\n".join(lines) + "\n"
+
+
+def kept_meaning(effects: dict[str, Any], fraction: float) -> list[str]:
+    """A note naming the drifts whose precision form (what the #REval alert tests) fell by
+    less than half the loss the alert tests for: each of their events is more likely under
+    "kept its baseline" than under "lost ``fraction``", so the alert gathers no evidence
+    from them however long they last.  By #REval such a drift keeps most of the meaning,
+    whatever exact match says (a synonym drift; or a random one where random hashtags earn
+    as much synonym credit as the recommender's own misses).
+
+    >>> effects = {"random:0.5": {"precision_after": {"control": 0.06, "drifted": 0.03}},
+    ...            "synonyms:1": {"precision_after": {"control": 0.06, "drifted": 0.057}}}
+    >>> kept_meaning(effects, 0.5)[1].rsplit(": ", 1)[1]
+    'synonyms:1 (-5%).'
+    """
+    kept = []
+    for drift, e in effects.items():
+        control, drifted = e["precision_after"]["control"], e["precision_after"]["drifted"]
+        if control and drifted is not None and 1.0 - drifted / control < fraction / 2.0:
+            kept.append(f"{drift} ({drifted / control - 1.0:+.0%})")
+    if not kept:
+        return []
+    return [
+        "",
+        f"The #REval alert tests for a loss of {fraction:.0%} of the precision form; a drift that "
+        f"costs less than {fraction / 2:.0%} of it adds no evidence however long it lasts (by #REval it "
+        f"keeps most of the meaning): {', '.join(kept)}.",
+    ]
 
 
 def _curves_markdown(curves: dict[str, Any]) -> list[str]:
