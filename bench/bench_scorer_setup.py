@@ -146,10 +146,10 @@ def main(argv: list[str] | None = None) -> str:
             }
             base, this = med["baseline"], med["this"]
             same = {x["expectations"] for got in runs.values() for x in got}
+            above = (base["peak"] - base["rss_before"]) / (this["peak"] - this["rss_before"])
             rows.append(
                 f"| {n:,} | baseline / this | median **{base['wall'] / this['wall']:.2f}x** "
-                f"| {base['cpu'] / this['cpu']:.2f}x | | | "
-                f"above the table: {(base['peak'] - base['rss_before']) / (this['peak'] - this['rss_before']):.2f}x "
+                f"| {base['cpu'] / this['cpu']:.2f}x | | | above the table: {above:.2f}x "
                 f"| {'identical' if len(same) == 1 else 'DIFFERENT'} |"
             )
     load_after = os.getloadavg()[0]

@@ -34,6 +34,7 @@ from stream.chance import MIN_ROOM
 
 __all__ = [
     "CURVES",
+    "EFFECTS",
     "SIGNALS",
     "Rules",
     "Series",
@@ -396,6 +397,11 @@ def detect(
         out[name] = float(at[hits[0]] - start) if len(hits) else None
     return out
 
+
+#: The means over the events after each injection (control → drifted) that ``detection.json``'s
+#: ``effects`` hold and its tables show, in their order: #REval, its precision form (what the
+#: #REval alert tests), the corrected score, the exact hit ratio, the unknown share.
+EFFECTS = ("reval_after", "precision_after", "corrected_after", "exact_after", "unknown_share_after")
 
 #: The threshold each signal's operating curve sweeps (a Rules field, or the false-alarm
 #: probability alpha of the #REval alert's bound log(1 / alpha)) and the values it takes.

@@ -23,7 +23,7 @@ from typing import Any
 
 import jinja2
 
-from stream.backtest import duration_text
+from stream.backtest import EFFECTS, duration_text
 from workers.commands import report_plots as plots
 from workers.commands import report_values as rv
 from workers.commands.report_values import Note, Table
@@ -251,9 +251,8 @@ def _effects(d: dict[str, Any]) -> Table | None:
     def pair(e: Any, key: str) -> str:
         return f"{rv.fmt(rv.get_in(e, key, 'control'))} → {rv.fmt(rv.get_in(e, key, 'drifted'))}"
 
-    keys = ("reval_after", "precision_after", "corrected_after", "exact_after", "unknown_share_after")
     rows = [
-        [name, rv.count(rv.get_in(e, "events_after")), *(pair(e, k) for k in keys)]
+        [name, rv.count(rv.get_in(e, "events_after")), *(pair(e, k) for k in EFFECTS)]
         for name, e in effects.items()
     ]
     header = ["drift", "events after", "#REval", "precision form", "corrected", "exact", "unknown share"]

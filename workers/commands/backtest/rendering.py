@@ -74,8 +74,7 @@ def markdown(result: Backtest) -> str:
     ]
     for drift, e in s["effects"].items():
         cells = [bt.duration_text(e["earliest_possible_drop_delay_s"])] + [
-            f"{e[m]['control']} → {e[m]['drifted']}"
-            for m in ("reval_after", "precision_after", "corrected_after", "exact_after", "unknown_share_after")
+            f"{e[m]['control']} → {e[m]['drifted']}" for m in bt.EFFECTS
         ]
         lines.append(f"| {drift} | {e['events_after']:,} | " + " | ".join(cells) + " |")
     lines += kept_meaning(s["effects"], s["rules"]["skill_loss_fraction"])
