@@ -169,7 +169,7 @@ def small_run(tmp_path: Path, *, slices: bool = True) -> Path:
                 "reval_after": {"control": 0.3, "drifted": None},
             }
         },
-        "goal": {"random": True, "stale": False},
+        "goal": {"random": True, "stale": False, "synonyms": None},
         "curves": _curves(),
         "k_curve": _k_curve(t),
         "thesaurus": _thesaurus(t),
@@ -241,6 +241,9 @@ def test_the_small_run_escapes_text_and_survives_nulls(tmp_path: Path) -> None:
     assert "<b>" not in page and "<i>flood</i>" not in page and "&lt;i&gt;flood&lt;/i&gt;" in page
     assert "lang=&lt;en&gt;" in page and "no slices in this run" not in page  # the slices table
     assert "24.0 h (12 events)" in page and "60 min (3 events)" in page
+    # The goal's three outcomes: met, not met, and not decided where neither alert fired.
+    assert "random: <span" in page and "stale: <span" in page
+    assert "synonyms: not decided (neither alert fired)" in page
 
 
 def test_a_run_with_only_signals_still_gets_a_page(tmp_path: Path) -> None:

@@ -239,7 +239,10 @@ def _detection(d: dict[str, Any]) -> dict[str, Any]:
         "legend": [(s, rv.text(rv.get_in(rules, s) or "no description")) for s in signals],
         "effects": _effects(d),
         "curves": plots.curves_plot(d),
-        "goal": [(str(kind), bool(met)) for kind, met in goal.items()] if isinstance(goal, dict) else [],
+        # None: neither alert fired on that drift (nothing to compare)
+        "goal": [(str(kind), None if met is None else bool(met)) for kind, met in goal.items()]
+        if isinstance(goal, dict)
+        else [],
     }
 
 

@@ -321,12 +321,25 @@ def _ratio(part: npt.NDArray[np.float64], whole: npt.NDArray[np.float64]) -> flo
 def goal(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """The issue's goal, checked on the numbers: #REval's alert detects ``random`` and
     ``stale`` drifts no later than exact match with no more false alarms, and stays quiet
-    on ``synonyms`` (a drift that keeps meaning).  Only the drift kinds that were injected."""
+    on ``synonyms`` (a drift that keeps meaning).  Only the drift kinds that were injected;
+    None where neither alert fired on a drift (nothing to compare: on a feed whose topics do
+    not move, a stale model costs nothing).
+
+    >>> def row(drift, signal, delay):
+    ...     return {"drift": drift, "signal": signal, "delay_s": delay, "false_alarms_per_day": 0.0}
+    >>> goal([row("random:0.5", "reval_drop", 60.0), row("random:0.5", "exact_drop", 90.0),
+    ...       row("stale:15", "reval_drop", None), row("stale:15", "exact_drop", None),
+    ...       row("synonyms:1", "reval_drop", None)])
+    {'random': True, 'stale': None, 'synonyms': True}
+    """
     by = {(row["drift"].split(":")[0], row["signal"]): row for row in rows}
     out: dict[str, Any] = {}
     for kind in ("random", "stale"):
         reval, exact = by.get((kind, "reval_drop")), by.get((kind, "exact_drop"))
         if reval is None or exact is None:
+            continue
+        if reval["delay_s"] is None and exact["delay_s"] is None:
+            out[kind] = None
             continue
         sooner = reval["delay_s"] is not None and (
             exact["delay_s"] is None or reval["delay_s"] <= exact["delay_s"]

@@ -92,8 +92,12 @@ def markdown(result: Backtest) -> str:
     lines += _curves_markdown(s["curves"])
     lines += ["", "Goal (#REval no later than exact with no more false alarms; quiet on synonyms):", ""]
     for kind, met in s["goal"].items():
-        lines.append(f"- {kind}: {'met' if met else 'not met'}")
+        lines.append(f"- {kind}: {GOAL_WORDS[met]}")
     return "\n".join(lines) + "\n"
+
+
+#: How the goal line reads each outcome (None: neither alert fired on the drift).
+GOAL_WORDS = {True: "met", False: "not met", None: "not decided (neither alert fired)"}
 
 
 def kept_meaning(effects: dict[str, Any], fraction: float) -> list[str]:
