@@ -190,7 +190,8 @@ class ChanceModel:
         span = depth + 1
         # Every (holder h, rank, target g) entry -- g is h's rank-th nearest, rank 0 h itself --
         # as one integer key g * (n * span) + rank * n + h, sorted (a vectorised sort of int64:
-        # the three-key lexsort it replaces took ~68 s at 1,000,000 hashtags x 100).
+        # with the three-key lexsorts it replaces the set-up took 2.9x as long at 1,000,000
+        # hashtags x 100, BENCHMARKS.md).
         grid = n * span
         if n * grid >= 2**63:
             raise ValueError(f"{n} hashtags x depth {depth}: too many for the null model's int64 keys")
