@@ -21,16 +21,23 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
 
 from bench.bench_index import vocabulary
-from bench.results import bench_command, cpu_model, publish
+from bench.results import (
+    Run,
+    alternate,
+    baseline_ratios,
+    bench_command,
+    compared_trees,
+    machine,
+    publish,
+    run_cells,
+    run_fresh,
+)
 from workers.adapters.annoy_thesaurus import DEFAULT_DEPTH
 
 # One build in a fresh process with the code of the source tree given (sys.argv[1]).
@@ -75,19 +82,6 @@ print(json.dumps({"wall": wall, "cpu": cpu, "load": [load, os.getloadavg()[0]], 
 """
 
 
-def build_once(tree: Path, data: Path, trees: int, depth: int, queries: int) -> dict[str, object]:
-    done = subprocess.run(
-        [sys.executable, "-c", BUILD_ONCE, str(tree), str(data), str(trees), str(depth), str(queries)],
-        check=True, capture_output=True, text=True,
-    )  # fmt: skip
-    run: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
-    return run
-
-
-def gb(value: object) -> str:
-    return f"{float(value) / 1e9:.2f}"  # type: ignore[arg-type]
-
-
 def main(argv: list[str] | None = None) -> str:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sizes", default="100000,300000", help="vocabulary sizes, comma-separated")
@@ -105,66 +99,45 @@ def main(argv: list[str] | None = None) -> str:
     )
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
-    here = Path(__file__).resolve().parents[1]
-    trees = {"this": here, **({"baseline": args.baseline} if args.baseline else {})}
+    trees = compared_trees(args.baseline)
     load_before = os.getloadavg()[0]
     rows = []
     for n in (int(x) for x in args.sizes.split(",")):
-        runs: dict[str, list[dict[str, object]]] = {label: [] for label in trees}
         with tempfile.TemporaryDirectory() as tmp:
             data = Path(tmp) / "vocabulary.npz"
             _, vectors, counts = vocabulary(n, args.dim)
             np.savez(data, vectors=vectors, counts=counts)
             del vectors
-            for r in range(args.rounds):
-                order = list(trees) if r % 2 else list(trees)[::-1]  # baseline first, then ABBA
-                for label in order:
-                    queries = args.queries if label == "this" and r == 0 else 0
-                    run = build_once(trees[label], data, args.trees, args.depth, queries)
-                    runs[label].append(run)
-                    print(f"{n:,} {label} round {r + 1}: {run['wall']:.1f} s, CPU {run['cpu']:.1f} s, "
-                          f"peak RSS {gb(run['peak'])} GB (vectors loaded: {gb(run['rss_before'])} GB), "
-                          f"load {run['load'][0]:.1f}-{run['load'][1]:.1f}", file=sys.stderr, flush=True)  # type: ignore[index]  # fmt: skip
+
+            def once(label: str, tree: Path, r: int, data: Path = data) -> Run:
+                queries = args.queries if label == "this" and r == 0 else 0
+                return run_fresh(BUILD_ONCE, tree, data, args.trees, args.depth, queries)
+
+            runs = alternate(trees, args.rounds, once, f"{n:,}")
         for label, got in runs.items():
             rows.append(
-                f"| {n:,} | {label} | "
-                + ", ".join(f"{x['wall']:.1f}" for x in got)
-                + " | "
-                + ", ".join(f"{x['cpu']:.1f}" for x in got)
-                + " | "
-                + ", ".join(f"{x['load'][0]:.1f}-{x['load'][1]:.1f}" for x in got)  # type: ignore[index]
-                + f" | {gb(got[0]['rss_before'])} | {gb(max(float(x['peak']) for x in got))} "  # type: ignore[arg-type]
+                f"| {n:,} | {label} | {run_cells(got)} "
                 f"| {got[0]['table']!s:.16} | `{json.dumps(got[0]['search'])}` |"
             )
             if got[0]["recall"]:
                 rows.append(
                     f"| {n:,} | {label}: recall@10 / @{args.depth} on {args.queries} random hashtags "
                     f"against the same re-ranking over all pairs | "
-                    + " / ".join(f"{v:.4f}" for v in got[0]["recall"].values())  # type: ignore[attr-defined]
+                    + " / ".join(f"{v:.4f}" for v in got[0]["recall"].values())
                     + " | | | | | | |"
                 )
         if "baseline" in runs:
-            med = {
-                label: {
-                    key: statistics.median(float(x[key]) for x in got)  # type: ignore[arg-type]
-                    for key in ("wall", "cpu", "peak", "rss_before")
-                }
-                for label, got in runs.items()
-            }
-            base, this = med["baseline"], med["this"]
-            above = (base["peak"] - base["rss_before"]) / (this["peak"] - this["rss_before"])
+            ratio = baseline_ratios(runs)
             same = {str(x["table"]) for x in runs["this"] + runs["baseline"]}
             rows.append(
-                f"| {n:,} | baseline / this | median {base['wall'] / this['wall']:.2f}x | "
-                f"{base['cpu'] / this['cpu']:.2f}x | | | peak {base['peak'] / this['peak']:.2f}x; "
-                f"above the vectors {above:.2f}x "
+                f"| {n:,} | baseline / this | median {ratio['wall']:.2f}x | "
+                f"{ratio['cpu']:.2f}x | | | peak {ratio['peak']:.2f}x; "
+                f"above the vectors {ratio['above']:.2f}x "
                 f"| tables {'identical' if len(same) == 1 else 'DIFFER'} | |"
             )
-    command = bench_command("bench_build_memory", argv)
     lines = [
-        f"Command: `{command}`. {cpu_model()}, {os.cpu_count()} CPU cores (shared), load average "
-        f"{load_before:.1f} / {os.getloadavg()[0]:.1f} before / after; {args.dim}-d clustered vectors, "
-        f"depth {args.depth}, {args.trees} Annoy trees; each build a fresh process.",
+        f"{machine(bench_command('bench_build_memory', argv), load_before)}; {args.dim}-d clustered "
+        f"vectors, depth {args.depth}, {args.trees} Annoy trees; each build a fresh process.",
         "",
         "| hashtags | tree | build s (each round) | CPU s | load | RSS with the vectors, GB | peak RSS, GB "
         "| table SHA-256 | search |",

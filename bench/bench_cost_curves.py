@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import resource
 import sys
 import time
@@ -27,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.bench_index import vocabulary
-from bench.results import bench_command, publish
+from bench.results import bench_command, machine, publish
 from stream.batch_scoring import score_events
 from stream.hubness import DEFAULT_METHOD
 from stream.records import Recommendation
@@ -106,15 +105,13 @@ def main(argv: list[str] | None = None) -> str:
                 grid_cache = neighbour_cache(built.table, max(ks))
                 rate(events, grid_cache, ks)  # cold pass, not counted
                 grid_rates.append((max(ks), rate(events, grid_cache, ks)))
-    load_after = os.getloadavg()[0]
 
     command = bench_command("bench_cost_curves", argv)
     lines = [
         "## How cost grows (bench/bench_cost_curves.py, issue 27 §5)",
         "",
-        f"Command: `{command.strip()}`. {platform.processor() or platform.machine()}, "
-        f"{os.cpu_count()} CPU cores (shared), load average {load_before:.1f} / {load_after:.1f} "
-        f"before / after; {args.dim}-d clustered vectors, {args.trees} Annoy trees, depth {DEPTH}, "
+        f"{machine(command, load_before)}; {args.dim}-d clustered vectors, {args.trees} Annoy trees, "
+        f"depth {DEPTH}, "
         f"{args.events} events per pass, batches of 256, r grid {DEFAULT_RS}.",
         "",
         "| hashtags | index build s | build s / n² (ns) | scorer set-up s | events/s cold | events/s warm "

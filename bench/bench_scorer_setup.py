@@ -20,17 +20,14 @@ same values to the bit or not.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import statistics
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
 
-from bench.results import bench_command, cpu_model, publish
+from bench import results
+from bench.results import Run
 from workers.adapters.annoy_thesaurus import DEFAULT_DEPTH
 
 # One set-up in a fresh process with the code of the source tree given (sys.argv[1]).
@@ -54,7 +51,8 @@ del ids
 rss = int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 load = os.getloadavg()[0]
 wall, cpu = time.perf_counter(), time.process_time()
-cache = neighbour_cache(table, max(DEFAULT_KS), ks=DEFAULT_KS)
+ks = tuple(k for k in DEFAULT_KS if k <= depth)  # the scorer's grid, as deep as the table goes
+cache = neighbour_cache(table, max(ks), ks=ks)
 wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 rng = np.random.default_rng(11)
@@ -62,7 +60,7 @@ digest = hashlib.sha256()
 for _ in range(int(queries)):
     truth = [names[i] for i in dict.fromkeys(rng.integers(0, n, int(rng.integers(1, 4))).tolist())]
     m = int(rng.integers(1, 21))
-    digest.update(np.asarray(cache.chance.expected(m, truth, DEFAULT_KS)).tobytes())
+    digest.update(np.asarray(cache.chance.expected(m, truth, ks)).tobytes())
 print(json.dumps({"wall": wall, "cpu": cpu, "load": [load, os.getloadavg()[0]], "rss_before": rss,
                   "peak": peak, "expectations": digest.hexdigest()}))
 """
@@ -83,19 +81,6 @@ def synthetic_table(n: int, depth: int, cluster: int, seed: int = 3) -> tuple[np
     return ids, rng.permutation(counts)
 
 
-def setup_once(tree: Path, data: Path, queries: int) -> dict[str, object]:
-    done = subprocess.run(
-        [sys.executable, "-c", SETUP_ONCE, str(tree), str(data), str(queries)],
-        check=True, capture_output=True, text=True,
-    )  # fmt: skip
-    run: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
-    return run
-
-
-def gb(value: object) -> str:
-    return f"{float(value) / 1e9:.2f}"  # type: ignore[arg-type]
-
-
 def main(argv: list[str] | None = None) -> str:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sizes", default="100000,1000000", help="vocabulary sizes, comma-separated")
@@ -106,68 +91,45 @@ def main(argv: list[str] | None = None) -> str:
     p.add_argument("--baseline", type=Path, help="a source tree whose set-up is compared")
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
-    here = Path(__file__).resolve().parents[1]
-    trees = {"this": here, **({"baseline": args.baseline} if args.baseline else {})}
+    trees = results.compared_trees(args.baseline)
     load_before = os.getloadavg()[0]
     rows = []
     for n in (int(x) for x in args.sizes.split(",")):
-        runs: dict[str, list[dict[str, object]]] = {label: [] for label in trees}
         with tempfile.TemporaryDirectory() as tmp:
             data = Path(tmp) / "table.npz"
             ids, counts = synthetic_table(n, args.depth, args.cluster)
             np.savez(data, ids=ids, counts=counts)
             del ids
-            for r in range(args.rounds):
-                order = list(trees) if r % 2 else list(trees)[::-1]  # baseline first, then ABBA
-                for label in order:
-                    run = setup_once(trees[label], data, args.queries)
-                    runs[label].append(run)
-                    print(f"{n:,} {label} round {r + 1}: {run['wall']:.1f} s, CPU {run['cpu']:.1f} s, "
-                          f"peak RSS {gb(run['peak'])} GB (table loaded: {gb(run['rss_before'])} GB), "
-                          f"load {run['load'][0]:.1f}-{run['load'][1]:.1f}", file=sys.stderr, flush=True)  # type: ignore[index]  # fmt: skip
-        for label, got in runs.items():
-            rows.append(
-                f"| {n:,} | {label} | "
-                + ", ".join(f"{x['wall']:.1f}" for x in got)
-                + " | "
-                + ", ".join(f"{x['cpu']:.1f}" for x in got)
-                + " | "
-                + ", ".join(f"{x['load'][0]:.1f}-{x['load'][1]:.1f}" for x in got)  # type: ignore[index]
-                + f" | {gb(got[0]['rss_before'])} | {gb(max(float(x['peak']) for x in got))} "  # type: ignore[arg-type]
-                f"| {got[0]['expectations']!s:.16} |"
-            )
+
+            def once(_label: str, tree: Path, _round: int, data: Path = data) -> Run:
+                return results.run_fresh(SETUP_ONCE, tree, data, args.queries)
+
+            runs = results.alternate(trees, args.rounds, once, f"{n:,}")
+        rows += [
+            f"| {n:,} | {label} | {results.run_cells(got)} | {got[0]['expectations']!s:.16} |"
+            for label, got in runs.items()
+        ]
         if "baseline" in runs:
-            med = {
-                label: {
-                    key: statistics.median(float(x[key]) for x in got)  # type: ignore[arg-type]
-                    for key in ("wall", "cpu", "peak", "rss_before")
-                }
-                for label, got in runs.items()
-            }
-            base, this = med["baseline"], med["this"]
+            ratio = results.baseline_ratios(runs)
             same = {x["expectations"] for got in runs.values() for x in got}
-            above = (base["peak"] - base["rss_before"]) / (this["peak"] - this["rss_before"])
             rows.append(
-                f"| {n:,} | baseline / this | median **{base['wall'] / this['wall']:.2f}x** "
-                f"| {base['cpu'] / this['cpu']:.2f}x | | | above the table: {above:.2f}x "
+                f"| {n:,} | baseline / this | median **{ratio['wall']:.2f}x** | {ratio['cpu']:.2f}x | | "
+                f"| above the table: {ratio['above']:.2f}x "
                 f"| {'identical' if len(same) == 1 else 'DIFFERENT'} |"
             )
-    load_after = os.getloadavg()[0]
-    command = bench_command("bench_scorer_setup", argv)
     lines = [
         "## The scorer's set-up per thesaurus version (bench/bench_scorer_setup.py)",
         "",
-        f"Command: `{command.strip()}`. {cpu_model()}, {os.cpu_count()} CPU cores (shared), load "
-        f"average {load_before:.1f} / {load_after:.1f} before / after; synthetic tables, depth "
-        f"{args.depth}, neighbours within clusters of {args.cluster} ids; the k grid of the scorer; "
-        f"the peak is `ru_maxrss` of the set-up's process (table included).",
+        f"{results.machine(results.bench_command('bench_scorer_setup', argv), load_before)}; synthetic "
+        f"tables, depth {args.depth}, neighbours within clusters of {args.cluster} ids; the k grid of the scorer; "
+        "the peak is `ru_maxrss` of the set-up's process (table included).",
         "",
         "| hashtags | tree | set-up s (each round) | CPU s | load | RSS with the table, GB | peak RSS, GB "
         f"| SHA-256 of {args.queries} expectations |",
         "|---:|---|---|---|---|---:|---:|---|",
         *rows,
     ]
-    return publish(lines, args.out)
+    return results.publish(lines, args.out)
 
 
 if __name__ == "__main__":

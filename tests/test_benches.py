@@ -88,3 +88,12 @@ def test_bench_build_memory_compares_two_trees(tmp_path: Path) -> None:
     text = run_bench("bench_build_memory", *workload, "--baseline", str(REPO), out=tmp_path / "memory.md")
     assert "| 400 | this |" in text and "| 400 | baseline |" in text and "tables identical" in text
     assert "| 400 | this: recall@10 / @100 on 20 random hashtags" in text
+
+
+@pytest.mark.slow
+def test_bench_scorer_setup_compares_two_trees(tmp_path: Path) -> None:
+    # The repository against itself as the baseline: the same expectations, shown identical.
+    workload = ["--sizes", "3000", "--depth", "20", "--cluster", "100", "--rounds", "2", "--queries", "50"]
+    text = run_bench("bench_scorer_setup", *workload, "--baseline", str(REPO), out=tmp_path / "setup.md")
+    assert "| 3,000 | this |" in text and "| 3,000 | baseline |" in text
+    assert "| 3,000 | baseline / this | median" in text and "| identical |" in text
