@@ -121,8 +121,8 @@ def main(argv: list[str] | None = None) -> str:
         "## The scorer's set-up per thesaurus version (bench/bench_scorer_setup.py)",
         "",
         f"{results.machine(results.bench_command('bench_scorer_setup', argv), load_before)}; synthetic "
-        f"tables, depth {args.depth}, neighbours within clusters of {args.cluster} ids; the k grid of the scorer; "
-        "the peak is `ru_maxrss` of the set-up's process (table included).",
+        f"tables, depth {args.depth}, neighbours within clusters of {args.cluster} ids; the k grid of "
+        "the scorer; the peak is `ru_maxrss` of the set-up's process (table included).",
         "",
         "| hashtags | tree | set-up s (each round) | CPU s | load | RSS with the table, GB | peak RSS, GB "
         f"| SHA-256 of {args.queries} expectations |",
