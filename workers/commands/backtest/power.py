@@ -29,7 +29,7 @@ deployed ``reval_drop`` and ``exact_drop`` rules of :mod:`stream.backtest` (the 
 detection delay.  The feed is embedded once; one walk per k (the ``synonyms`` drift takes its
 synonyms from the thesaurus at that k).
 
-    python -m workers.dev.alert_power FEED [--limit N] [--inject KIND:AMOUNT ...]
+    python -m workers.commands.backtest.power FEED [--limit N] [--inject KIND:AMOUNT ...]
                                       [--ks 1,5,10] [--model minilm]
 """
 
@@ -161,7 +161,7 @@ def rule_delays(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m workers.dev.alert_power", description=__doc__.split("\n")[0]
+        prog="python -m workers.commands.backtest.power", description=__doc__.split("\n")[0]
     )
     parser.add_argument("feed")
     parser.add_argument("--limit", type=int, default=None, help="the first N tweets only")
@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
             limit=args.limit,
         )
     except ValueError as exc:
-        print(f"alert_power: {exc}", file=sys.stderr)
+        print(f"workers.commands.backtest.power: {exc}", file=sys.stderr)
         return 2
     feed = load_feed([args.feed], config, config.parsed(), no_progress, {})
     print(f"feed {args.feed}: {len(feed.events):,} events, {(feed.last - feed.first) / DAY:.1f} days\n")
