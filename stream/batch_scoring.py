@@ -125,7 +125,9 @@ def _score_group(
                 cells["reval_hit_ratio_corrected"][label] = dict(zip(keys, found.corrected[i], strict=True))
             score.exact[label] = found.exact[i]
             cells["exact"][label] = _exact_json(found.exact[i])
-            score.precision[label] = dict(zip(ks, found.precision[i], strict=True))
+            values = found.precision[i]
+            score.precision[label] = dict(zip(ks, values, strict=True))
+            cells["reval_hit_ratio_precision"][label] = dict(zip(keys, values, strict=True))
             values = found.ranked[i]
             score.ranked[label] = dict(zip(ks, values, strict=True))
             cells["reval_hit_ratio_ranked"][label] = dict(zip(keys, values, strict=True))
@@ -148,6 +150,7 @@ _JSON_CELLS = (
     "reval_hit_ratio_ranked",
     "reval_hit_ratio_slices",
     "reval_hit_ratio_expected",
+    "reval_hit_ratio_precision",
 )
 
 

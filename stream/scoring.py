@@ -282,10 +282,10 @@ class EventScore:
     slices: dict[str, dict[str, dict[int, float]]] = field(default_factory=dict)
     #: The precision form of #REval (:func:`stream.metrics.reval_precision_by_k`): the share of
     #: the top-r recommended hashtags with a ground truth among their k synonyms, ``[r][k]``.
-    #: What the #REval alert tests; exported as sums and averaged by :class:`Summary`, not
-    #: written to the event's JSON.
+    #: What the #REval alert tests: exported as sums, averaged by :class:`Summary` and written
+    #: to the event's JSON as "reval_hit_ratio_precision".
     precision: dict[str, dict[int, float]] = field(default_factory=dict)
-    #: The score cells of :meth:`to_json` (its "reval_hit_ratio" ... "reval_hit_ratio_slices"),
+    #: The score cells of :meth:`to_json` (its "reval_hit_ratio" ... "reval_hit_ratio_precision"),
     #: made by :func:`stream.batch_scoring.score_events` beside the fields above from the same
     #: lists: a batch's scores are written out once each, and re-keying every dict for JSON cost more than
     #: making it.  Shared, never modified.
@@ -319,6 +319,7 @@ class EventScore:
             "reval_hit_ratio_ranked": cells["reval_hit_ratio_ranked"],
             "reval_hit_ratio_slices": cells["reval_hit_ratio_slices"],
             "reval_hit_ratio_expected": cells["reval_hit_ratio_expected"],
+            "reval_hit_ratio_precision": cells["reval_hit_ratio_precision"],
         }
 
     def _json_cells(self) -> dict[str, Any]:
@@ -333,6 +334,7 @@ class EventScore:
                 for r, by_slice in self.slices.items()
             },
             "reval_hit_ratio_expected": {r: str_keys(by_k) for r, by_k in self.expected.items()},
+            "reval_hit_ratio_precision": {r: str_keys(by_k) for r, by_k in self.precision.items()},
         }
 
 

@@ -341,3 +341,35 @@ def test_backtest_refuses_bad_options(tmp_path: Path) -> None:
         result = runner.invoke(app, ["backtest", feed, "--out", str(tmp_path / "x"), *extra])
         assert result.exit_code == 2 and message in result.output, (extra, result.output)
         assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.slow
+def test_power_measures_what_each_signal_learns_per_event(
+    tiny_bertweet: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`python -m workers.commands.backtest.power`: the per-event information of each signal
+    under each drift, then the deployed rules' delays, on the bundled feed."""
+    from workers.commands.backtest import power
+
+    feed = str(sample_feed())
+    argv = [feed, "--model", str(tiny_bertweet), "--ks", "5", "--inject", "synonyms:1", "--limit", "3000"]
+    assert power.main(argv) == 0
+    rows = {}
+    for line in capsys.readouterr().out.splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) == 8 and cells[0] == "5":
+            rows[cells[2]] = float(cells[7])
+    assert set(rows) == {
+        "exact",
+        "reval",
+        "excess",
+        "excess_weighted",
+        "precision",
+        "excess and precision, jointly",
+    }
+    # Every recommended hashtag swapped for a synonym: exact match learns much per event,
+    # #REval next to nothing, and the joint reading at least what each part learns.
+    assert rows["exact"] > 0.5 and rows["reval"] < 0.01
+    assert rows["excess and precision, jointly"] >= max(rows["excess"], rows["precision"]) - 1e-9
+    assert power.main([feed, "--ks", "five"]) == 2
+    assert "'five' is not a whole number" in capsys.readouterr().err

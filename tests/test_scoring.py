@@ -91,6 +91,8 @@ def test_summary_means_and_unknown_hashtags() -> None:
         },
     }
     assert got["exact"]["hit_rate"] == 0.5
+    # The event's own record carries the same precision form (event 1: hockey's synonyms reach sport).
+    assert scores[0].to_json()["reval_hit_ratio_precision"] == {"all": {"0": 0.0, "3": 0.5}}
 
 
 def test_parse_ints() -> None:

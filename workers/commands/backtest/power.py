@@ -46,6 +46,7 @@ import numpy.typing as npt
 from stream import backtest as bt
 from stream.alert_params import rule_params
 from stream.experiment import no_progress
+from stream.scoring import parse_ints
 from workers.commands.backtest.simulation import (
     DAY,
     BacktestConfig,
@@ -170,14 +171,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="minilm")
     args = parser.parse_args(argv)
     try:
-        ks = [int(k) for k in args.ks.split(",")]
+        ks = [k for k in parse_ints(args.ks) if k is not None]
         config = BacktestConfig(
             model=args.model,
             injections=tuple(args.inject or ("random:0.5", "swap:least-popular", "synonyms:1", "stale:60")),
             limit=args.limit,
         )
     except ValueError as exc:
-        print(f"workers.commands.backtest.power: {exc}", file=sys.stderr)
+        print(f"workers.commands.backtest.power: --ks or --inject: {exc}", file=sys.stderr)
         return 2
     feed = load_feed([args.feed], config, config.parsed(), no_progress, {})
     print(f"feed {args.feed}: {len(feed.events):,} events, {(feed.last - feed.first) / DAY:.1f} days\n")
