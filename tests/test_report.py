@@ -170,6 +170,24 @@ def small_run(tmp_path: Path, *, slices: bool = True) -> Path:
             }
         },
         "goal": {"random": True, "stale": False, "synonyms": None},
+        "goal_matched": {
+            "random": {
+                "drift": HOSTILE,
+                "false_alarms_per_day": 0.0,
+                "reval_delay_s": 86400.0,
+                "exact_delay_s": None,
+                "exact_threshold": None,
+                "met": True,
+            },
+            "stale": {
+                "drift": "stale:60",
+                "false_alarms_per_day": None,
+                "reval_delay_s": None,
+                "exact_delay_s": 3600.0,
+                "exact_threshold": 0.4,
+                "met": False,
+            },
+        },
         "curves": _curves(),
         "k_curve": _k_curve(t),
         "thesaurus": _thesaurus(t),
@@ -217,6 +235,7 @@ def test_the_example_has_one_inline_svg_plot_per_expected_figure(example_report:
     for text in ("mowe", "crisislex-t26", "2013-02-15", "k=10", "×113.128", "43%", "105.8 d (3,311 events)"):
         assert text in page, text
     assert "Movers at the last refit" in page and "helicopter" in page
+    assert "At matched false alarms" in page and "quality_drop_fraction 0.6" in page
     # Only hashtags that moved: got tweets, or changed neighbours (issue 26).
     movers = json.loads((EXAMPLE / "detection.json").read_text())["thesaurus"]["movers"]
     assert movers and all(m["support_old"] != m["support_new"] or m["jaccard"] < 1 for m in movers)
@@ -244,6 +263,9 @@ def test_the_small_run_escapes_text_and_survives_nulls(tmp_path: Path) -> None:
     # The goal's three outcomes: met, not met, and not decided where neither alert fired.
     assert "random: <span" in page and "stale: <span" in page
     assert "synonyms: not decided (neither alert fired)" in page
+    # ... and at matched false alarms, where a value is missing too.
+    assert "#REval alert 24.0 h, exact match —: <span" in page
+    assert "stale:60 (≤ — a day): #REval alert —, exact match 60 min" in page
 
 
 def test_a_run_with_only_signals_still_gets_a_page(tmp_path: Path) -> None:

@@ -243,7 +243,33 @@ def _detection(d: dict[str, Any]) -> dict[str, Any]:
         "goal": [(str(kind), None if met is None else bool(met)) for kind, met in goal.items()]
         if isinstance(goal, dict)
         else [],
+        "matched": _matched(d),
     }
+
+
+def _matched(d: dict[str, Any]) -> list[tuple[str, str, str, bool | None]]:
+    """The goal at one false-alarm rate (``goal_matched``, absent from older runs): per drift,
+    the rate, the #REval alert's delay, exact match's at its fastest threshold there, met."""
+    matched = rv.get_in(d, "goal_matched")
+    parameter = rv.text(rv.get_in(d, "curves", "exact_drop", "parameter") or "threshold")
+    out = []
+    for m in matched.values() if isinstance(matched, dict) else []:
+        exact = rv.num(rv.get_in(m, "exact_delay_s"))
+        exact_text = (
+            "—"
+            if exact is None
+            else f"{duration_text(exact)} ({parameter} {rv.fmt(m.get('exact_threshold'), 'g')})"
+        )
+        met = m.get("met")
+        out.append(
+            (
+                f"{rv.text(m.get('drift'))} (≤ {rv.fmt(m.get('false_alarms_per_day'), '.3f')} a day)",
+                duration_text(rv.num(rv.get_in(m, "reval_delay_s"))),
+                exact_text,
+                None if met is None else bool(met),
+            )
+        )
+    return out
 
 
 def _effects(d: dict[str, Any]) -> Table | None:

@@ -84,6 +84,7 @@ def run_backtest(
         "false_alarm_episodes": found.false_alarms,
         "effects": found.effects,
         "goal": goal(found.rows),
+        "goal_matched": matched_goal(found.rows, curves),
         # per signal, detection delay against false alarms per day as its threshold sweeps
         "curves": curves,
         "slices": _slices(t_events, control, walk.runs, feed.starts),
@@ -348,6 +349,52 @@ def goal(rows: list[dict[str, Any]]) -> dict[str, Any]:
     reval = by.get(("synonyms", "reval_drop"))
     if reval is not None:
         out["synonyms"] = reval["delay_s"] is None
+    return out
+
+
+def matched_goal(rows: list[dict[str, Any]], curves: dict[str, Any]) -> dict[str, Any]:
+    """The goal's ``random`` and ``stale`` at one false-alarm rate: the #REval alert as
+    deployed against exact match's fastest threshold (its operating curve) whose control run
+    raises no more false alarms a day.  :func:`goal` compares the two deployed rules, which
+    may sit at different rates (a loose threshold fires early and often); this says whether
+    the #REval alert is the earlier one where both alarm as rarely.  ``met`` as in
+    :func:`goal`: None where neither fired.
+
+    >>> rows = [{"drift": "random:0.5", "signal": "reval_drop", "delay_s": 90.0, "false_alarms_per_day": 0.0}]
+    >>> curve = {"parameter": "quality_drop_fraction", "points": [
+    ...     {"value": 0.2, "false_alarms_per_day": 0.2, "delays": {"random:0.5": 30.0}},
+    ...     {"value": 0.4, "false_alarms_per_day": 0.0, "delays": {"random:0.5": 60.0}},
+    ...     {"value": 0.6, "false_alarms_per_day": 0.0, "delays": {"random:0.5": None}}]}
+    >>> found = matched_goal(rows, {"exact_drop": curve})["random"]
+    >>> found["reval_delay_s"], found["exact_delay_s"], found["exact_threshold"], found["met"]
+    (90.0, 60.0, 0.4, False)
+    """
+    curve = curves.get("exact_drop")
+    out: dict[str, Any] = {}
+    if curve is None:
+        return out
+    for row in rows:
+        kind = row["drift"].split(":")[0]
+        if row["signal"] != "reval_drop" or kind not in ("random", "stale"):
+            continue
+        rate, mine = row["false_alarms_per_day"], row["delay_s"]
+        fired = [
+            (p["delays"][row["drift"]], p["value"])
+            for p in curve["points"]
+            if p["false_alarms_per_day"] <= rate and p["delays"].get(row["drift"]) is not None
+        ]
+        exact, threshold = min(fired) if fired else (None, None)
+        met = (
+            None if mine is None and exact is None else mine is not None and (exact is None or mine <= exact)
+        )
+        out[kind] = {
+            "drift": row["drift"],
+            "false_alarms_per_day": rate,
+            "reval_delay_s": mine,
+            "exact_delay_s": exact,
+            "exact_threshold": threshold,
+            "met": met,
+        }
     return out
 
 

@@ -93,7 +93,32 @@ def markdown(result: Backtest) -> str:
     lines += ["", "Goal (#REval no later than exact with no more false alarms; quiet on synonyms):", ""]
     for kind, met in s["goal"].items():
         lines.append(f"- {kind}: {GOAL_WORDS[met]}")
+    lines += _matched_markdown(s.get("goal_matched") or {}, s["curves"])
     return "\n".join(lines) + "\n"
+
+
+def _matched_markdown(matched: dict[str, Any], curves: dict[str, Any]) -> list[str]:
+    """The goal at one false-alarm rate (:func:`workers.commands.backtest.analysis.matched_goal`)."""
+    if not matched:
+        return []
+    parameter = curves["exact_drop"]["parameter"]
+    lines = [
+        "",
+        "At matched false alarms (exact match's fastest threshold whose control raises no more false "
+        "alarms a day than the #REval alert):",
+        "",
+    ]
+    for m in matched.values():
+        exact = (
+            f"{bt.duration_text(m['exact_delay_s'])} ({parameter} {m['exact_threshold']:g})"
+            if m["exact_delay_s"] is not None
+            else "—"
+        )
+        lines.append(
+            f"- {m['drift']} (<= {m['false_alarms_per_day']:.3f} a day): #REval alert "
+            f"{bt.duration_text(m['reval_delay_s'])}, exact match {exact}: {GOAL_WORDS[m['met']]}"
+        )
+    return lines
 
 
 #: How the goal line reads each outcome (None: neither alert fired on the drift).
