@@ -27,7 +27,6 @@ import numpy as np
 
 from bench.bench_index import vocabulary
 from bench.results import bench_command, machine, publish
-from stream.batch_scoring import score_events
 from stream.hubness import DEFAULT_METHOD
 from stream.records import Recommendation
 from stream.scoring import DEFAULT_KS, DEFAULT_RS

@@ -25,8 +25,9 @@ from stream.batch import embed_feed
 from stream.chance import ChanceModel
 from stream.hubness import METHODS
 from stream.neighbour_table import build_neighbour_table
+from stream.neighbours import NeighbourCache
 from stream.records import Recommendation
-from stream.scoring import DEFAULT_KS, DEFAULT_RS, NeighbourCache, score_event
+from stream.scoring import DEFAULT_KS, DEFAULT_RS, score_event
 from workers.adapters.annoy_thesaurus import AnnoyThesaurus
 from workers.adapters.encoder import Encoder
 from workers.adapters.feeds import read_tweets, sample_feed

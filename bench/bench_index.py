@@ -54,8 +54,9 @@ import redis
 
 from bench.results import bench_command, cpu_model, publish, spread
 from stream.hubness import DEFAULT_METHOD, candidate_count, centred, exact_candidates, scores
+from stream.neighbours import NeighbourCache
 from stream.records import Recommendation
-from stream.scoring import DEFAULT_KS, NeighbourCache, score_event
+from stream.scoring import DEFAULT_KS, score_event
 from workers.adapters.annoy_thesaurus import AnnoyThesaurus, neighbour_cache
 from workers.adapters.redis_thesaurus import RedisThesauri
 from workers.adapters.store import ThesaurusStore

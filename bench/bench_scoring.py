@@ -56,14 +56,9 @@ import numpy as np
 
 from bench.results import publish
 from stream.metrics import exact_scores, reval_hit_ratio
+from stream.neighbours import NeighbourCache
 from stream.records import Recommendation
-from stream.scoring import (
-    DEFAULT_KS,
-    DEFAULT_RS,
-    NeighbourCache,
-    r_label,
-    score_event,
-)
+from stream.scoring import DEFAULT_KS, DEFAULT_RS, r_label, score_event
 from stream.thesaurus import Thesaurus
 from workers.adapters.annoy_thesaurus import AnnoyThesaurus
 from workers.adapters.exporter import Exporter, LabelGuard

@@ -41,7 +41,8 @@ from bench.results import bench_command, publish
 from stream import backtest as bt
 from stream.chance import ChanceModel
 from stream.drift import recent_shift
-from stream.scoring import DEFAULT_KS, DEFAULT_RS, NeighbourCache, score_event
+from stream.neighbours import NeighbourCache
+from stream.scoring import DEFAULT_KS, DEFAULT_RS, score_event
 from stream.slices import Bands
 from workers.adapters.annoy_thesaurus import AnnoyThesaurus, thesaurus_drift
 

@@ -1,41 +1,39 @@
-"""Scoring recommendation events over a grid of k (synonyms) and r (top-r cut-offs).
+"""Scoring recommendation events over a grid of k (synonyms) and r (top-r cut-offs), a batch at
+a time, into columns.
 
-This is the one code path behind ``reval score``, ``reval evaluate`` and the
-streaming scoring worker, so live, replayed and offline numbers agree exactly.
-Each hashtag's neighbours are asked of the thesaurus once, at the largest k, as
-synonym ranks, so every smaller k is answered from the same look-up (cached per
-thesaurus version; on a neighbour table, read from its rows with nothing to cache).
+:func:`score_batch` is the one code path behind ``reval score``, ``reval evaluate``, the
+backtest and the streaming scoring worker, so live, replayed and offline numbers agree exactly;
+:func:`score_event` is its one-event case.  A batch's events become rank matrices (one gather of
+the recommended hashtags' neighbour rows, :meth:`stream.neighbours.NeighbourCache.matrices`),
+every signal of :data:`stream.signals.SIGNALS` is computed for every (r, k) cell of every event
+in numpy passes (:class:`stream.rank_grid.RankGrid`), and the results stay columns
+(:class:`ScoredBatch`: one array per signal) until a consumer needs records
+(:meth:`ScoredBatch.records`, the scores topic's JSON) or sums (:mod:`stream.quality`).
+``tests/oracle.py`` scores one event at a time by the definitions and the tests compare, to the
+last bit.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from itertools import chain
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from stream.chance import ChanceModel, CorrectedSum, corrected_of_sums
-from stream.metrics import (
-    FAR,
-    ExactScores,
-    Mean,
-    exact_from_ranks,
-    rank_matrix,
-    reval_by_k,
-    reval_precision_by_k,
-)
-from stream.neighbour_table import NeighbourTable
-from stream.rank import DCG, RankWeights, ranked_by_k
+from stream.chance import MIN_ROOM
+from stream.metrics import ExactScores
+from stream.neighbours import NeighbourCache
+from stream.rank import DCG, RankWeights
+from stream.rank_grid import RankGrid
 from stream.records import Recommendation
-from stream.slices import Bands, columns_by_slice, slice_scores
-from stream.thesaurus import Thesaurus
+from stream.signals import RECORD_KEYS, SIGNALS
+from stream.slices import SLICES
 
-Ranks = npt.NDArray[np.int64]
-"""Rank matrices of a batch, |B| x max|R| x max|G|, padded with :data:`~stream.metrics.FAR`."""
+Ints = npt.NDArray[np.int64]
+Floats = npt.NDArray[np.float64]
+Flags = npt.NDArray[np.bool_]
 
 DEFAULT_KS: tuple[int, ...] = (0, 5, 10, 20, 30, 40, 50, 60, 70)
 DEFAULT_RS: tuple[int | None, ...] = (1, 5, 10)
@@ -72,284 +70,367 @@ def parse_ints(text: str, *, allow_all: bool = False) -> tuple[int | None, ...]:
     return tuple(sorted(values, key=lambda v: (v is None, v or 0)))
 
 
-class NeighbourCache:
-    """Synonym ranks of one thesaurus version, fetched once at ``max_k`` per hashtag.
+@dataclass(frozen=True)
+class ScoredBatch:
+    """The scores of a batch of events, as columns: one |B| x |r| x |k| array per signal
+    (:data:`stream.signals.SIGNALS`), the null model's expectations, the exact-match metrics
+    and the popularity slices.  Rows of unscorable events hold zeros and are never read as
+    scores (:attr:`scorable`).
 
-    For each hashtag the cache keeps ``{synonym: rank}``: 0 for the hashtag itself
-    and i for its i-th nearest neighbour, so ``g`` is in Syn_k(h) exactly when its
-    rank is <= k -- one look-up answers every k.  Hashtags the thesaurus lacks are
-    not cached (Syn(h) = {h}), and the cache is bounded (least recently used go
-    first), so a stream of ever-new hashtags cannot grow it without limit.
-
-    A neighbour table (``thesaurus`` itself, or ``table`` behind it) is searched instead
-    (:class:`RowSearch`): no per-hashtag state, so the first event of a version scores as
-    fast as the next ones.
-
-    ``chance`` is the version's null model (:class:`stream.chance.ChanceModel`); with it,
-    scores carry the null's expected #REval-hit-ratio too (what the chance correction of
-    any set of events is computed from).
+    >>> from stream.thesaurus import JsonThesaurus
+    >>> cache = NeighbourCache(JsonThesaurus({"flood": ["rain"], "rain": ["flood"]}), max_k=1)
+    >>> events = [Recommendation("1", ("rain", "help")), Recommendation("2", ())]
+    >>> batch = score_batch([(events[0], ["flood"]), (events[1], ["flood"])], cache, ks=[0, 1])
+    >>> batch.values["reval_hit_ratio"][0].tolist(), batch.unscorable
+    ([[0.0, 1.0]], [None, 'empty_recommended'])
+    >>> batch.records()[0]["reval_reciprocal_rank"]
+    {'all': {'0': 0.0, '1': 1.0}}
     """
 
-    def __init__(
-        self,
-        thesaurus: Thesaurus,
-        max_k: int,
-        max_entries: int = 200_000,
-        *,
-        chance: ChanceModel | None = None,
-        bands: Bands | None = None,
-        table: NeighbourTable | None = None,
-    ) -> None:
-        self.thesaurus = thesaurus
-        #: The version's popularity bands (:mod:`stream.slices`); None: no slices.
-        self.bands = bands
-        self.max_k = max_k
-        self.max_entries = max_entries
-        self.chance = chance
-        self._ranks: OrderedDict[str, dict[str, int]] = OrderedDict()
-        self.queries = 0
-        if table is None and isinstance(thesaurus, NeighbourTable):
-            table = thesaurus
-        # Larger tables than a string can index (over a million hashtags) keep the dictionaries.
-        self._search = (
-            RowSearch(table, max_k) if table is not None and len(table) <= RowSearch.LIMIT else None
-        )
+    tweet_ids: list[str]
+    recommenders: list[str]
+    version: str
+    ks: tuple[int, ...]
+    #: The r labels (``"1"``, ``"5"``, ``"all"``), in order: the middle axis of every array.
+    rs: tuple[str, ...]
+    unscorable: list[str | None]  # None, empty_recommended or empty_ground_truth
+    n_recommended: Ints
+    unknown_recommended: Ints  # recommended hashtags the thesaurus lacks
+    #: Each signal's values by key: |B| x |r| x |k|.
+    values: dict[str, Floats]
+    #: The null recommender's expected #REval-hit-ratio (:mod:`stream.chance`), |B| x |r| x |k|;
+    #: None when the thesaurus has no null model.  The chance correction of a set of events is
+    #: the kappa of its sums (:func:`stream.chance.corrected_of_sums`), never a mean.
+    expected: Floats | None
+    #: The exact-match metrics (:attr:`stream.metrics.ExactScores.NAMES`), |B| x |r| x 5.
+    exact: Floats
+    #: #REval-hit-ratio on each popularity slice's ground truths (:mod:`stream.slices`): which
+    #: events have a ground truth in the slice, and their values (|B| x |r| x |k|).
+    slices: dict[str, tuple[Flags, Floats]]
+
+    def __len__(self) -> int:
+        return len(self.tweet_ids)
 
     @property
-    def version(self) -> str:
-        return self.thesaurus.version
+    def scorable(self) -> Flags:
+        return np.fromiter((u is None for u in self.unscorable), bool, len(self.unscorable))
 
-    def ranks(self, hashtag: str) -> dict[str, int]:
-        found = self._ranks.get(hashtag)
-        if found is not None:
-            self._ranks.move_to_end(hashtag)
-            return found
-        if hashtag not in self.thesaurus or not self.max_k:
-            return {hashtag: 0}
-        self.queries += 1
-        found = {}
-        for rank, name in enumerate(self.thesaurus.neighbours(hashtag, self.max_k), start=1):
-            found.setdefault(name, rank)
-        found[hashtag] = 0
-        self._ranks[hashtag] = found
-        if len(self._ranks) > self.max_entries:
-            self._ranks.popitem(last=False)
-        return found
-
-    def matrix(self, recommended: Sequence[str], truth: Sequence[str]) -> list[list[int]]:
-        """:func:`stream.metrics.rank_matrix` with :meth:`ranks` (the same matrix)."""
-        if self._search is not None:
-            return self._search.matrix(recommended, truth)
-        return rank_matrix(recommended, truth, self.ranks)
-
-    def matrices(self, recommended: Sequence[Sequence[str]], truths: Sequence[Sequence[str]]) -> Ranks:
-        """:meth:`matrix` of each ``(recommended[b], truths[b])``, as one array padded with FAR
-        (:meth:`RowSearch.matrices` on a neighbour table: one gather for the batch)."""
-        if self._search is not None:
-            return self._search.matrices(recommended, truths)
-        out = np.full((len(recommended), max(map(len, recommended)), max(map(len, truths))), FAR, np.int64)
-        for b, (rec, truth) in enumerate(zip(recommended, truths, strict=True)):
-            out[b, : len(rec), : len(truth)] = self.matrix(rec, truth)
+    def corrected(self) -> Floats | None:
+        """Each event's own chance-corrected score, ``(observed - expected) / (1 - expected)``,
+        NaN where the expectation leaves no room (:data:`stream.chance.MIN_ROOM`): for one event
+        only -- a set of events is corrected from its sums."""
+        if self.expected is None:
+            return None
+        room = 1.0 - self.expected
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = (self.values["reval_hit_ratio"] - self.expected) / room
+        out: Floats = np.where(room > MIN_ROOM, ratio, np.nan)
         return out
 
-    def known(self, hashtag: str) -> bool:
-        return hashtag in self.thesaurus
+    def records(self) -> list[dict[str, Any]]:
+        """Each event's scores record (the scores topic's JSON, keys in the order of
+        :data:`stream.signals.RECORD_KEYS`): ``{r: {k: value}}`` per signal.  Cells with the
+        same values share one dict (never modified): most events repeat a few rows."""
+        keys = [str(k) for k in self.ks]
+        rs = self.rs
+        n = len(self)
+        cells: dict[str, list[Any]] = {}
+        empty: list[Any] = [{}] * n
+        for signal in SIGNALS:
+            cells[signal.key] = _shared_cells(self.values[signal.key], rs, keys)
+        cells["exact"] = _shared_cells(self.exact, rs, list(ExactScores.NAMES))
+        corrected = self.corrected()
+        if corrected is None or self.expected is None:
+            cells["reval_hit_ratio_expected"] = cells["reval_hit_ratio_corrected"] = empty
+        else:
+            cells["reval_hit_ratio_expected"] = _shared_cells(self.expected, rs, keys)
+            cells["reval_hit_ratio_corrected"] = _shared_cells(corrected, rs, keys, nan_is_none=True)
+        cells["reval_hit_ratio_slices"] = self._slice_cells(keys) if self.slices else empty
+        fields: dict[str, Sequence[Any]] = {
+            "tweet_id": self.tweet_ids,
+            "recommender": self.recommenders,
+            "thesaurus_version": [self.version] * n,
+            "scorable": [u is None for u in self.unscorable],
+            "unscorable_reason": self.unscorable,
+            "unknown_recommended": self.unknown_recommended.tolist(),
+            "n_recommended": self.n_recommended.tolist(),
+        }
+        columns = [fields[key] if key in fields else cells[key] for key in RECORD_KEYS]
+        out = [dict(zip(RECORD_KEYS, row, strict=True)) for row in zip(*columns, strict=True)]
+        for i, reason in enumerate(self.unscorable):
+            if reason is not None:  # no score: every cell empty
+                out[i].update({key: {} for key in cells})
+        return out
+
+    def _slice_cells(self, keys: list[str]) -> list[dict[str, Any]]:
+        """Each event's ``{r: {slice: {k: value}}}`` over the slices its ground truth falls in."""
+        names = [name for name in SLICES if name in self.slices]
+        n, width = len(self), len(self.rs) * len(self.ks)
+        # One row per event: per slice, whether the event has it, then its values (0 if not).
+        flat = np.zeros((n, len(names) * (width + 1)))
+        for s, name in enumerate(names):
+            present, values = self.slices[name]
+            at = s * (width + 1)
+            flat[:, at] = present
+            flat[:, at + 1 : at + 1 + width] = np.where(present[:, None], values.reshape(n, width), 0.0)
+
+        def cell(row: list[float]) -> dict[str, Any]:
+            out: dict[str, Any] = {label: {} for label in self.rs}
+            for s, name in enumerate(names):
+                at = s * (width + 1)
+                if row[at]:
+                    for j, label in enumerate(self.rs):
+                        lo = at + 1 + j * len(keys)
+                        out[label][name] = dict(zip(keys, row[lo : lo + len(keys)], strict=True))
+            return out
+
+        return _shared_rows(flat, cell)
+
+    def take(self, rows: Sequence[int]) -> ScoredBatch:
+        """The batch of these events only, in this order."""
+        at = np.asarray(rows, dtype=np.int64)
+        return replace(
+            self,
+            tweet_ids=[self.tweet_ids[i] for i in rows],
+            recommenders=[self.recommenders[i] for i in rows],
+            unscorable=[self.unscorable[i] for i in rows],
+            n_recommended=self.n_recommended[at],
+            unknown_recommended=self.unknown_recommended[at],
+            values={key: v[at] for key, v in self.values.items()},
+            expected=None if self.expected is None else self.expected[at],
+            exact=self.exact[at],
+            slices={name: (p[at], v[at]) for name, (p, v) in self.slices.items()},
+        )
+
+    def event(self, i: int) -> EventScore:
+        """Event ``i``'s scores as one object (the offline commands' and tests' view)."""
+        return EventScore(self, i)
 
 
-class RowSearch:
-    """Synonym ranks read straight from a neighbour table's rows, for every hashtag at once.
-
-    Building a ``{synonym: rank}`` dictionary for each new hashtag made the first pass over a
-    version ~3x slower than the next (issue 12 §4); a search in the row costs the same every
-    time.  Each row's first ``max_k`` neighbour ids (without the -1 gaps, as
-    :meth:`stream.neighbour_table.NeighbourTable.neighbours` reads them) are one stretch of a
-    string, id i as the character ``chr(i + 1)`` (``chr(0)`` pads): ``str.find`` of a ground
-    truth's character in a recommended hashtag's stretch is its rank - 1, and a neighbour
-    listed twice keeps its first rank, as :meth:`NeighbourCache.ranks` does.  Memory: 2 bytes
-    per table entry below 65,535 hashtags, 4 above (28 MB at 100,000 x 70).
-
-    >>> from stream.neighbour_table import build_neighbour_table
-    >>> unit = np.array([[1.0, 0.0], [0.8, 0.6], [0.0, 1.0]])
-    >>> table = build_neighbour_table(["a", "b", "c"], unit, depth=2, method="raw")
-    >>> RowSearch(table, 2).matrix(["a", "c", "new"], ["b", "c", "new"])
-    [[1, 2, 1073741824], [1, 0, 1073741824], [1073741824, 1073741824, 0]]
-    """
-
-    #: Hashtags a table may have: one character each (Unicode ends at 0x10FFFF).
-    LIMIT = 0x10FFFF
-
-    def __init__(self, table: NeighbourTable, max_k: int) -> None:
-        if max_k > table.depth and table.depth < len(table) - 1:
-            raise ValueError(f"this thesaurus holds {table.depth} neighbours per hashtag; k={max_k} is more")
-        if len(table) > self.LIMIT:
-            raise ValueError(f"{len(table)} hashtags: more than {self.LIMIT} characters")
-        ids = table.neighbour_ids[:, :max_k]
-        if np.any((ids[:, :-1] < 0) & (ids[:, 1:] >= 0)):
-            # A gap before a neighbour: the neighbours after it move up (stable sort, -1s last).
-            ids = np.take_along_axis(ids, np.argsort(ids < 0, axis=1, kind="stable"), axis=1)
-        # UTF-32 is how to make a string of these characters at once; lone surrogates included.
-        self._rows = (ids + 1).astype("<u4").tobytes().decode("utf-32-le", "surrogatepass")
-        self._width = ids.shape[1]
-        self._ids = {name: i for i, name in enumerate(table.hashtags)}
-        self._array: npt.NDArray[np.int32] | None = None  # the same rows as ids, for a batch
-
-    def _table(self) -> npt.NDArray[np.int32]:
-        """The rows as an n x width array of ids (-1 pads), made on first use: the batch path
-        gathers its rows at once (4 bytes per entry beside the string's 2 or 4)."""
-        if self._array is None:
-            rows = np.frombuffer(self._rows.encode("utf-32-le", "surrogatepass"), dtype="<u4")
-            self._array = (rows.astype(np.int64) - 1).astype(np.int32).reshape(len(self._ids), self._width)
-        return self._array
-
-    def matrices(self, recommended: Sequence[Sequence[str]], truths: Sequence[Sequence[str]]) -> Ranks:
-        """:meth:`matrix` of each ``(recommended[b], truths[b])`` as one |B| x max|R| x max|G|
-        array (:data:`~stream.metrics.FAR` pads), from one gather of the recommended hashtags'
-        rows: the same entries."""
-        index = self._ids.get
-        n_rec = max(map(len, recommended))
-        n_truth = max(map(len, truths))
-        rec_ids = np.full((len(recommended), n_rec), -1, dtype=np.int64)
-        truth_ids = np.full((len(recommended), n_truth), -2, dtype=np.int64)  # never an entry of a row
-        strangers: list[tuple[int, int, int]] = []  # (b, i, j): an unknown hashtag on both sides, equal
-        for b, (rec, truth) in enumerate(zip(recommended, truths, strict=True)):
-            hs = [index(h, -1) for h in rec]
-            gs = [index(g, -2) for g in truth]
-            rec_ids[b, : len(hs)] = hs
-            truth_ids[b, : len(gs)] = gs
-            if -1 in hs and -2 in gs:
-                at = {g: j for j, g in enumerate(truth)}
-                strangers += [(b, i, at[h]) for i, h in enumerate(rec) if hs[i] < 0 and h in at]
-        rows = self._table()[np.maximum(rec_ids, 0)]  # B x R x width: the one gather
-        hit = rows[:, :, None, :] == truth_ids[:, None, :, None]  # B x R x G x width
-        # str.find's answer: the first position holding g, + 1 (its rank); none: FAR.
-        found = np.where(hit.any(axis=3), hit.argmax(axis=3) + 1, FAR) if self._width else FAR
-        known = rec_ids[:, :, None] >= 0
-        same = known & (rec_ids[:, :, None] == truth_ids[:, None, :])  # the hashtag itself: rank 0
-        matrix = np.where(same, 0, np.where(known, found, FAR))
-        for b, i, j in strangers:  # Syn(h) = {h} for a hashtag the table lacks
-            matrix[b, i, j] = 0
-        return matrix
-
-    def matrix(self, recommended: Sequence[str], truth: Sequence[str]) -> list[list[int]]:
-        """:func:`stream.metrics.rank_matrix` of ``recommended`` x ``truth`` on this table."""
-        index, find, width = self._ids.get, self._rows.find, self._width
-        columns = []
-        for g in truth:
-            j = index(g)
-            columns.append((g, j, None if j is None else chr(j + 1)))
-        matrix = []
-        for h in recommended:
-            i = index(h)
-            if i is None:  # Syn(h) = {h}
-                matrix.append([0 if g == h else FAR for g, _, _ in columns])
-                continue
-            start = i * width
-            end = start + width
-            row = []
-            for _, j, char in columns:
-                if j == i:
-                    row.append(0)
-                elif char is None:  # a ground truth the thesaurus lacks: no one's synonym
-                    row.append(FAR)
-                else:
-                    at = find(char, start, end)
-                    row.append(FAR if at < 0 else at - start + 1)
-            matrix.append(row)
-        return matrix
+def _shared_rows(flat: Floats, make: Callable[[list[float]], Any]) -> list[Any]:
+    """``make(row)`` for each row of ``flat``, made once per distinct row (bytes: -0.0 and NaN
+    are rows of their own) and shared by the rows equal to it."""
+    n = len(flat)
+    if n == 0:
+        return []
+    if flat.shape[1] == 0:
+        made = make([])
+        return [made] * n
+    flat = np.ascontiguousarray(flat)
+    rows = flat.view(np.dtype((np.void, flat.dtype.itemsize * flat.shape[1]))).ravel()
+    _, first, inverse = np.unique(rows, return_index=True, return_inverse=True)
+    distinct = [make(row) for row in flat[first].tolist()]
+    return [distinct[j] for j in inverse.ravel().tolist()]
 
 
-@dataclass(frozen=True)
+def _shared_cells(
+    cells: Floats, rs: Sequence[str], keys: Sequence[str], nan_is_none: bool = False
+) -> list[Any]:
+    """Each event's ``{r: {key: value}}`` of a |B| x |r| x len(keys) array."""
+    width = len(keys)
+
+    def cell(row: list[float]) -> dict[str, Any]:
+        if nan_is_none:
+            row = [None if v != v else v for v in row]  # type: ignore[misc]
+        return {
+            label: dict(zip(keys, row[j * width : (j + 1) * width], strict=True))
+            for j, label in enumerate(rs)
+        }
+
+    return _shared_rows(cells.reshape(len(cells), -1), cell)
+
+
 class EventScore:
-    """The scores of one event.  ``reval[r][k]`` and ``exact[r]`` use r labels
-    (``"1"``, ``"5"``, ``"all"``); both are empty when the event is unscorable."""
+    """The scores of one event of a :class:`ScoredBatch`: ``reval[r][k]``, ``exact[r]``, ...
+    with r labels (``"1"``, ``"5"``, ``"all"``) and int k; every cell is empty when the event is
+    unscorable."""
 
-    tweet_id: str
-    recommender: str
-    thesaurus_version: str
-    unscorable: str | None = None  # empty_recommended | empty_ground_truth
-    reval: dict[str, dict[int, float]] = field(default_factory=dict)
-    #: The null recommender's expected #REval-hit-ratio (:mod:`stream.chance`) for this event,
-    #: when the thesaurus has a null model: the chance correction of a set of events is the
-    #: kappa of its sums (:func:`stream.chance.corrected_of_sums`), never a mean of per-event values.
-    expected: dict[str, dict[int, float]] = field(default_factory=dict)
-    exact: dict[str, ExactScores] = field(default_factory=dict)
-    unknown_recommended: int = 0  # recommended hashtags the thesaurus lacks
-    n_recommended: int = 0
-    #: Rank-aware #REval-hit-ratio (:mod:`stream.rank`, DCG weights unless asked otherwise).
-    ranked: dict[str, dict[int, float]] = field(default_factory=dict)
-    #: #REval-hit-ratio on the ground truths of each popularity slice (:mod:`stream.slices`):
-    #: ``slices[r][slice][k]``, only the slices the event's ground truth falls in.
-    slices: dict[str, dict[str, dict[int, float]]] = field(default_factory=dict)
-    #: The precision form of #REval (:func:`stream.metrics.reval_precision_by_k`): the share of
-    #: the top-r recommended hashtags with a ground truth among their k synonyms, ``[r][k]``.
-    #: What the #REval alert tests: exported as sums, averaged by :class:`Summary` and written
-    #: to the event's JSON as "reval_hit_ratio_precision".
-    precision: dict[str, dict[int, float]] = field(default_factory=dict)
-    #: The score cells of :meth:`to_json` (its "reval_hit_ratio" ... "reval_hit_ratio_precision"),
-    #: made by :func:`stream.batch_scoring.score_events` beside the fields above from the same
-    #: lists: a batch's scores are written out once each, and re-keying every dict for JSON cost more than
-    #: making it.  Shared, never modified.
-    json_cells: dict[str, Any] | None = field(default=None, compare=False, repr=False)
+    __slots__ = ("batch", "index")
+
+    def __init__(self, batch: ScoredBatch, index: int) -> None:
+        self.batch = batch
+        self.index = index
+
+    @property
+    def tweet_id(self) -> str:
+        return self.batch.tweet_ids[self.index]
+
+    @property
+    def recommender(self) -> str:
+        return self.batch.recommenders[self.index]
+
+    @property
+    def thesaurus_version(self) -> str:
+        return self.batch.version
+
+    @property
+    def unscorable(self) -> str | None:
+        return self.batch.unscorable[self.index]
+
+    @property
+    def n_recommended(self) -> int:
+        return int(self.batch.n_recommended[self.index])
+
+    @property
+    def unknown_recommended(self) -> int:
+        return int(self.batch.unknown_recommended[self.index])
+
+    def _by_r(self, cells: Floats | None) -> dict[str, dict[int, float]]:
+        if cells is None or self.unscorable is not None:
+            return {}
+        rows = cells[self.index].tolist()
+        return {
+            label: dict(zip(self.batch.ks, row, strict=True))
+            for label, row in zip(self.batch.rs, rows, strict=True)
+        }
+
+    @property
+    def values(self) -> dict[str, dict[str, dict[int, float]]]:
+        """Every signal's ``{r: {k: value}}``, by signal key."""
+        return {key: self._by_r(cells) for key, cells in self.batch.values.items()}
+
+    @property
+    def reval(self) -> dict[str, dict[int, float]]:
+        return self._by_r(self.batch.values["reval_hit_ratio"])
+
+    @property
+    def ranked(self) -> dict[str, dict[int, float]]:
+        """Rank-aware #REval-hit-ratio (:mod:`stream.rank`, DCG weights unless asked otherwise)."""
+        return self._by_r(self.batch.values["reval_hit_ratio_ranked"])
+
+    @property
+    def precision(self) -> dict[str, dict[int, float]]:
+        """The precision form of #REval (:func:`stream.metrics.reval_precision_by_k`)."""
+        return self._by_r(self.batch.values["reval_hit_ratio_precision"])
+
+    @property
+    def expected(self) -> dict[str, dict[int, float]]:
+        """The null recommender's expected #REval-hit-ratio, when the thesaurus has a null model."""
+        return self._by_r(self.batch.expected)
 
     @property
     def corrected(self) -> dict[str, dict[int, float | None]]:
-        """This one event's chance-corrected score, ``(observed - expected) / (1 - expected)``
-        (None where the expectation is 1: no room).  For a single event only: a set of events
-        is corrected from its sums (:class:`stream.chance.CorrectedSum`)."""
-        return {
-            r: {k: corrected_of_sums(self.reval[r][k], e, 1.0) for k, e in by_k.items()}
-            for r, by_k in self.expected.items()
-        }
+        """This one event's chance-corrected score (None where the expectation is 1: no room)."""
+        found = self._by_r(self.batch.corrected())
+        return {r: {k: None if v != v else v for k, v in by_k.items()} for r, by_k in found.items()}
+
+    @property
+    def exact(self) -> dict[str, ExactScores]:
+        if self.unscorable is not None:
+            return {}
+        rows = self.batch.exact[self.index].tolist()
+        return {label: ExactScores(*row) for label, row in zip(self.batch.rs, rows, strict=True)}
+
+    @property
+    def slices(self) -> dict[str, dict[str, dict[int, float]]]:
+        """``slices[r][slice][k]``, only the slices the event's ground truth falls in."""
+        if self.unscorable is not None or not self.batch.slices:
+            return {}
+        out: dict[str, dict[str, dict[int, float]]] = {label: {} for label in self.batch.rs}
+        for name in SLICES:
+            found = self.batch.slices.get(name)
+            if found is None or not found[0][self.index]:
+                continue
+            for label, row in zip(self.batch.rs, found[1][self.index].tolist(), strict=True):
+                out[label][name] = dict(zip(self.batch.ks, row, strict=True))
+        return out
 
     def to_json(self) -> dict[str, Any]:
-        cells = self.json_cells if self.json_cells is not None else self._json_cells()
-        # The key order is the record's: fields added later come after the first ones, so
-        # consumers that know only those keep working.
-        return {
-            "tweet_id": self.tweet_id,
-            "recommender": self.recommender,
-            "thesaurus_version": self.thesaurus_version,
-            "scorable": self.unscorable is None,
-            "unscorable_reason": self.unscorable,
-            "reval_hit_ratio": cells["reval_hit_ratio"],
-            "reval_hit_ratio_corrected": cells["reval_hit_ratio_corrected"],
-            "exact": cells["exact"],
-            "unknown_recommended": self.unknown_recommended,
-            "n_recommended": self.n_recommended,
-            "reval_hit_ratio_ranked": cells["reval_hit_ratio_ranked"],
-            "reval_hit_ratio_slices": cells["reval_hit_ratio_slices"],
-            "reval_hit_ratio_expected": cells["reval_hit_ratio_expected"],
-            "reval_hit_ratio_precision": cells["reval_hit_ratio_precision"],
-        }
+        """The event's scores record (:meth:`ScoredBatch.records`)."""
+        return self.batch.take([self.index]).records()[0]
 
-    def _json_cells(self) -> dict[str, Any]:
-        """The score cells of :meth:`to_json`, made from the fields (one event's path)."""
-        return {
-            "reval_hit_ratio": {r: str_keys(by_k) for r, by_k in self.reval.items()},
-            "reval_hit_ratio_corrected": {r: str_keys(by_k) for r, by_k in self.corrected.items()},
-            "exact": {r: scores.as_dict() for r, scores in self.exact.items()},
-            "reval_hit_ratio_ranked": {r: str_keys(by_k) for r, by_k in self.ranked.items()},
-            "reval_hit_ratio_slices": {
-                r: {name: str_keys(by_k) for name, by_k in by_slice.items()}
-                for r, by_slice in self.slices.items()
-            },
-            "reval_hit_ratio_expected": {r: str_keys(by_k) for r, by_k in self.expected.items()},
-            "reval_hit_ratio_precision": {r: str_keys(by_k) for r, by_k in self.precision.items()},
-        }
+    def __repr__(self) -> str:
+        return f"EventScore({self.tweet_id!r}, {self.recommender!r}, unscorable={self.unscorable!r})"
 
 
-_LABELS: dict[tuple[int, ...], tuple[str, ...]] = {}
+def score_batch(
+    events: Sequence[tuple[Recommendation, Sequence[str]]],
+    cache: NeighbourCache,
+    ks: Sequence[int] = DEFAULT_KS,
+    rs: Sequence[int | None] = (ALL,),
+    weights: RankWeights = DCG,
+) -> ScoredBatch:
+    """Score each ``(event, truth)`` for every (r, k) and every signal; ``truth`` is the event's
+    or its joined tweet's ground truth.
 
-
-def str_keys(by_k: Mapping[int, float | None]) -> dict[str, float | None]:
-    """``{k: value}`` with the k as JSON keys (strings; made once per grid of k)."""
-    ks = tuple(by_k)
-    labels = _LABELS.get(ks)
-    if labels is None:
-        if len(_LABELS) > 256:
-            _LABELS.clear()
-        labels = _LABELS[ks] = tuple(map(str, ks))
-    return dict(zip(labels, by_k.values(), strict=True))
+    Events are padded to the largest |R| x |G| within groups of similar sizes
+    (:func:`_shape_group`), so one event of 100 hashtags does not make every other one cost as
+    much; every r with the same number of rows is computed once.
+    """
+    ks = list(dict.fromkeys(ks))  # a k twice is one key of the records
+    rs = list(dict.fromkeys(rs))
+    labels = tuple(r_label(r) for r in rs)
+    n = len(events)
+    shape = (n, len(rs), len(ks))
+    values = {signal.key: np.zeros(shape) for signal in SIGNALS}
+    chance, bands = cache.chance, cache.bands
+    expected = np.zeros(shape) if chance is not None else None
+    exact = np.zeros((n, len(rs), len(ExactScores.NAMES)))
+    slices: dict[str, tuple[Flags, Floats]] = {}
+    unscorable: list[str | None] = [None] * n
+    n_recommended = np.zeros(n, dtype=np.int64)
+    unknown = np.zeros(n, dtype=np.int64)
+    groups: dict[tuple[int, int], list[tuple[int, list[str], list[str]]]] = {}
+    known = cache.known
+    for b, (event, truth) in enumerate(events):
+        recommended = list(dict.fromkeys(event.recommended))
+        distinct = list(dict.fromkeys(truth))
+        n_recommended[b] = len(recommended)
+        if not recommended:
+            unscorable[b] = "empty_recommended"
+        elif not distinct:
+            unscorable[b] = "empty_ground_truth"
+        else:
+            unknown[b] = sum(1 for h in recommended if not known(h))
+            key = (_shape_group(len(recommended)), _shape_group(len(distinct)))
+            groups.setdefault(key, []).append((b, recommended, distinct))
+    for members in groups.values():
+        at = np.array([b for b, _, _ in members], dtype=np.int64)
+        recs = [rec for _, rec, _ in members]
+        truths = [truth for _, _, truth in members]
+        grid = RankGrid(
+            cache.matrices(recs, truths),
+            np.fromiter(map(len, recs), np.int64, len(recs)),
+            np.fromiter(map(len, truths), np.int64, len(truths)),
+            ks,
+            weights,
+        )
+        columns = _slice_columns(grid, truths, bands) if bands is not None else []
+        by_rows: dict[bytes, tuple[Ints, dict[str, Floats]]] = {}  # one set per distinct row count
+        for j, r in enumerate(rs):
+            m = grid.rows(r)
+            found = by_rows.get(m.tobytes())
+            if found is None:
+                found = by_rows[m.tobytes()] = (m, {s.key: s.values(grid, m) for s in SIGNALS})
+            for key, cells in found[1].items():
+                values[key][at, j] = cells
+            exact[at, j] = grid.exact(m)
+            for name, cols in columns:
+                present, sliced = slices.setdefault(name, (np.zeros(n, bool), np.zeros(shape)))
+                present[at] = cols.any(axis=1)
+                sliced[at, j] = grid.slice_reval(m, cols, found[1]["reval_hit_ratio"])
+        if chance is not None and expected is not None:
+            distinct_m = [m for m, _ in by_rows.values()]
+            requests = [(int(m[i]), truth) for m in distinct_m for i, truth in enumerate(truths)]
+            asked = np.array(chance.expected_many(requests, ks), dtype=np.float64)
+            asked = asked.reshape(len(distinct_m), len(truths), len(ks))
+            row_of = {m.tobytes(): i for i, m in enumerate(distinct_m)}
+            for j, r in enumerate(rs):
+                expected[at, j] = asked[row_of[grid.rows(r).tobytes()]]
+    return ScoredBatch(
+        tweet_ids=[event.tweet_id for event, _ in events],
+        recommenders=[event.recommender for event, _ in events],
+        version=cache.version,
+        ks=tuple(ks),
+        rs=labels,
+        unscorable=unscorable,
+        n_recommended=n_recommended,
+        unknown_recommended=unknown,
+        values=values,
+        expected=expected,
+        exact=exact,
+        slices={name: slices[name] for name in SLICES if name in slices},
+    )
 
 
 def score_event(
@@ -360,160 +441,38 @@ def score_event(
     rs: Sequence[int | None] = (ALL,),
     weights: RankWeights = DCG,
 ) -> EventScore:
-    """Score one event for every (r, k); ``truth`` is the event's or the joined tweet's.
+    """Score one event for every (r, k): :func:`score_batch` of a batch of one."""
+    return score_batch([(event, truth)], cache, ks, rs, weights).event(0)
 
-    One |R| x |G| matrix of synonym ranks answers every (r, k): the top-r rows go
-    to :func:`stream.metrics.reval_by_k` (Eq. 4),
-    :func:`stream.rank.ranked_by_k` (rank-aware, with ``weights``) and
-    :func:`stream.metrics.exact_from_ranks`.
+
+def _shape_group(n: int) -> int:
+    """The group of a list of ``n`` hashtags: lists up to 16 long are one group (the usual
+    event), longer ones go by the next power of two.
+
+    >>> [_shape_group(n) for n in (1, 10, 16, 17, 100)]
+    [16, 16, 16, 32, 128]
     """
-    recommended = list(dict.fromkeys(event.recommended))
-    truth = list(dict.fromkeys(truth))
-    base = {
-        "tweet_id": event.tweet_id,
-        "recommender": event.recommender,
-        "thesaurus_version": cache.version,
-        "n_recommended": len(recommended),
-    }
-    if not recommended:
-        return EventScore(**base, unscorable="empty_recommended")  # type: ignore[arg-type]
-    if not truth:
-        return EventScore(**base, unscorable="empty_ground_truth")  # type: ignore[arg-type]
-    matrix = cache.matrix(recommended, truth)
-    n_truth = len(truth)
-    chance, bands = cache.chance, cache.bands
-    columns = columns_by_slice(truth, bands) if bands is not None else {}
-    unknown = sum(1 for h in recommended if not cache.known(h))
-    score = EventScore(**base, unknown_recommended=unknown)  # type: ignore[arg-type]
-    # Its cells are filled in place below (its dicts are its own, made empty).
-    reval, expected_, exact, ranked = score.reval, score.expected, score.exact, score.ranked
-    slices, precision = score.slices, score.precision
-    # The top-r rows are a prefix of the matrix, so every r with the same number of rows (r
-    # beyond |R|, and "all") has the same scores: computed once per row count.
-    done: dict[
-        int,
-        tuple[list[float], list[float] | None, ExactScores, list[float], dict[str, list[float]], list[float]],
-    ]
-    done = {}
-    # No synonym link within the largest k (the usual event on a live feed): Eq. 4, its
-    # rank-aware variant and every slice are 0 at every k and r, as those functions find.
-    unreached = bool(ks) and min(chain.from_iterable(matrix)) > min(max(ks), FAR - 1)
-    zeros = [0.0] * len(ks)
-    for r in rs:
-        rows = matrix[:r] if r is not None else matrix
-        label = r_label(r)
-        found = done.get(len(rows))
-        if found is None:
-            observed = zeros if unreached else reval_by_k(rows, n_truth, ks)
-            found = done[len(rows)] = (
-                observed,
-                chance.expected(len(rows), truth, ks) if chance is not None else None,
-                exact_from_ranks(rows, n_truth),
-                zeros if unreached else ranked_by_k(rows, n_truth, ks, weights),
-                {name: zeros for name in columns}
-                if unreached
-                else slice_scores(rows, columns, ks, observed)
-                if columns
-                else {},
-                zeros if unreached else reval_precision_by_k(rows, ks),
-            )
-        observed, at_chance, exact[label], by_rank, by_slice, shares = found
-        precision[label] = dict(zip(ks, shares, strict=True))
-        reval[label] = dict(zip(ks, observed, strict=True))
-        if at_chance is not None:
-            expected_[label] = dict(zip(ks, at_chance, strict=True))
-        ranked[label] = dict(zip(ks, by_rank, strict=True))
-        if columns:
-            slices[label] = {name: dict(zip(ks, values, strict=True)) for name, values in by_slice.items()}
-    return score
+    return max(16, 1 << (n - 1).bit_length())
 
 
-class Summary:
-    """Averages over events, per (r, k) and per exact metric, river style; the
-    chance-corrected score is the kappa of the events' sums (:class:`stream.chance.CorrectedSum`),
-    with a 95% delta-method interval.
+def _slice_columns(grid: RankGrid, truths: Sequence[Sequence[str]], bands: Any) -> list[tuple[str, Flags]]:
+    """Each slice's columns (|B| x max|G| flags): :func:`stream.slices.columns_by_slice`."""
+    labels = np.full(grid.matrix.shape[::2], -1, dtype=np.int64)
+    index = {name: s for s, name in enumerate(SLICES)}
+    for b, truth in enumerate(truths):
+        labels[b, : len(truth)] = [index[bands.of(g)] for g in truth]
+    return [(name, labels == s) for s, name in enumerate(SLICES) if (labels == s).any()]
 
-    ``get()`` gives the shape ``reval score --json`` prints for one r.
+
+def str_keys(by_k: Mapping[int, float | None]) -> dict[str, float | None]:
+    """``{k: value}`` with the k as JSON keys.
+
+    >>> str_keys({0: 0.5, 10: None})
+    {'0': 0.5, '10': None}
     """
-
-    def __init__(self) -> None:
-        self.events = 0
-        self.unscorable = 0
-        self.reval: dict[str, dict[int, Mean]] = {}
-        self.corrected: dict[str, dict[int, CorrectedSum]] = {}
-        self.ranked: dict[str, dict[int, Mean]] = {}
-        self.precision: dict[str, dict[int, Mean]] = {}
-        self.exact: dict[str, dict[str, Mean]] = {}
-
-    def update(self, score: EventScore) -> None:
-        self.events += 1
-        if score.unscorable is not None:
-            self.unscorable += 1
-            return
-        for table, values in (
-            (self.reval, score.reval),
-            (self.ranked, score.ranked),
-            (self.precision, score.precision),
-        ):
-            for r, by_k in values.items():
-                means = table.setdefault(r, {})
-                for k, value in by_k.items():
-                    means.setdefault(k, Mean()).update(value)
-        for r, by_k in score.expected.items():
-            sums = self.corrected.setdefault(r, {})
-            observed = score.reval[r]
-            for k, expected in by_k.items():
-                sums.setdefault(k, CorrectedSum()).update(observed[k], expected)
-        for r, scores in score.exact.items():
-            exact = self.exact.setdefault(r, {})
-            for name, value in scores.as_dict().items():
-                exact.setdefault(name, Mean()).update(value)
-
-    def update_many(self, scores: Iterable[EventScore]) -> Summary:
-        for score in scores:
-            self.update(score)
-        return self
-
-    def _corrected(self, label: str, k: int) -> dict[str, Any]:
-        found = self.corrected.get(label, {}).get(k)
-        interval = None if found is None else found.interval()
-        value = None if found is None else found.get()
-        return {
-            "reval_hit_ratio_corrected": value,
-            # why the corrected score is null: no null model (a thesaurus without popularity),
-            # or an expectation that leaves no room above chance
-            "corrected_null_reason": None
-            if value is not None
-            else "no_null_model"
-            if found is None
-            else "no_room",
-            "corrected_ci_low": None if interval is None else interval[0],
-            "corrected_ci_high": None if interval is None else interval[1],
-            "reval_hit_ratio_expected": None if found is None else found.expected / found.count,
-        }
-
-    def get(self, r: int | None = ALL) -> dict[str, Any]:
-        label = r_label(r)
-        return {
-            "events": self.events,
-            "unscorable": self.unscorable,
-            "by_k": {
-                str(k): {
-                    "reval_hit_ratio": mean.get(),
-                    **self._corrected(label, k),
-                    "reval_hit_ratio_ranked": _mean_of(self.ranked, label, k),
-                    # #REval's precision form: what the #REval alert tests (its sums are exported)
-                    "reval_hit_ratio_precision": _mean_of(self.precision, label, k),
-                }
-                for k, mean in sorted(self.reval.get(label, {}).items())
-            },
-            "exact": {name: mean.get() for name, mean in self.exact.get(label, {}).items()},
-        }
-
-    def labels(self) -> list[str]:
-        return list(self.reval)
+    return {str(k): v for k, v in by_k.items()}
 
 
-def _mean_of(table: dict[str, dict[int, Mean]], label: str, k: int) -> float | None:
-    found = table.get(label, {}).get(k)
-    return None if found is None else found.get()
+def scored(batches: Iterable[ScoredBatch]) -> list[EventScore]:
+    """Every event of ``batches``, in order."""
+    return [batch.event(i) for batch in batches for i in range(len(batch))]

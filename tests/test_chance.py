@@ -11,9 +11,12 @@ from hypothesis import strategies as st
 from stream.chance import ChanceModel, CorrectedSum, corrected_of_sums
 from stream.metrics import rank_matrix, reval_by_k
 from stream.neighbour_table import NeighbourTable, build_neighbour_table
+from stream.neighbours import NeighbourCache
 from stream.records import Recommendation
-from stream.scoring import NeighbourCache, score_event
+from stream.scoring import score_event
 from stream.thesaurus import ThesaurusMetadata
+
+from .oracle import oracle_record
 
 KS = [0, 1, 5, 10, 20]
 
@@ -218,7 +221,7 @@ def test_a_prepared_model_gives_the_same_expectations(table: NeighbourTable) -> 
 
 
 def test_batched_scores_are_the_scores_one_event_at_a_time(table: NeighbourTable) -> None:
-    from stream.batch_scoring import score_events
+    from stream.scoring import score_batch
     from stream.slices import Bands
 
     rng = np.random.default_rng(3)
@@ -233,13 +236,11 @@ def test_batched_scores_are_the_scores_one_event_at_a_time(table: NeighbourTable
         )
         events.append((Recommendation(str(i), recommended, truth), truth))
     bands = Bands(table.hashtags, table.counts)
-    batched = score_events(
+    batched = score_batch(
         events, NeighbourCache(table, 20, chance=ChanceModel(table), bands=bands), KS, [1, 5, None]
     )
     single = NeighbourCache(table, 20, chance=ChanceModel(table), bands=bands)
-    assert [s.to_json() for s in batched] == [
-        score_event(e, t, single, KS, [1, 5, None]).to_json() for e, t in events
-    ]
+    assert batched.records() == [oracle_record(e, t, single, KS, [1, 5, None]) for e, t in events]
 
 
 def reference_mass(

@@ -100,18 +100,17 @@ def produced_size(key: bytes, value: bytes) -> int:
 
 def score_output(tweet_id: str, body: dict[str, Any]) -> tuple[bytes, bytes]:
     """The score record a worker without a thesaurus writes for ``body`` (its key and value)."""
-    from stream.batch_scoring import score_events
+    from stream.neighbours import NeighbourCache
     from stream.records import parse_recommendation
-    from stream.scoring import DEFAULT_KS, DEFAULT_RS, NeighbourCache
+    from stream.scoring import DEFAULT_KS, DEFAULT_RS, score_batch
     from workers.service.runtime import encode_json
     from workers.service.score import EMPTY
 
     event = parse_recommendation(json.dumps(body, ensure_ascii=False).encode())
     assert event.ground_truth is not None and event.ts is not None
-    (result,) = score_events(
+    (value,) = score_batch(
         [(event, event.ground_truth)], NeighbourCache(EMPTY, max_k=70), DEFAULT_KS, DEFAULT_RS
-    )
-    value = result.to_json()
+    ).records()
     value.update(index_version=None, event_time=event.ts.timestamp(), ground_truth=list(event.ground_truth))
     return tweet_id.encode(), encode_json(value)
 

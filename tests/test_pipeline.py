@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
+from stream.neighbours import NeighbourCache
 from stream.records import Tweet, parse_recommendation, parse_tweet
-from stream.scoring import NeighbourCache, score_event
+from stream.scoring import score_event
 from tests.live import assert_means_equal, assert_reservoir_equal, batch_means, counts_reach, plain_tweets
 from workers.adapters.feeds import sample_feed
 from workers.adapters.redis_means import RedisMeans

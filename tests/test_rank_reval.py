@@ -15,9 +15,10 @@ from prometheus_client import generate_latest
 
 from stream.experiment import ExperimentConfig
 from stream.metrics import FAR, reval_by_k, reval_hit_ratio
+from stream.neighbours import NeighbourCache
 from stream.rank import DCG, FLAT, TOP, RankWeights, ranked_by_k, reval_ranked
 from stream.records import Recommendation
-from stream.scoring import NeighbourCache, r_label, score_event
+from stream.scoring import r_label, score_event
 from stream.thesaurus import JsonThesaurus
 from workers.adapters.exporter import Exporter, LabelGuard
 from workers.adapters.quality_metrics import QualityMetrics

@@ -26,9 +26,9 @@ import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from stream.batch_scoring import score_events
+from stream.neighbours import NeighbourCache
 from stream.records import MAX_HASHTAGS, MAX_RECORD_BYTES, parse_recommendation
-from stream.scoring import NeighbourCache
+from stream.scoring import score_batch
 from workers.adapters.exporter import Exporter
 from workers.adapters.redis_client import Stopping, clear_prefix, stopping
 from workers.service.incarnation import Incarnations
@@ -67,8 +67,9 @@ def score_size(body: dict[str, Any]) -> int:
     assert event.ground_truth is not None and event.ts is not None
     ks = tuple(int(k) for k in KS.split(","))
     rs = tuple(int(r) for r in RS.split(","))
-    (result,) = score_events([(event, event.ground_truth)], NeighbourCache(EMPTY, max_k=max(ks)), ks, rs)
-    value = result.to_json()
+    (value,) = score_batch(
+        [(event, event.ground_truth)], NeighbourCache(EMPTY, max_k=max(ks)), ks, rs
+    ).records()
     value.update(index_version=None, event_time=event.ts.timestamp(), ground_truth=list(event.ground_truth))
     return record_size(event.tweet_id.encode(), encode_json(value))
 

@@ -7,13 +7,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stream.batch_scoring import score_events
 from stream.metrics import FAR, exact_scores, rank_matrix, reval_hit_ratio
 from stream.neighbour_table import NeighbourTable
+from stream.neighbours import NeighbourCache, RowSearch
 from stream.records import Recommendation
-from stream.scoring import NeighbourCache, RowSearch, Summary, parse_ints, r_label, score_event
+from stream.scoring import parse_ints, r_label, score_batch, score_event
+from stream.summary import Summary
 from stream.thesaurus import JsonThesaurus, ThesaurusMetadata
 
+from .oracle import oracle_record
 from .test_metrics import TABLE2_SYN
 
 #: The chance-corrected fields of a summary without a null model (a JSON thesaurus).
@@ -82,12 +84,14 @@ def test_summary_means_and_unknown_hashtags() -> None:
             **NO_CHANCE,
             "reval_hit_ratio_ranked": 0.5,
             "reval_hit_ratio_precision": 0.5,
+            "reval_reciprocal_rank": 0.5,  # event 2's exact hit at the top; event 1 none at k = 0
         },
         "3": {
             "reval_hit_ratio": 0.75,
             **NO_CHANCE,
             "reval_hit_ratio_ranked": pytest.approx((ranked_1 + 1.0) / 2),
             "reval_hit_ratio_precision": 0.75,
+            "reval_reciprocal_rank": 1.0,  # hockey, first in event 1's list, reaches sport at k = 3
         },
     }
     assert got["exact"]["hit_rate"] == 0.5
@@ -232,9 +236,10 @@ def _batches(draw: st.DrawFn) -> tuple[NeighbourTable, list[tuple[Recommendation
     st.booleans(),
     st.sampled_from(["dcg", "top", "flat"]),
 )
-def test_a_batch_scores_exactly_as_one_event_at_a_time(batch, ks, rs, huge_k, scheme) -> None:
-    """score_events (the rank matrices of the whole batch in one array, every signal in numpy
-    passes) gives score_event's results to the last bit: every field, and the JSON written."""
+def test_a_batch_scores_exactly_as_the_oracle_one_event_at_a_time(batch, ks, rs, huge_k, scheme) -> None:
+    """score_batch (the rank matrices of the whole batch in one array, every signal in numpy
+    passes) gives the per-event definitions' results (tests/oracle.py) to the last bit: every
+    record, and the JSON written; each event alone (score_event) gives the same."""
     import orjson
 
     from stream.chance import ChanceModel
@@ -250,11 +255,13 @@ def test_a_batch_scores_exactly_as_one_event_at_a_time(batch, ks, rs, huge_k, sc
             table, max_k, chance=ChanceModel(table), bands=Bands(table.hashtags, table.counts)
         )
 
-    batched = score_events(events, cache(), ks, rs, weights)
+    batched = score_batch(events, cache(), ks, rs, weights).records()
     single = cache()
-    one_by_one = [score_event(e, truth, single, ks, rs, weights) for e, truth in events]
-    assert batched == one_by_one
-    assert [orjson.dumps(s.to_json()) for s in batched] == [orjson.dumps(s.to_json()) for s in one_by_one]
+    oracle = [oracle_record(e, truth, single, ks, rs, weights) for e, truth in events]
+    assert batched == oracle
+    assert [orjson.dumps(s) for s in batched] == [orjson.dumps(s) for s in oracle]
+    one = cache()
+    assert [score_event(e, truth, one, ks, rs, weights).to_json() for e, truth in events[:5]] == oracle[:5]
 
 
 @settings(max_examples=60, deadline=None)
@@ -269,11 +276,34 @@ def test_a_batch_scores_exactly_as_one_event_at_a_time(batch, ks, rs, huge_k, sc
     ),
     st.fixed_dictionaries({h: st.permutations([v for v in VOCAB if v != h]) for h in VOCAB}),
 )
-def test_a_batch_on_a_thesaurus_without_a_table_scores_as_one_at_a_time(pairs, table) -> None:
+def test_a_batch_on_a_thesaurus_without_a_table_scores_as_the_oracle(pairs, table) -> None:
     """The rank-dictionary path (a JSON thesaurus: no table, no null model, no slices)."""
     thesaurus = JsonThesaurus({h: list(n) for h, n in table.items()})
     events = [(Recommendation(str(i), tuple(r)), tuple(g)) for i, (r, g) in enumerate(pairs)]
     ks, rs = (0, 1, 3, 9), (1, 2, None)
-    batched = score_events(events, NeighbourCache(thesaurus, max_k=9), ks, rs)
+    batched = score_batch(events, NeighbourCache(thesaurus, max_k=9), ks, rs).records()
     cache = NeighbourCache(thesaurus, max_k=9)
-    assert batched == [score_event(e, t, cache, ks, rs) for e, t in events]
+    assert batched == [oracle_record(e, t, cache, ks, rs) for e, t in events]
+
+
+def test_reciprocal_rank_of_the_first_hit() -> None:
+    """reval_reciprocal_rank: 1/i for the first recommended hashtag (list order, duplicates
+    dropped, the first occurrence keeping its place) with a ground truth among its k synonyms,
+    0 if none; unscorable as Eq. 4; its mean in reval score's summary."""
+    cache = NeighbourCache(_thesaurus(), max_k=3)
+    # golf (no synonym: unknown), swim (sport is its 3rd synonym), golf again (dropped: exercise
+    # is the 3rd hashtag, not the 4th), exercise (yoga is its 2nd synonym).
+    event = Recommendation("1", ("golf", "swim", "golf", "exercise"), ("sport", "yoga"))
+    score = score_event(event, event.ground_truth or (), cache, ks=(0, 2, 3), rs=(1, None))
+    assert score.values["reval_reciprocal_rank"] == {
+        "1": {0: 0.0, 2: 0.0, 3: 0.0},
+        "all": {0: 0.0, 2: 1 / 3, 3: 0.5},
+    }
+    assert score.to_json()["reval_reciprocal_rank"]["all"] == {"0": 0.0, "2": 1 / 3, "3": 0.5}
+    exact = Recommendation("2", ("yoga", "swim"), ("yoga",))
+    empty = Recommendation("3", (), ("yoga",))
+    summary = Summary().update_many(
+        score_event(e, e.ground_truth or (), cache, ks=(0, 3)) for e in (exact, empty)
+    )
+    assert summary.get()["by_k"]["0"]["reval_reciprocal_rank"] == 1.0
+    assert summary.get()["unscorable"] == 1

@@ -9,8 +9,9 @@ from prometheus_client import generate_latest
 
 from stream.metrics import reval_hit_ratio
 from stream.neighbour_table import NeighbourTable, build_neighbour_table
+from stream.neighbours import NeighbourCache
 from stream.records import Recommendation
-from stream.scoring import NeighbourCache, score_event
+from stream.scoring import score_event
 from stream.slices import SLICES, Bands, columns_by_slice, slice_scores
 from workers.adapters.annoy_thesaurus import neighbour_cache
 from workers.adapters.exporter import Exporter, LabelGuard

@@ -27,7 +27,7 @@ from stream.drift import DEFAULT_MIN_SUPPORT, DEFAULT_TOP, TOP_NEIGHBOURS, Snaps
 from stream.hubness import DEFAULT_METHOD, candidate_count, exact_candidates, scores
 from stream.means import HashtagMeans
 from stream.neighbour_table import NeighbourTable, build_neighbour_table
-from stream.scoring import NeighbourCache
+from stream.neighbours import NeighbourCache
 from stream.slices import Bands
 from stream.thesaurus import BaseThesaurus, Thesaurus, ThesaurusFormatError, ThesaurusMetadata, check_k
 from workers.adapters.atomic_files import (

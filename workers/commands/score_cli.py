@@ -10,7 +10,8 @@ import typer
 from rich.table import Table
 
 from stream.records import ErrorLog, RecordError, parse_recommendation
-from stream.scoring import ALL, Summary, parse_ints, r_label, score_event
+from stream.scoring import ALL, parse_ints, r_label, score_event
+from stream.summary import Summary
 from workers.adapters.annoy_thesaurus import neighbour_cache
 from workers.adapters.feeds import check_output_path, check_paths, read_file
 from workers.commands.console import (

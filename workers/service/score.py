@@ -36,9 +36,8 @@ from typing import Any
 
 import faust
 
-from stream.batch_scoring import score_events
+from stream.neighbours import NeighbourCache
 from stream.records import Coordinates, Recommendation, Tweet, parse_recommendation, parse_tweet
-from stream.scoring import NeighbourCache
 from stream.thesaurus import JsonThesaurus, ThesaurusSource
 from workers.adapters.annoy_thesaurus import neighbour_cache
 from workers.adapters.exporter import Exporter, LabelGuard

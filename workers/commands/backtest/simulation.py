@@ -26,9 +26,10 @@ from stream.experiment import ProgressFactory, labelled, load_corpus
 from stream.hubness import DEFAULT_METHOD
 from stream.means import HashtagMeans
 from stream.mmd import mmd_test
+from stream.neighbours import NeighbourCache
 from stream.recommenders import BaseRecommender, MoweRecommender, make_recommender
 from stream.records import Recommendation
-from stream.scoring import DEFAULT_KS, NeighbourCache, r_label, score_event
+from stream.scoring import DEFAULT_KS, r_label, score_event
 from stream.slices import SLICES
 from workers.adapters.annoy_thesaurus import (
     AnnoyThesaurus,
