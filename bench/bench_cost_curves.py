@@ -4,7 +4,7 @@ size, and the scoring rate against the k grid -- measured and plotted.
 For each ``--sizes`` vocabulary (``bench.bench_index.vocabulary``: clustered BERT-like
 vectors, Zipf counts, ``--dim``): the index build as the index job runs it
 (``AnnoyThesaurus.build``, default hubness method, depth 100, the Annoy index on all cores),
-then the scorer's step on ``--events`` events drawn by popularity (``score_events`` in
+then the scorer's step on ``--events`` events drawn by popularity (``score_batch`` in
 batches of 256, the worker's r grid, the default k grid; the null model on): a first pass on
 a fresh neighbour cache (cold) and a second (warm); the process's peak resident memory
 (``ru_maxrss``, vectors included, so far in the run) after the build and after the scoring.
@@ -29,7 +29,7 @@ from bench.bench_index import vocabulary
 from bench.results import bench_command, machine, publish
 from stream.hubness import DEFAULT_METHOD
 from stream.records import Recommendation
-from stream.scoring import DEFAULT_KS, DEFAULT_RS
+from stream.scoring import DEFAULT_KS, DEFAULT_RS, score_batch
 from workers.adapters.annoy_thesaurus import AnnoyThesaurus, neighbour_cache
 
 DEPTH = 100
@@ -63,7 +63,7 @@ def peak_rss() -> int:
 def rate(events: list[tuple[Recommendation, tuple[str, ...]]], cache: object, ks: tuple[int, ...]) -> float:
     start = time.perf_counter()
     for i in range(0, len(events), 256):
-        score_events(events[i : i + 256], cache, ks=ks, rs=DEFAULT_RS)  # type: ignore[arg-type]
+        score_batch(events[i : i + 256], cache, ks=ks, rs=DEFAULT_RS)  # type: ignore[arg-type]
     return len(events) / (time.perf_counter() - start)
 
 

@@ -1,34 +1,33 @@
 """The quality aggregation of scored events: per recommender, counts, sums and event-time
-rolling means of every (k, r) cell, river-style (``update``/``get``).
+rolling means of every (k, r) cell, river-style (``update``/``get``), over a batch's columns.
 
 A count and a vector of sums per recommender are the whole state of the whole-run quality
-summaries (#REval-hit-ratio, exact match, rank-aware), of the chance correction's sums
-(observed, expected, events: its kappa is :func:`stream.chance.corrected_of_sums` of them)
-and of the popularity slices.  The rolling means are over windows of *event* time
-(:class:`stream.windows.RollingMean`); :class:`EventTimeGate` keeps event times that would
-freeze or mislead them out.  Turning these into Prometheus metric families is the
-adapter's job (:class:`workers.adapters.quality_metrics.QualityMetrics`).
+summaries (every signal of :data:`stream.signals.SIGNALS`, the exact-match metrics), of the
+chance correction's sums (observed, expected, events: its kappa is
+:func:`stream.chance.corrected_of_sums` of them) and of the popularity slices.  The rolling
+means are over windows of *event* time (:class:`stream.windows.RollingMean`);
+:class:`EventTimeGate` keeps event times that would freeze or mislead them out.  Turning these
+into Prometheus metric families is the adapter's job
+(:class:`workers.adapters.quality_metrics.QualityMetrics`).
 
->>> from stream.metrics import ExactScores
->>> from stream.scoring import EventScore
->>> exact = {"all": ExactScores(1.0, 0.5, 0.5, 0.5, 0.5)}
->>> hit = EventScore("1", "mowe", "v1", reval={"all": {5: 1.0}}, exact=exact, ranked={"all": {5: 0.5}},
-...                  expected={"all": {5: 0.25}}, precision={"all": {5: 0.5}})
->>> miss = EventScore("2", "mowe", "v1", reval={"all": {5: 0.0}}, exact=exact, ranked={"all": {5: 0.0}},
-...                   expected={"all": {5: 0.25}}, precision={"all": {5: 0.0}})
->>> quality = QualityAggregate(ks=[5], rs=[None], windows=[3600], clock=lambda: 1e9)
->>> counts = quality.update_many([hit, miss], [100.0, 200.0])
+>>> from stream.neighbours import NeighbourCache
+>>> from stream.records import Recommendation
+>>> from stream.scoring import score_batch
+>>> from stream.thesaurus import JsonThesaurus
+>>> cache = NeighbourCache(JsonThesaurus({"flood": ["rain"], "rain": ["flood"]}), max_k=1)
+>>> events = [(Recommendation("1", ("rain",), recommender="mowe"), ["flood"]),
+...           (Recommendation("2", ("help",), recommender="mowe"), ["flood"])]
+>>> quality = QualityAggregate(ks=[1], rs=[None], windows=[3600], clock=lambda: 1e9)
+>>> counts = quality.update_batch(score_batch(events, cache, ks=[1]), [100.0, 200.0])
 >>> counts.outcomes, counts.recommended
-({('mowe', 'scored'): 2}, {'mowe': (0, 0)})
+({('mowe', 'scored'): 2}, {'mowe': (2, 1)})
 >>> totals = quality.get()
->>> totals.main["mowe"].count, totals.main["mowe"].sums.tolist()[:1]  # the k=5 #REval-hit-ratio
+>>> totals.main["mowe"].count, totals.main["mowe"].sums.tolist()[:1]  # the k=1 #REval-hit-ratio
 (2, [1.0])
->>> quality.corrected_cells(), totals.corrected["mowe"].sums.tolist()  # observed, expected
-([('5', 'all')], [1.0, 0.5])
->>> quality.corrected_rolling(totals.corrected["mowe"])  # (1 - 0.5) / (2 - 0.5) per window
-[[0.3333333333333333]]
->>> totals.precision["mowe"].sums.tolist()  # the precision form's sum, then its squares
-[0.5, 0.25]
+>>> totals.sums["reval_hit_ratio_precision"]["mowe"].sums.tolist()  # its sum, then its squares
+[1.0, 1.0]
+>>> totals.corrected  # a JSON thesaurus has no null model
+{}
 """
 
 from __future__ import annotations
@@ -36,7 +35,6 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
-from operator import attrgetter
 from typing import Literal, TypeVar
 
 import numpy as np
@@ -44,19 +42,21 @@ import numpy.typing as npt
 
 from stream.chance import corrected_of_sums
 from stream.metrics import ExactScores
-from stream.scoring import EventScore, r_label
+from stream.scoring import EventScore, ScoredBatch, r_label
+from stream.signals import SIGNALS
+from stream.slices import SLICES
 from stream.windows import RollingMean
 
 Values = npt.NDArray[np.float64]
 #: Why an event was kept out of the rolling windows (it is scored and counted all the same).
 OutsideReason = Literal["future", "late"]
-#: The three parts of a recommender's main layout, per r: #REval-hit-ratio at each k, the
-#: exact-match metrics, the rank-aware #REval-hit-ratio at each k.
-CellKind = Literal["reval", "exact", "ranked"]
+#: The parts of a recommender's main layout, per r: each signal with rolling means (its key) at
+#: each k, then the exact-match metrics ("exact").
+CellKind = str
+#: The signals whose windows are kept (the main layout) and those kept as sums only.
+_ROLLING = tuple(s for s in SIGNALS if s.rolling is not None)
 
 K = TypeVar("K", bound=Hashable)
-
-_exact_values = attrgetter(*ExactScores.NAMES)
 
 
 @dataclass(frozen=True)
@@ -101,11 +101,14 @@ class WindowedSums:
         """:meth:`update` for each row of ``values`` in turn, with the sums added in the same
         order (a running sum down the rows), so the result is the same to the last bit."""
         self.count += len(values)
+        if not len(values):
+            return
         self.sums[:] = np.add.accumulate(np.concatenate([self.sums[None, :], values]), axis=0)[-1]
-        for window in self.rolling:
-            for row, event_time, admitted in zip(values, event_times, in_windows, strict=True):
-                if admitted:
-                    window.update(event_time, row)
+        if self.rolling:
+            admitted = np.asarray(in_windows, dtype=bool)
+            times = np.asarray(event_times, dtype=np.float64)[admitted]
+            for window in self.rolling:
+                window.update_many(times, values[admitted])
 
     def get(self) -> Totals:
         means: list[Values | None] = [window.get() for window in self.rolling]
@@ -149,12 +152,13 @@ class Snapshot:
     main: dict[str, Totals]
     corrected: dict[str, Totals]
     slices: dict[tuple[str, str], Totals]
-    precision: dict[str, Totals]
+    #: Per signal kept as sums (:meth:`QualityAggregate.sums_cells`), per recommender.
+    sums: dict[str, dict[str, Totals]]
 
 
 @dataclass
 class BatchCounts:
-    """What :meth:`QualityAggregate.update_many` counted in a batch, for counters beside the
+    """What :meth:`QualityAggregate.update_batch` counted in a batch, for counters beside the
     sums: events by (recommender, outcome), (recommended, unknown) hashtags per recommender,
     events kept out of the windows by reason."""
 
@@ -162,13 +166,14 @@ class BatchCounts:
     recommended: dict[str, tuple[int, int]] = field(default_factory=dict)
     outside: Counter[OutsideReason] = field(default_factory=Counter)
 
-
-def _fixed_width(values: list[float], length: int) -> None:
-    """Cut ``values`` to ``length`` (an event with more values than the layout: the extra are
-    ignored), or fail when it falls short (an event missing some)."""
-    if len(values) < length:
-        raise ValueError(f"an event has fewer values than the metrics' layout ({len(values)} < {length})")
-    del values[length:]
+    def add(self, other: BatchCounts) -> None:
+        """Count ``other``'s events too."""
+        for key, n in other.outcomes.items():
+            self.outcomes[key] = self.outcomes.get(key, 0) + n
+        for name, (n, unknown) in other.recommended.items():
+            before = self.recommended.get(name, (0, 0))
+            self.recommended[name] = (before[0] + n, before[1] + unknown)
+        self.outside.update(other.outside)
 
 
 def _by_key(keys: Sequence[K]) -> dict[K, list[int]]:
@@ -191,20 +196,19 @@ def _add_sums(into: dict[K, WindowedSums], keys: Sequence[K], values: Values) ->
 class QualityAggregate:
     """Per recommender, the sums and windows of scored events (the module's example).
 
-    Every scorable event adds to every (k, r) cell of its recommender.  Three layouts:
+    Every scorable event adds to every (k, r) cell of its recommender.  Layouts:
 
-    * main, per recommender: for each r, the #REval-hit-ratio at each k, the exact-match
-      metrics, the rank-aware #REval-hit-ratio at each k (:meth:`main_cells`); sums and
-      rolling means;
+    * main, per recommender: for each r, each signal with rolling means at each k, then the
+      exact-match metrics (:meth:`main_cells`); sums and rolling means;
+    * sums, per signal without rolling means (or with squares), per recommender: its values at
+      each (k, r) cell (:meth:`corrected_cells`' order) unless they are in the main layout, then
+      their squares if the signal declares them (:meth:`sums_cells`); sums only;
     * corrected, per recommender, only events scored with a null model (every published
       thesaurus has one; the empty one before the first version has none): the observed
       #REval-hit-ratio of each (k, r) cell (:meth:`corrected_cells`), then the null's
       expectation of each; the count is the best possible sum (1 per event);
     * slices, per (recommender, popularity slice): the #REval-hit-ratio on that slice's
-      ground truths per (k, r) cell; sums only;
-    * precision, per recommender: the precision form of #REval of each (k, r) cell
-      (:attr:`stream.scoring.EventScore.precision`), then its square (the #REval alert
-      estimates its variance from them); sums only.
+      ground truths per (k, r) cell; sums only.
 
     ``names`` (default: each score's recommender) are the keys the totals are kept under:
     the exporter passes bounded label values.
@@ -222,28 +226,36 @@ class QualityAggregate:
     ) -> None:
         self.ks = [str(k) for k in ks]
         self.rs = [r_label(r) for r in rs]
+        self._k_values = [int(k) for k in ks]
         self.windows = list(windows)
         lateness = max_lateness if max_lateness is not None else float(max(windows, default=0))
         self.gate = EventTimeGate(max_future_skew, lateness, clock)
-        self.width = len(self.rs) * (2 * len(self.ks) + len(ExactScores.NAMES))
+        self.width = len(self.rs) * (len(_ROLLING) * len(self.ks) + len(ExactScores.NAMES))
         self._main: dict[str, WindowedSums] = {}
         self._corrected: dict[str, WindowedSums] = {}
         self._slices: dict[tuple[str, str], WindowedSums] = {}
-        self._precision: dict[str, WindowedSums] = {}
+        self._sums: dict[str, dict[str, WindowedSums]] = {key: {} for key in self.sums_cells()}
 
     def main_cells(self) -> list[tuple[CellKind, str, str]]:
-        """``(kind, k or exact metric, r)`` of each position of the main layout."""
-        parts: tuple[tuple[CellKind, Sequence[str]], ...] = (
-            ("reval", self.ks),
-            ("exact", ExactScores.NAMES),
-            ("ranked", self.ks),
-        )
+        """``(kind, k or exact metric, r)`` of each position of the main layout; the kind is a
+        signal's key or "exact"."""
+        parts: list[tuple[CellKind, Sequence[str]]] = [(s.key, self.ks) for s in _ROLLING]
+        parts.append(("exact", ExactScores.NAMES))
         return [(kind, cell, r) for r in self.rs for kind, cells in parts for cell in cells]
 
     def corrected_cells(self) -> list[tuple[str, str]]:
         """``(k, r)`` of each observed sum of the corrected layout (the expected sums follow
-        in the same order); also the layout of a slice's sums."""
+        in the same order); also the layout of a slice's sums and of a signal's sums."""
         return [(k, r) for r in self.rs for k in self.ks]
+
+    def sums_cells(self) -> dict[str, tuple[bool, bool]]:
+        """The signals kept as sums: whether their values are there (not in the main layout),
+        and whether their squares follow."""
+        return {
+            s.key: (s.rolling is None, s.squares is not None)
+            for s in SIGNALS
+            if s.rolling is None or s.squares is not None
+        }
 
     def corrected_rolling(self, totals: Totals) -> list[list[float | None]]:
         """Per window, per (k, r) cell, the corrected score of the window: the kappa of its
@@ -263,100 +275,119 @@ class QualityAggregate:
     def update_many(
         self, scores: Sequence[EventScore], event_times: Sequence[float], names: Sequence[str] | None = None
     ) -> BatchCounts:
-        """Add a batch of scored events (in order): one numpy pass per recommender's sums."""
-        rs, width, n_k = self.rs, self.width, len(self.rs) * len(self.ks)
+        """:meth:`update_batch` of events given one by one (runs of events of the same batch at
+        once), in order."""
         counts = BatchCounts()
-        recommended: dict[str, list[int]] = {}
-        scored: list[tuple[str, float]] = []  # (name, event time) per scorable event
-        # Each event's values, flat (one list per layout; few objects for the GC).
-        main: list[float] = []
-        corrected: list[float] = []
-        corrected_events: list[int] = []  # the positions in ``scored`` of the corrected rows
-        sliced: list[float] = []
-        shares: list[float] = []
-        slice_keys: list[tuple[str, str]] = []
+        start = 0
+        while start < len(scores):
+            end = start + 1
+            while end < len(scores) and scores[end].batch is scores[start].batch:
+                end += 1
+            batch = scores[start].batch.take([s.index for s in scores[start:end]])
+            part = self.update_batch(
+                batch, event_times[start:end], None if names is None else names[start:end]
+            )
+            counts.add(part)
+            start = end
+        return counts
+
+    def _cells(self, batch: ScoredBatch) -> tuple[list[int], list[int]]:
+        """The positions of this aggregate's r and k in the batch's arrays."""
+        try:
+            return [batch.rs.index(r) for r in self.rs], [batch.ks.index(k) for k in self._k_values]
+        except ValueError:
+            raise ValueError(
+                f"the scores' grid (r {list(batch.rs)}, k {list(batch.ks)}) lacks cells of the metrics' "
+                f"layout (r {self.rs}, k {self.ks})"
+            ) from None
+
+    def update_batch(
+        self, batch: ScoredBatch, event_times: Sequence[float], names: Sequence[str] | None = None
+    ) -> BatchCounts:
+        """Add a batch of scored events (in order), from its columns: one numpy pass per
+        recommender's sums."""
+        counts = BatchCounts()
         if names is None:
-            names = [score.recommender for score in scores]
-        for score, event_time, name in zip(scores, event_times, names, strict=True):
-            outcome = "unscorable" if score.unscorable is not None else "scored"
-            counts.outcomes[name, outcome] = counts.outcomes.get((name, outcome), 0) + 1
-            if score.unscorable is not None:
-                continue
-            tally = recommended.setdefault(name, [0, 0])
-            tally[0] += score.n_recommended
-            tally[1] += score.unknown_recommended
-            for r in rs:
-                main += score.reval[r].values()
-                main += _exact_values(score.exact[r])
-                main += score.ranked[r].values()
-            _fixed_width(main, width * (len(scored) + 1))
-            for r in rs:
-                shares += list(score.precision[r].values())[: len(self.ks)]
-            _fixed_width(shares, n_k * (len(scored) + 1))
-            if score.expected:
-                for r in rs:
-                    corrected += list(score.reval[r].values())[: len(self.ks)]
-                for r in rs:
-                    corrected += list(score.expected[r].values())[: len(self.ks)]
-                corrected_events.append(len(scored))
-                _fixed_width(corrected, 2 * n_k * len(corrected_events))
-            if score.slices and rs:
-                by_r = [score.slices[r] for r in rs]
-                for label in by_r[0]:
-                    for by_slice in by_r:
-                        sliced += by_slice[label].values()
-                    slice_keys.append((name, label))
-                    _fixed_width(sliced, n_k * len(slice_keys))
-            scored.append((name, event_time))
-        counts.recommended = {name: (n, unknown) for name, (n, unknown) in recommended.items()}
-        if not scored:
+            names = batch.recommenders
+        scorable = batch.scorable
+        outcomes = Counter(zip(names, np.where(scorable, "scored", "unscorable").tolist(), strict=True))
+        counts.outcomes = dict(outcomes)
+        rows = np.flatnonzero(scorable)
+        if not len(rows):
             return counts
+        keys = [names[i] for i in rows.tolist()]
+        n_rec, n_unknown = batch.n_recommended[rows].tolist(), batch.unknown_recommended[rows].tolist()
+        recommended: dict[str, list[int]] = {}
+        for name, n, unknown in zip(keys, n_rec, n_unknown, strict=True):
+            tally = recommended.setdefault(name, [0, 0])
+            tally[0] += n
+            tally[1] += unknown
+        counts.recommended = {name: (n, unknown) for name, (n, unknown) in recommended.items()}
+        times = [event_times[i] for i in rows.tolist()]
         admitted = []
-        for _, event_time in scored:
+        for event_time in times:
             reason = self.gate.update(event_time)
             if reason is not None:
                 counts.outside[reason] += 1
             admitted.append(reason is None)
-        self._add(self._main, width, [n for n, _ in scored], main, scored, admitted, range(len(scored)))
-        self._add(
-            self._corrected,
-            2 * n_k,
-            [scored[i][0] for i in corrected_events],
-            corrected,
-            scored,
-            admitted,
-            corrected_events,
-        )
-        share_values = np.array(shares, dtype=np.float64).reshape(-1, n_k)
-        precision = np.concatenate([share_values, share_values**2], axis=1)
-        _add_sums(self._precision, [n for n, _ in scored], precision)
-        _add_sums(self._slices, slice_keys, np.array(sliced, dtype=np.float64).reshape(-1, n_k))
+        r_at, k_at = self._cells(batch)
+        n = len(rows)
+
+        def cells(values: Values) -> Values:  # n x (r, k), r-major
+            picked: Values = values[rows][:, r_at][:, :, k_at].reshape(n, -1)
+            return picked
+
+        parts = []
+        for r in r_at:
+            parts += [batch.values[s.key][rows, r][:, k_at] for s in _ROLLING]
+            parts.append(batch.exact[rows, r])
+        main = np.concatenate(parts, axis=1) if parts else np.zeros((n, 0))
+        self._add(self._main, keys, main, times, admitted, windows=True)
+        for key, (values, squares) in self.sums_cells().items():
+            found = cells(batch.values[key])
+            kept = [found] if values else []
+            if squares:
+                kept.append(found**2)
+            _add_sums(self._sums[key], keys, np.concatenate(kept, axis=1))
+        if batch.expected is not None:
+            corrected = np.concatenate(
+                [cells(batch.values["reval_hit_ratio"]), cells(batch.expected)], axis=1
+            )
+            self._add(self._corrected, keys, corrected, times, admitted, windows=True)
+        for label in SLICES:
+            found_slice = batch.slices.get(label)
+            if found_slice is None:
+                continue
+            present = found_slice[0][rows]
+            if present.any():
+                at = np.flatnonzero(present)
+                _add_sums(self._slices, [(keys[i], label) for i in at.tolist()], cells(found_slice[1])[at])
         return counts
 
     def _add(
         self,
         into: dict[str, WindowedSums],
-        width: int,
         keys: Sequence[str],
-        flat: list[float],
-        scored: Sequence[tuple[str, float]],
+        values: Values,
+        times: Sequence[float],
         admitted: Sequence[bool],
-        events: Sequence[int],
+        *,
+        windows: bool,
     ) -> None:
-        """Rows of ``flat`` (one per key; row i is the scored event ``events[i]``) into each
-        key's sums and windows."""
-        values = np.array(flat, dtype=np.float64).reshape(-1, width)
+        """Rows of ``values`` (one per key) into each key's sums and windows."""
         for key, rows in _by_key(keys).items():
             sums = into.get(key)
             if sums is None:
-                sums = into[key] = WindowedSums(width, self.windows)
-            at = [events[row] for row in rows]
-            sums.update_many(values[rows], [scored[i][1] for i in at], [admitted[i] for i in at])
+                sums = into[key] = WindowedSums(values.shape[1], self.windows if windows else ())
+            sums.update_many(values[rows], [times[i] for i in rows], [admitted[i] for i in rows])
 
     def get(self) -> Snapshot:
         return Snapshot(
             {name: sums.get() for name, sums in self._main.items()},
             {name: sums.get() for name, sums in self._corrected.items()},
             {key: sums.get() for key, sums in self._slices.items()},
-            {name: sums.get() for name, sums in self._precision.items()},
+            {
+                key: {name: sums.get() for name, sums in by_name.items()}
+                for key, by_name in self._sums.items()
+            },
         )

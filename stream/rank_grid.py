@@ -49,8 +49,7 @@ class RankGrid:
         self, matrix: Ints, n_rec: Ints, n_truth: Ints, ks: Sequence[int], weights: RankWeights
     ) -> None:
         self.matrix = matrix
-        n_b, n_r, n_g = matrix.shape
-        self.batch = np.arange(n_b)
+        self.batch = np.arange(matrix.shape[0])
         self.n_rec = n_rec
         self.n_truth = n_truth
         self.weights = weights

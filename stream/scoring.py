@@ -382,8 +382,8 @@ def score_batch(
             unscorable[b] = "empty_ground_truth"
         else:
             unknown[b] = sum(1 for h in recommended if not known(h))
-            key = (_shape_group(len(recommended)), _shape_group(len(distinct)))
-            groups.setdefault(key, []).append((b, recommended, distinct))
+            group = (_shape_group(len(recommended)), _shape_group(len(distinct)))
+            groups.setdefault(group, []).append((b, recommended, distinct))
     for members in groups.values():
         at = np.array([b for b, _, _ in members], dtype=np.int64)
         recs = [rec for _, rec, _ in members]
@@ -402,11 +402,13 @@ def score_batch(
             found = by_rows.get(m.tobytes())
             if found is None:
                 found = by_rows[m.tobytes()] = (m, {s.key: s.values(grid, m) for s in SIGNALS})
-            for key, cells in found[1].items():
-                values[key][at, j] = cells
+            for signal_key, cells in found[1].items():
+                values[signal_key][at, j] = cells
             exact[at, j] = grid.exact(m)
             for name, cols in columns:
-                present, sliced = slices.setdefault(name, (np.zeros(n, bool), np.zeros(shape)))
+                if name not in slices:
+                    slices[name] = (np.zeros(n, bool), np.zeros(shape))
+                present, sliced = slices[name]
                 present[at] = cols.any(axis=1)
                 sliced[at, j] = grid.slice_reval(m, cols, found[1]["reval_hit_ratio"])
         if chance is not None and expected is not None:

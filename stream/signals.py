@@ -6,6 +6,7 @@ A signal here is a value per scorable event and per (r, k) cell of the grid, com
 whole batch from its rank matrices (:class:`stream.rank_grid.RankGrid`) and aggregated as a
 mean over scorable events.  Its declaration says:
 
+* ``title``: what a table of its means is called (``reval score``);
 * ``key``: the scores record's key (``{r: {k: value}}``), the key of its mean in ``reval score
   --json``'s ``by_k[k]``, and the name of its metric family (a summary: ``_sum`` and ``_count``
   per recommender, k and r);
@@ -42,6 +43,7 @@ class Signal:
     """One per-event signal (the module's docstring says what each field drives)."""
 
     key: str
+    title: str
     help: str
     #: Its values on the first m rows of each event's matrix, at each k: |B| x K.
     values: Callable[[RankGrid, npt.NDArray[np.int64]], npt.NDArray[np.float64]]
@@ -53,6 +55,7 @@ class Signal:
 SIGNALS: tuple[Signal, ...] = (
     Signal(
         "reval_hit_ratio",
+        "average #REval-hit-ratio",
         "#REval-hit-ratio of scored events",
         RankGrid.reval,
         rolling="#REval-hit-ratio mean over a window of event time",
@@ -60,6 +63,7 @@ SIGNALS: tuple[Signal, ...] = (
     ),
     Signal(
         "reval_hit_ratio_ranked",
+        "rank-aware #REval-hit-ratio",
         "Rank-aware #REval-hit-ratio of scored events (hit credit decays with both ranks)",
         RankGrid.ranked,
         rolling="Rank-aware #REval-hit-ratio mean over a window of event time",
@@ -67,6 +71,8 @@ SIGNALS: tuple[Signal, ...] = (
     # What the #REval alert tests (stream.backtest.skill_loss): its variance from the squares.
     Signal(
         "reval_hit_ratio_precision",
+        "#REval precision form (share of the recommended with a ground truth among their k synonyms;"
+        " what the #REval alert tests)",
         "Precision form of #REval of scored events: share of the top-r recommended hashtags with a "
         "ground truth among their k synonyms",
         RankGrid.precision,
@@ -74,6 +80,8 @@ SIGNALS: tuple[Signal, ...] = (
     ),
     Signal(
         "reval_reciprocal_rank",
+        "reciprocal rank of the first #REval hit (1/i for the first recommended hashtag with a ground"
+        " truth among its k synonyms)",
         "Reciprocal rank of the first recommended hashtag (in list order) with a ground truth among "
         "its k synonyms, 0 if none",
         RankGrid.reciprocal_rank,

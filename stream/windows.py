@@ -62,6 +62,40 @@ class RollingMean:
         sums += values
         self._counts[index] = self._counts.get(index, 0) + 1
 
+    def update_many(self, times: npt.NDArray[np.float64], values: npt.NDArray[np.float64]) -> None:
+        """:meth:`update` for each row of ``values`` (at ``times``) in turn: the same slots, sums
+        (added row after row: a running sum per slot), late count and watermark.
+
+        >>> a, b = RollingMean(60, buckets=6, size=1), RollingMean(60, buckets=6, size=1)
+        >>> times, rows = np.array([0.0, 65.0, 3.0, 61.0]), np.array([[1.0], [0.5], [9.0], [0.25]])
+        >>> for t, row in zip(times, rows): a.update(t, row)
+        >>> b.update_many(times, rows)
+        >>> (a.get().tolist(), a.late, a.watermark) == (b.get().tolist(), b.late, b.watermark)
+        True
+        """
+        if len(times) == 0:
+            return
+        if values.shape[1:] != (self.size,):
+            raise ValueError(f"expected {self.size} values, got {values.shape[1:]}")
+        index = np.floor_divide(np.asarray(times, dtype=np.float64), self.slot).astype(np.int64)
+        # The watermark before each row: the newest slot of the rows before it (and before the batch).
+        start = index[0] if self.watermark is None else self.watermark  # the first row: never late
+        before = np.maximum.accumulate(np.concatenate([[start], index[:-1]]))
+        late = index <= before - self.buckets
+        self.late += int(late.sum())
+        kept, rows = index[~late], values[~late]
+        for slot in dict.fromkeys(kept.tolist()):
+            mine = rows[kept == slot]
+            sums = self._sums.get(slot)
+            if sums is None:
+                sums = self._sums[slot] = np.zeros(self.size)
+            sums[:] = np.add.accumulate(np.concatenate([sums[None, :], mine]), axis=0)[-1]
+            self._counts[slot] = self._counts.get(slot, 0) + len(mine)
+        newest = int(index.max())
+        if self.watermark is None or newest > self.watermark:
+            self.watermark = newest
+            self._evict()
+
     @property
     def n(self) -> int:
         return sum(self._counts.values())

@@ -122,12 +122,14 @@ def test_score_json_contract(tmp_path: Path) -> None:
             **NO_CHANCE,
             "reval_hit_ratio_ranked": 0.5,
             "reval_hit_ratio_precision": 0.25,
+            "reval_reciprocal_rank": 0.5,  # event 2's swim, first in its list, exactly
         },
         "3": {
             "reval_hit_ratio": 1.0,
             **NO_CHANCE,
             "reval_hit_ratio_ranked": pytest.approx((1 / math.log2(5) + 1.0) / 2),
             "reval_hit_ratio_precision": 0.75,
+            "reval_reciprocal_rank": 1.0,  # and event 1's hockey, first, reaches sport at k = 3
         },
     }
     assert payload["exact"] == {
@@ -141,13 +143,19 @@ def test_score_json_contract(tmp_path: Path) -> None:
     per_event = [json.loads(line) for line in events.read_text().splitlines()]
     assert [e["scorable"] for e in per_event] == [True, True, False]
     assert per_event[0]["reval_hit_ratio"]["all"] == {"0": 0.0, "3": 1.0}
+    assert per_event[1]["reval_reciprocal_rank"]["all"] == {"0": 1.0, "3": 1.0}
     assert per_event[0]["reval_hit_ratio_ranked"]["all"] == {"0": 0.0, "3": pytest.approx(1 / math.log2(5))}
 
+    by_r = runner.invoke(
+        app, ["score", str(recs), "--thesaurus", str(thesaurus), "-k", "0,3", "-r", "1,all", "--json"]
+    )
+    assert json.loads(by_r.stdout)["by_r"]["1"]["by_k"]["3"]["reval_reciprocal_rank"] == 1.0
     table = runner.invoke(
         app, ["score", str(recs), "--thesaurus", str(thesaurus), "-k", "0,3", "-r", "1,all"]
     )
     assert table.exit_code == 0 and "k=3" in table.output and "hit_ratio" in table.output
     assert "#REval precision form" in table.output
+    assert "reciprocal rank" in table.output
 
 
 def test_score_corrects_for_chance_from_the_sums(tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ import yaml
 
 from stream.alert_params import DEFAULTS, TEST, parse_set
 from workers.adapters.prometheus_alerts import ALERTS, JOBS
-from workers.adapters.prometheus_rules import render_config, render_rules
+from workers.adapters.prometheus_rules import render_config, render_rules, render_signal_tests
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
@@ -87,6 +87,9 @@ def test_committed_rules_and_config_are_the_generator_defaults() -> None:
     assert (PROM / "prometheus.yml").read_text() == render_config(), (
         "deploy/prometheus/prometheus.yml differs: run `python deploy/prometheus/render.py --config`"
     )
+    assert (PROM / "tests" / "signals_test.yml").read_text() == render_signal_tests(DEFAULTS), (
+        "deploy/prometheus/tests/signals_test.yml differs: run `python deploy/prometheus/render.py --signal-tests`"
+    )
 
 
 def test_promtool_check_config_and_rules(tmp_path: Path) -> None:
@@ -113,7 +116,11 @@ def test_every_alert_has_a_runbook_and_unit_tests() -> None:
     assert [a["alert"] for a in alerts] == list(ALERTS)
     readme = (DEPLOY / "README.md").read_text()
     headings = {h.strip().lower() for h in re.findall(r"^#{2,4} (.+)$", readme, re.M)}
-    tests = yaml.safe_load((PROM / "tests" / "rules_test.yml").read_text())["tests"]
+    tests = [
+        test
+        for name in ("rules_test.yml", "signals_test.yml")
+        for test in yaml.safe_load((PROM / "tests" / name).read_text())["tests"]
+    ]
     for alert in alerts:
         name = alert["alert"]
         assert name.lower() in headings, f"no runbook section '### {name}' in deploy/README.md"
@@ -139,7 +146,7 @@ def test_every_alert_has_a_runbook_and_unit_tests() -> None:
 @pytest.mark.slow
 def test_promtool_unit_tests_pass() -> None:
     promtool = require_binary("promtool")
-    out = ok(run(promtool, "test", "rules", "rules_test.yml", cwd=PROM / "tests"))
+    out = ok(run(promtool, "test", "rules", "rules_test.yml", "signals_test.yml", cwd=PROM / "tests"))
     assert "SUCCESS" in out and "FAILED" not in out
 
 

@@ -7,6 +7,7 @@ with the defaults; ``tests/test_deploy.py`` fails when they drift from it.
     python deploy/prometheus/render.py --set alert_k=5 --set quality_drop_fraction=0.3 -o my-rules.yml
     python deploy/prometheus/render.py --profile test -o /tmp/rules.yml    # short windows (tests)
     python deploy/prometheus/render.py --config -o prometheus.yml           # the scrape config
+    python deploy/prometheus/render.py --signal-tests   # tests/signals_test.yml (stream/signals.py)
     python deploy/prometheus/render.py --list                                # every parameter
 
 The parameters (every threshold, window and hold time, their defaults and the ``test``
@@ -24,7 +25,7 @@ from pathlib import Path
 
 try:
     from stream.alert_params import PROFILES, parse_set
-    from workers.adapters.prometheus_rules import render_config, render_rules
+    from workers.adapters.prometheus_rules import render_config, render_rules, render_signal_tests
 except ImportError as exc:  # a Python without the package: say which one to use
     sys.exit(f"error: {exc}; run with the Python reval-stream is installed in (make setup: .venv/bin/python)")
 
@@ -40,6 +41,11 @@ def main(argv: list[str] | None = None) -> int:
         "--set", action="append", default=[], metavar="NAME=VALUE", help="override a parameter"
     )
     parser.add_argument("--config", action="store_true", help="render the scrape config instead of the rules")
+    parser.add_argument(
+        "--signal-tests",
+        action="store_true",
+        help="render the promtool value tests of the signals' recording rules instead",
+    )
     parser.add_argument("--list", action="store_true", help="print the parameters and exit")
     parser.add_argument(
         "-o", "--out", type=Path, help="output file ('-' = stdout) [default: rules.yml / prometheus.yml here]"
@@ -55,11 +61,20 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name} = {value!r}")
         return 0
     try:
-        text = render_config() if args.config else render_rules(params)
+        text = (
+            render_config()
+            if args.config
+            else render_signal_tests(params)
+            if args.signal_tests
+            else render_rules(params)
+        )
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    out = args.out or HERE / ("prometheus.yml" if args.config else "rules.yml")
+    default = (
+        "prometheus.yml" if args.config else "tests/signals_test.yml" if args.signal_tests else "rules.yml"
+    )
+    out = args.out or HERE / default
     if str(out) == "-":
         sys.stdout.write(text)
     else:

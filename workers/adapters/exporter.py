@@ -53,13 +53,6 @@ CORRECTED_COUNTERS = {
     "expected": "Sum of the null recommender's expected #REval-hit-ratio over the same events",
     "events": "Events scored with a null model (the best possible sum: 1 per event)",
 }
-#: The precision form of #REval (stream.metrics.reval_precision_by_k) that the #REval alert
-#: tests: a summary (sum, count) and the sum of its squares (its variance), per (k, r).
-PRECISION_HELP = (
-    "Precision form of #REval of scored events: share of the top-r recommended hashtags with a "
-    "ground truth among their k synonyms"
-)
-PRECISION_SQUARES_HELP = "Sum of the squares of the precision form of #REval (its variance)"
 
 
 _LABEL_RE = re.compile(r"[A-Za-z0-9_.:@/+-]+")

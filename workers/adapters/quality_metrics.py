@@ -16,15 +16,10 @@ from collections.abc import Callable, Iterator, Sequence
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric, SummaryMetricFamily
 
-from stream.quality import QualityAggregate, Totals
-from stream.scoring import EventScore
-from workers.adapters.exporter import (
-    CORRECTED_COUNTERS,
-    PRECISION_HELP,
-    PRECISION_SQUARES_HELP,
-    Exporter,
-    LabelGuard,
-)
+from stream.quality import BatchCounts, QualityAggregate, Snapshot, Totals
+from stream.scoring import EventScore, ScoredBatch
+from stream.signals import SIGNALS
+from workers.adapters.exporter import CORRECTED_COUNTERS, Exporter, LabelGuard
 
 
 class QualityMetrics:
@@ -65,11 +60,21 @@ class QualityMetrics:
         self.observe_many([score], [event_time])
 
     def observe_many(self, scores: Sequence[EventScore], event_times: Sequence[float]) -> None:
-        """:meth:`observe` for a batch: the same sums, counts and windows (events in order),
-        with one counter increment per label and one numpy pass per recommender's sums."""
+        """:meth:`observe_batch` of events given one by one."""
         names = [self.guard(score.recommender) for score in scores]
         with self._lock:
             counts = self.sums.update_many(scores, event_times, names)
+        self._count(counts)
+
+    def observe_batch(self, batch: ScoredBatch, event_times: Sequence[float]) -> None:
+        """Add a batch's scores (in order): the same sums, counts and windows as one event at a
+        time, with one counter increment per label and one numpy pass per recommender's sums."""
+        names = list(map(self.guard, batch.recommenders))
+        with self._lock:
+            counts = self.sums.update_batch(batch, event_times, names)
+        self._count(counts)
+
+    def _count(self, counts: BatchCounts) -> None:
         for (name, outcome), n in counts.outcomes.items():
             self.x.events.labels(name, outcome).inc(n)
         for name, (n_recommended, n_unknown) in counts.recommended.items():
@@ -85,73 +90,88 @@ class QualityMetrics:
         with self._lock:
             totals = self.sums.get()
         labels = [self.window_label(seconds) for seconds in self.sums.windows]
-        main_families = self._main_families(totals.main, labels)
-        corrected_families = self._corrected_families(totals.corrected, labels)
-        # The order families are yielded in is the order of the exposition (tests read it).
         yield self._slice_family(totals.slices)
-        yield main_families["hit_ratio"]
-        yield from corrected_families[:3]
-        yield from (main_families[key] for key in ("exact_match", "ranked", "reval"))
-        yield corrected_families[3]
-        yield from (main_families[key] for key in ("exact", "ranked_rolling", "in_window"))
-        yield from self._precision_families(totals.precision)
+        yield from self._signal_families(totals, labels)
+        yield from self._exact_families(totals.main, labels)
+        yield from self._corrected_families(totals.corrected, labels)
+        in_window = GaugeMetricFamily(
+            "reval_events_rolling",
+            "Scored events in a window of event time (what the rolling means average over)",
+            labels=["recommender", "window"],
+        )
+        for name, found in totals.main.items():
+            for label, n in zip(labels, found.in_window, strict=True):
+                in_window.add_metric([name, label], n)
+        yield in_window
 
-    def _main_families(self, main: dict[str, Totals], labels: list[str]) -> dict[str, Metric]:
-        """The summaries of the whole run and the rolling means, per recommender, from the
-        main layout (:meth:`stream.quality.QualityAggregate.main_cells`)."""
+    def _signal_families(self, totals: Snapshot, labels: list[str]) -> Iterator[Metric]:
+        """Each signal of :data:`stream.signals.SIGNALS`: its summary (sum, count) per recommender
+        and (k, r) cell, its rolling means and the sum of its squares where it declares them."""
         by_k = ["recommender", "k", "r"]
+        main_at = {(kind, k, r): i for i, (kind, k, r) in enumerate(self.sums.main_cells())}
+        cells = self.sums.corrected_cells()
+        sums_layout = self.sums.sums_cells()
+        for signal in SIGNALS:
+            summary = SummaryMetricFamily(signal.key, signal.help, labels=by_k)
+            rolling = (
+                GaugeMetricFamily(f"{signal.key}_rolling", signal.rolling, labels=[*by_k, "window"])
+                if signal.rolling is not None
+                else None
+            )
+            squares = (
+                CounterMetricFamily(f"{signal.key}_squares", signal.squares, labels=by_k)
+                if signal.squares is not None
+                else None
+            )
+            if rolling is not None:
+                for name, found in totals.main.items():
+                    for k, r in cells:
+                        i = main_at[signal.key, k, r]
+                        summary.add_metric(
+                            [name, k, r], count_value=found.count, sum_value=float(found.sums[i])
+                        )
+                        for label, window in zip(labels, found.means, strict=True):
+                            if window is not None:
+                                rolling.add_metric([name, k, r, label], float(window[i]))
+            if signal.key in sums_layout:
+                has_values, _ = sums_layout[signal.key]
+                for name, found in totals.sums[signal.key].items():
+                    for i, (k, r) in enumerate(cells):
+                        if has_values:
+                            summary.add_metric(
+                                [name, k, r], count_value=found.count, sum_value=float(found.sums[i])
+                            )
+                        if squares is not None:
+                            at = i + (len(cells) if has_values else 0)
+                            squares.add_metric([name, k, r], float(found.sums[at]))
+            yield summary
+            if rolling is not None:
+                yield rolling
+            if squares is not None:
+                yield squares
+
+    def _exact_families(self, main: dict[str, Totals], labels: list[str]) -> list[Metric]:
+        """The exact-match metrics' summary and rolling means per recommender, metric and r."""
         by_metric = ["recommender", "metric", "r"]
-        summaries = {
-            "hit_ratio": SummaryMetricFamily(
-                "reval_hit_ratio", "#REval-hit-ratio of scored events", labels=by_k
-            ),
-            "exact_match": SummaryMetricFamily(
-                "reval_exact_match", "Exact-match metric of scored events", labels=by_metric
-            ),
-            "ranked": SummaryMetricFamily(
-                "reval_hit_ratio_ranked",
-                "Rank-aware #REval-hit-ratio of scored events (hit credit decays with both ranks)",
-                labels=by_k,
-            ),
-        }
-        gauges = {
-            "reval": GaugeMetricFamily(
-                "reval_hit_ratio_rolling",
-                "#REval-hit-ratio mean over a window of event time",
-                labels=[*by_k, "window"],
-            ),
-            "ranked_rolling": GaugeMetricFamily(
-                "reval_hit_ratio_ranked_rolling",
-                "Rank-aware #REval-hit-ratio mean over a window of event time",
-                labels=[*by_k, "window"],
-            ),
-            "exact": GaugeMetricFamily(
-                "reval_exact_match_rolling",
-                "Exact-match metric mean over a window of event time",
-                labels=[*by_metric, "window"],
-            ),
-            "in_window": GaugeMetricFamily(
-                "reval_events_rolling",
-                "Scored events in a window of event time (what the rolling means average over)",
-                labels=["recommender", "window"],
-            ),
-        }
-        # kind of cell (stream.quality) -> (its summary, its rolling gauge)
-        families = {"reval": ("hit_ratio", "reval"), "exact": ("exact_match", "exact")}
-        families["ranked"] = ("ranked", "ranked_rolling")
-        layout = self.sums.main_cells()
+        summary = SummaryMetricFamily(
+            "reval_exact_match", "Exact-match metric of scored events", labels=by_metric
+        )
+        rolling = GaugeMetricFamily(
+            "reval_exact_match_rolling",
+            "Exact-match metric mean over a window of event time",
+            labels=[*by_metric, "window"],
+        )
         for name, totals in main.items():
-            for label, n in zip(labels, totals.in_window, strict=True):
-                gauges["in_window"].add_metric([name, label], n)
-            for i, (kind, cell, r) in enumerate(layout):
-                summary, rolling = families[kind]
-                summaries[summary].add_metric(
-                    [name, cell, r], count_value=totals.count, sum_value=float(totals.sums[i])
+            for i, (kind, metric, r) in enumerate(self.sums.main_cells()):
+                if kind != "exact":
+                    continue
+                summary.add_metric(
+                    [name, metric, r], count_value=totals.count, sum_value=float(totals.sums[i])
                 )
                 for label, window in zip(labels, totals.means, strict=True):
                     if window is not None:
-                        gauges[rolling].add_metric([name, cell, r, label], float(window[i]))
-        return {**summaries, **gauges}
+                        rolling.add_metric([name, metric, r, label], float(window[i]))
+        return [summary, rolling]
 
     def _corrected_families(self, corrected: dict[str, Totals], labels: list[str]) -> list[Metric]:
         """The corrected score's three counters and its rolling kappa, per recommender."""
@@ -179,21 +199,6 @@ class QualityMetrics:
                     if kappa is not None:  # none: an empty window, or no room above chance
                         rolling.add_metric([*cell, label], kappa)
         return [observed, expected, events, rolling]
-
-    def _precision_families(self, precision: dict[str, Totals]) -> list[Metric]:
-        """The precision form's summary and the sum of its squares, per (k, r) cell."""
-        labels = ["recommender", "k", "r"]
-        summary = SummaryMetricFamily("reval_hit_ratio_precision", PRECISION_HELP, labels=labels)
-        squares = CounterMetricFamily(
-            "reval_hit_ratio_precision_squares", PRECISION_SQUARES_HELP, labels=labels
-        )
-        layout = self.sums.corrected_cells()
-        for name, totals in precision.items():
-            for i, (k, r) in enumerate(layout):
-                cell = [name, k, r]
-                summary.add_metric(cell, count_value=totals.count, sum_value=float(totals.sums[i]))
-                squares.add_metric(cell, float(totals.sums[len(layout) + i]))
-        return [summary, squares]
 
     def _slice_family(self, sliced: dict[tuple[str, str], Totals]) -> Metric:
         by_slice = SummaryMetricFamily(

@@ -9,8 +9,9 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from stream.records import ErrorLog, RecordError, parse_recommendation
-from stream.scoring import ALL, parse_ints, r_label, score_event
+from stream.records import ErrorLog, Recommendation, RecordError, parse_recommendation
+from stream.scoring import ALL, parse_ints, r_label, score_batch
+from stream.signals import SIGNALS
 from stream.summary import Summary
 from workers.adapters.annoy_thesaurus import neighbour_cache
 from workers.adapters.feeds import check_output_path, check_paths, read_file
@@ -59,7 +60,15 @@ def score(
         raise fail(f"-k: {exc}") from None
     summary, errors = Summary(), ErrorLog()
     sink = events_out.open("w", encoding="utf-8") if events_out else None
+
+    def score(events: list[Recommendation]) -> None:
+        batch = score_batch([(e, e.ground_truth or ()) for e in events], cache, k_values, r_values)
+        summary.update_batch(batch)
+        if sink is not None:
+            sink.writelines(json.dumps(record) + "\n" for record in batch.records())
+
     try:
+        chunk: list[Recommendation] = []
         for item in read_file(recs, parse_recommendation):
             if item.error is not None:
                 errors.add(item)
@@ -70,10 +79,11 @@ def score(
                 missing = RecordError("no_ground_truth", f"no ground_truth in the event ({WITH_TRUTH})")
                 errors.note(f"{recs}:{item.line}", missing)
                 continue
-            result = score_event(event, event.ground_truth, cache, k_values, r_values)
-            summary.update(result)
-            if sink is not None:
-                sink.write(json.dumps(result.to_json()) + "\n")
+            chunk.append(event)
+            if len(chunk) >= CHUNK:
+                score(chunk)
+                chunk = []
+        score(chunk)
     finally:
         if sink is not None:
             sink.close()
@@ -92,6 +102,9 @@ def score(
     _print_scores(payload, k_values, r_values, summary)
 
 
+#: Events scored together (:func:`stream.scoring.score_batch`).
+CHUNK = 1024
+
 #: What to do about events without ground truth (``reval score`` needs it).
 WITH_TRUTH = (
     "write the events with `reval recommend --with-truth` to carry each tweet's hashtags as ground_truth"
@@ -107,19 +120,12 @@ def _print_scores(payload: dict[str, Any], ks: list[int], rs: list[int | None], 
         f"events {payload['events']}  unscorable {payload['unscorable']}  "
         f"thesaurus {payload['thesaurus_version']}"
     )
-    for field, title in (
-        ("reval_hit_ratio", "average #REval-hit-ratio"),
-        (
-            "reval_hit_ratio_corrected",
-            "chance-corrected #REval-hit-ratio (0 = random, 1 = best; 95% interval)",
-        ),
-        ("reval_hit_ratio_ranked", "rank-aware #REval-hit-ratio"),
-        (
-            "reval_hit_ratio_precision",
-            "#REval precision form (share of the recommended with a ground truth among their k synonyms;"
-            " what the #REval alert tests)",
-        ),
-    ):
+    first, *others = SIGNALS
+    corrected = (
+        "reval_hit_ratio_corrected",
+        "chance-corrected #REval-hit-ratio (0 = random, 1 = best; 95% interval)",
+    )
+    for field, title in [(first.key, first.title), corrected, *((s.key, s.title) for s in others)]:
         table = Table(title=title)
         table.add_column("r")
         for k in ks:

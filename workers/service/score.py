@@ -38,6 +38,7 @@ import faust
 
 from stream.neighbours import NeighbourCache
 from stream.records import Coordinates, Recommendation, Tweet, parse_recommendation, parse_tweet
+from stream.scoring import ScoredBatch, score_batch
 from stream.thesaurus import JsonThesaurus, ThesaurusSource
 from workers.adapters.annoy_thesaurus import neighbour_cache
 from workers.adapters.exporter import Exporter, LabelGuard
@@ -191,31 +192,30 @@ class Scorer:
         outcome: Outcome,
     ) -> None:
         """Score ``(event, truth, source, via)`` jobs as one batch
-        (:func:`stream.batch_scoring.score_events`): one output each, in order (``via``: the input
+        (:func:`stream.scoring.score_batch`): one output each, in order (``via``: the input
         record that answered the event, when not its own); the quality metrics once the
         outputs are delivered."""
         if not jobs:
             return
-        results = score_events([(event, truth) for event, truth, _, _ in jobs], self.cache, self.ks, self.rs)
+        batch = score_batch([(event, truth) for event, truth, _, _ in jobs], self.cache, self.ks, self.rs)
         times, outputs = [], []
-        for (event, truth, source, via), result in zip(jobs, results, strict=True):
+        for (event, truth, source, via), value in zip(jobs, batch.records(), strict=True):
             event_time = event.ts.timestamp() if event.ts else source.time
-            value = result.to_json()
             value["index_version"] = self.index_version  # the store's name; thesaurus_version is the content
             value["event_time"] = event_time
             value["ground_truth"] = list(truth)
             outputs.append(Output("scores", event.tweet_id.encode(), value, source, via=via))
             times.append(event_time)
         outcome.outputs += outputs
-        outcome.after.append(partial(self._observe, outputs, results, times))
+        outcome.after.append(partial(self._observe, outputs, batch, times))
 
-    def _observe(self, outputs: Sequence[Output], results: Sequence[Any], times: Sequence[float]) -> None:
+    def _observe(self, outputs: Sequence[Output], batch: ScoredBatch, times: Sequence[float]) -> None:
         """The quality metrics of the scores delivered as scores (one the broker refused went
         as a dead letter, and is counted as that)."""
         if any(o.dead_lettered for o in outputs):
             kept = [i for i, o in enumerate(outputs) if not o.dead_lettered]
-            results, times = [results[i] for i in kept], [times[i] for i in kept]
-        self.quality.observe_many(results, times)
+            batch, times = batch.take(kept), [times[i] for i in kept]
+        self.quality.observe_batch(batch, times)
 
     def _event_ids(self, records: Sequence[Record]) -> list[str]:
         """``incarnation:partition:offset`` per record; the incarnation is asked once per

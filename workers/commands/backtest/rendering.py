@@ -12,8 +12,9 @@ import numpy as np
 import numpy.typing as npt
 
 from stream import backtest as bt
+from stream import signals
 from workers.adapters.backfill import Family, Series, counter_at, create_blocks, write_openmetrics
-from workers.adapters.exporter import CORRECTED_COUNTERS, PRECISION_HELP, PRECISION_SQUARES_HELP
+from workers.adapters.exporter import CORRECTED_COUNTERS
 from workers.commands.backtest.analysis import Backtest
 from workers.commands.backtest.simulation import EMBEDDING_ALPHA, EMBEDDING_SIGNAL, iso
 from workers.commands.evaluate_outputs import check_results_dir
@@ -201,15 +202,16 @@ def write_outputs(result: Backtest, out_dir: Path) -> Path:
 def _families() -> dict[str, Family]:
     """The metric families the scoring workers export, empty."""
     return {
-        "reval_hit_ratio": Family("reval_hit_ratio", "summary", "#REval-hit-ratio of scored events", []),
+        **{signal.key: Family(signal.key, "summary", signal.help, []) for signal in signals.SIGNALS},
+        **{
+            f"{signal.key}_squares": Family(f"{signal.key}_squares", "counter", signal.squares, [])
+            for signal in signals.SIGNALS
+            if signal.squares is not None
+        },
         **{
             f"reval_corrected_{what}": Family(f"reval_corrected_{what}", "counter", help_text, [])
             for what, help_text in CORRECTED_COUNTERS.items()
         },
-        "reval_hit_ratio_precision": Family("reval_hit_ratio_precision", "summary", PRECISION_HELP, []),
-        "reval_hit_ratio_precision_squares": Family(
-            "reval_hit_ratio_precision_squares", "counter", PRECISION_SQUARES_HELP, []
-        ),
         "reval_exact_match": Family(
             "reval_exact_match", "summary", "Exact-match metric of scored events", []
         ),
@@ -253,6 +255,13 @@ def backfill(result: Backtest, out_dir: Path, *, interval_s: float = 900.0) -> d
             if drift and kk != k:
                 continue
             add("reval_hit_ratio", {**who, "k": str(kk), "r": r}, col.by_k[:, i], True)
+        for signal in signals.SIGNALS:  # #REval itself above, at every k
+            values = col.values[signal.key]
+            if signal.key != "reval_hit_ratio":
+                add(signal.key, {**who, "k": str(k), "r": r}, values, True)
+            if signal.squares is not None:
+                squares = np.where(np.isnan(values), 0.0, values**2)
+                add(f"{signal.key}_squares", {**who, "k": str(k), "r": r}, squares, False)
         with_chance = ~np.isnan(col.reval) & ~np.isnan(col.expected)
         for what, values in (
             ("observed", col.reval),
@@ -265,13 +274,6 @@ def backfill(result: Backtest, out_dir: Path, *, interval_s: float = 900.0) -> d
                 np.where(with_chance, values, 0.0),
                 False,
             )
-        add("reval_hit_ratio_precision", {**who, "k": str(k), "r": r}, col.precision, True)
-        add(
-            "reval_hit_ratio_precision_squares",
-            {**who, "k": str(k), "r": r},
-            np.where(np.isnan(col.precision), 0.0, col.precision**2),
-            False,
-        )
         add("reval_exact_match", {**who, "metric": "hit_ratio", "r": r}, col.exact, True)
         scored = np.where(np.isnan(col.reval), 0.0, 1.0)
         add("reval_events", {**who, "outcome": "scored"}, scored, False)

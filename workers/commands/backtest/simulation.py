@@ -25,11 +25,13 @@ from stream.drift import Mover
 from stream.experiment import ProgressFactory, labelled, load_corpus
 from stream.hubness import DEFAULT_METHOD
 from stream.means import HashtagMeans
+from stream.metrics import ExactScores
 from stream.mmd import mmd_test
 from stream.neighbours import NeighbourCache
 from stream.recommenders import BaseRecommender, MoweRecommender, make_recommender
 from stream.records import Recommendation
-from stream.scoring import DEFAULT_KS, r_label, score_event
+from stream.scoring import DEFAULT_KS, r_label, score_batch
+from stream.signals import SIGNALS
 from stream.slices import SLICES
 from workers.adapters.annoy_thesaurus import (
     AnnoyThesaurus,
@@ -144,17 +146,25 @@ class Scores:
 
     def __init__(self, n: int, n_ks: int) -> None:
         self.by_k = np.full((n, n_ks), np.nan)  # #REval at every k of DEFAULT_KS (the k-curve)
-        self.reval = np.full(n, np.nan)
+        #: every signal of stream.signals.SIGNALS at the alert (k, r), by key
+        self.values = {signal.key: np.full(n, np.nan) for signal in SIGNALS}
         #: #REval at the alert (k, r) on each popularity slice's ground truths (stream.slices)
         self.slices = {label: np.full(n, np.nan) for label in SLICES}
         #: the null recommender's expectation at the alert (k, r) (stream.chance): with ``reval``,
         #: the sums the chance-corrected score of any window is the kappa of
         self.expected = np.full(n, np.nan)
         self.exact = np.full(n, np.nan)
-        #: #REval's precision form at the alert (k, r): what the #REval alert tests
-        self.precision = np.full(n, np.nan)
         self.recommended = np.zeros(n)
         self.unknown = np.zeros(n)
+
+    @property
+    def reval(self) -> npt.NDArray[np.float64]:
+        return self.values["reval_hit_ratio"]
+
+    @property
+    def precision(self) -> npt.NDArray[np.float64]:
+        """#REval's precision form at the alert (k, r): what the #REval alert tests."""
+        return self.values["reval_hit_ratio_precision"]
 
     def series(self, t: npt.NDArray[np.float64]) -> bt.Series:
         return bt.Series(
@@ -398,23 +408,28 @@ class Walk:
             self._score(self.runs[inj.label], lo, lists, cache)
 
     def _score(self, col: Scores, lo: int, lists: list[list[str]], cache: NeighbourCache) -> None:
-        """The scorer's path (:func:`stream.scoring.score_event`) for events ``lo:``."""
-        feed, k, label = self.feed, self.k, self.label
+        """The scorer's path (:func:`stream.scoring.score_batch`) for events ``lo:``."""
+        feed = self.feed
+        events = []
         for j, recs in enumerate(lists, start=lo):
             p = feed.prepared[feed.events[j]]
             event = Recommendation(
                 p.tweet.id, tuple(recs), p.hashtags, self.config.recommender, p.tweet.created_at
             )
-            s = score_event(event, p.hashtags, cache, self.ks, (self.r,))
-            col.recommended[j], col.unknown[j] = s.n_recommended, s.unknown_recommended
-            if s.unscorable is None:
-                col.by_k[j] = [s.reval[label][x] for x in self.ks]
-                col.reval[j] = s.reval[label][k]
-                for name, by_k in s.slices.get(label, {}).items():
-                    col.slices[name][j] = by_k[k]
-                col.expected[j] = s.expected.get(label, {}).get(k, math.nan)
-                col.exact[j] = s.exact[label].hit_ratio
-                col.precision[j] = s.precision[label][k]
+            events.append((event, p.hashtags))
+        batch = score_batch(events, cache, self.ks, (self.r,))
+        rows = np.arange(lo, lo + len(events))
+        col.recommended[rows], col.unknown[rows] = batch.n_recommended, batch.unknown_recommended
+        ok = batch.scorable
+        at = batch.ks.index(self.k)
+        col.by_k[rows[ok]] = batch.values["reval_hit_ratio"][ok, 0][:, [batch.ks.index(x) for x in self.ks]]
+        for key, values in col.values.items():
+            values[rows[ok]] = batch.values[key][ok, 0, at]
+        for name, (present, values) in batch.slices.items():
+            col.slices[name][rows[ok & present]] = values[ok & present, 0, at]
+        if batch.expected is not None:
+            col.expected[rows[ok]] = batch.expected[ok, 0, at]
+        col.exact[rows[ok]] = batch.exact[ok, 0, ExactScores.NAMES.index("hit_ratio")]
 
 
 def embedding_test(
