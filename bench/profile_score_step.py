@@ -49,11 +49,15 @@ from workers.settings import Settings
 PARTS = [
     ("parse and admit (bytes -> events)", "workers/service/score.py", "admit_events"),
     ("dedup claims in Redis (redis-py pipeline + Lua)", "workers/adapters/redis_state.py", "claim_many"),
-    ("scoring the grid (stream.batch_scoring.score_events)", "stream/batch_scoring.py", "score_events"),
-    ("  of which: chance expectations", "stream/batch_scoring.py", "_expectations"),
-    ("  of which: neighbour lists of the batch", "stream/batch_scoring.py", "lists"),
-    ("  of which: the per-group loop's own Python", "stream/batch_scoring.py", "_score_group"),
-    ("  of which: popularity slices", "stream/batch_scoring.py", "slice_reval"),
+    ("scoring the grid (stream.scoring.score_batch)", "stream/scoring.py", "score_batch"),
+    ("  of which: chance expectations", "stream/chance.py", "expected_many"),
+    ("  of which: rank matrices (the neighbour rows' gather)", "stream/neighbours.py", "matrices"),
+    (
+        "  of which: the signals (stream.rank_grid)",
+        "stream/rank_grid.py",
+        "__init__ reval ranked precision reciprocal_rank exact slice_reval",
+    ),
+    ("records from the columns (the outputs' dicts)", "stream/scoring.py", "records"),
     ("quality aggregation (stream.quality, the metrics' sums)", "workers/service/score.py", "_observe"),
     ("JSON encoding of each output (orjson)", "workers/service/runtime.py", "encode_json"),
 ]
@@ -114,8 +118,8 @@ def main() -> None:
             profiled_events += len(r)
         clear_prefix(args.redis_url, settings.redis_prefix)
         client.close()
-    stats = pstats.Stats(profiler).get_stats_profile()
-    total = stats.total_tt
+    stats = pstats.Stats(profiler)
+    total = stats.total_tt  # type: ignore[attr-defined]
     lines = table(lambda path, name: cumulative(stats, path, name), total, profiled_events)
     load_after = os.getloadavg()
     section = [
@@ -133,14 +137,16 @@ def main() -> None:
     publish(section, args.out)
 
 
-def cumulative(stats: pstats.StatsProfile, path: str, name: str) -> float:
-    """The cumulative seconds of function ``name`` in the file ending ``path`` (for the
-    per-group loop: its own time, the rest of it is the rows below it).  The profile is keyed
-    by bare function names: where another file's namesake took the slot, NaN (shown as such)."""
-    found = stats.func_profiles.get(name)
-    if found is None or not found.file_name.endswith(path):
-        return float("nan")
-    return found.tottime if name == "_score_group" else found.cumtime
+def cumulative(stats: pstats.Stats, path: str, names: str) -> float:
+    """The cumulative seconds of the functions ``names`` (space-separated, not nested in each
+    other) of the file ending ``path``; NaN where none ran."""
+    wanted = set(names.split())
+    found = [
+        ct
+        for (file, _, name), (_, _, _, ct, _) in stats.stats.items()  # type: ignore[attr-defined]
+        if name in wanted and file.endswith(path)
+    ]
+    return sum(found) if found else float("nan")
 
 
 def table(cum: Callable[[str, str], float], total: float, events: int) -> list[str]:

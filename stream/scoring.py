@@ -226,18 +226,17 @@ def _shared_rows(flat: Floats, make: Callable[[list[float]], Any]) -> list[Any]:
 def _shared_cells(
     cells: Floats, rs: Sequence[str], keys: Sequence[str], nan_is_none: bool = False
 ) -> list[Any]:
-    """Each event's ``{r: {key: value}}`` of a |B| x |r| x len(keys) array."""
-    width = len(keys)
+    """Each event's ``{r: {key: value}}`` of a |B| x |r| x len(keys) array; the inner dicts are
+    made once per distinct row of values."""
+    n, n_r = cells.shape[:2]
 
-    def cell(row: list[float]) -> dict[str, Any]:
+    def row(values: list[float]) -> dict[str, Any]:
         if nan_is_none:
-            row = [None if v != v else v for v in row]  # type: ignore[misc]
-        return {
-            label: dict(zip(keys, row[j * width : (j + 1) * width], strict=True))
-            for j, label in enumerate(rs)
-        }
+            return dict(zip(keys, [None if v != v else v for v in values], strict=True))
+        return dict(zip(keys, values, strict=True))
 
-    return _shared_rows(cells.reshape(len(cells), -1), cell)
+    by_r = _shared_rows(cells.reshape(n * n_r, -1), row)
+    return [dict(zip(rs, by_r[i * n_r : (i + 1) * n_r], strict=True)) for i in range(n)]
 
 
 class EventScore:

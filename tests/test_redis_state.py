@@ -9,7 +9,7 @@ import redis
 
 from stream.cleaning import Cleaner, Dropped, Prepared
 from stream.records import parse_tweet
-from workers.adapters.redis_state import RedisJoin, RedisSeen
+from workers.adapters.redis_state import RedisClaims, RedisJoin, RedisSeen
 
 pytestmark = pytest.mark.integration
 
@@ -29,6 +29,28 @@ def test_claims_are_first_come_and_idempotent(client: redis.Redis, redis_prefix:
     assert seen.claim(["a", "b"], "t:0:1") == [True, True]  # redelivery of the first record
     client.script_flush()  # NOSCRIPT is handled by reloading
     assert seen.claim_many([(["a"], "t:0:3"), (["d"], "t:0:3")]) == [[False], [True]]
+
+
+def test_a_batch_of_claims_on_a_cluster_is_one_script_call_per_slot(redis_cluster) -> None:
+    """The same answers as claims one at a time, whichever slots the keys fall in: the first
+    claimant of a key owns it, a redelivery (same claimant) still owns it, a key twice in a batch
+    goes to its first claimant."""
+    from redis.cluster import RedisCluster
+
+    client = RedisCluster.from_url(redis_cluster.url)
+    try:
+        claims = RedisClaims(client, "claimtest", "ev", ttl=60)
+        keys = [f"k{i}" for i in range(40)]  # spread over many slots
+        assert len({client.keyslot(f"claimtest:ev:{k}") for k in keys}) > 10
+        first = claims.claim_many([([k], f"c{i}") for i, k in enumerate(keys)])
+        assert first == [[True]] * 40
+        again = claims.claim_many([([k], f"c{i}" if i % 2 else "other") for i, k in enumerate(keys)])
+        assert again == [[bool(i % 2)] for i in range(40)]
+        assert claims.claim_many([(["new", "new"], "a"), (["new"], "b")]) == [[True, True], [False]]
+    finally:
+        for key in client.scan_iter(match="claimtest:*", target_nodes=RedisCluster.ALL_NODES):
+            client.delete(key)
+        client.close()
 
 
 def test_cleaner_with_redis_claims_matches_memory(client: redis.Redis, redis_prefix: str) -> None:

@@ -111,6 +111,42 @@ def eval_many(client: Client, script: Any, calls: Sequence[tuple[str, Sequence[A
     raise AssertionError("unreachable")
 
 
+def eval_by_slot(
+    client: Client, script: Any, keys: Sequence[str], args: Sequence[Any], shared: Sequence[Any] = ()
+) -> list[Any]:
+    """Run ``script`` over many keys in one round trip: once with every key on a single Redis,
+    once per hash slot on a cluster (a script's keys must share a slot there).  Each call gets
+    its keys as KEYS, ``shared`` then each of its keys' ``args`` as ARGV, and returns one value
+    per key; the values come back in the order of ``keys``."""
+    if not keys:
+        return []
+    groups: dict[int, list[int]] = {}
+    if isinstance(client, RedisCluster):
+        for i, key in enumerate(keys):
+            groups.setdefault(client.keyslot(key), []).append(i)
+    else:
+        groups[0] = list(range(len(keys)))
+    members = list(groups.values())
+    for attempt in (1, 2):
+        pipe = client.pipeline(transaction=False)
+        for at in members:
+            pipe.execute_command(
+                "EVALSHA", script.sha, len(at), *(keys[i] for i in at), *shared, *(args[i] for i in at)
+            )
+        results = list(pipe.execute(raise_on_error=False))
+        if attempt == 1 and any(isinstance(r, NoScriptError) for r in results):
+            script.sha = cast(redis.Redis, client).script_load(script.script)
+            continue
+        out: list[Any] = [None] * len(keys)
+        for at, result in zip(members, results, strict=True):
+            if isinstance(result, Exception):
+                raise result
+            for i, value in zip(at, result, strict=True):
+                out[i] = value
+        return out
+    raise AssertionError("unreachable")
+
+
 class ReplicationLagError(RedisError):
     """Writes not yet confirmed on enough replicas, or the masters changed while they were
     made: transient (:func:`with_retry` runs the writes and the barrier again)."""

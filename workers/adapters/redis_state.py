@@ -53,13 +53,23 @@ from typing import Any, cast
 import numpy as np
 import numpy.typing as npt
 
-from workers.adapters.redis_client import Client, Replication, eval_many, replicated
+from workers.adapters.redis_client import Client, Replication, eval_by_slot, eval_many, replicated
 
+# KEYS: the keys to claim; ARGV: ttl, then each key's claimant.  Returns, per key, 1 when the
+# claimant owns it (claimed now, or before by the same claimant: a redelivery), else 0.
 _CLAIM = """
-local owner = redis.call('GET', KEYS[1])
-if owner then return owner end
-redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
-return ARGV[1]
+local ttl = ARGV[1]
+local out = {}
+for i, key in ipairs(KEYS) do
+  local claimant = ARGV[i + 1]
+  local owner = redis.call('GET', key)
+  if not owner then
+    redis.call('SET', key, claimant, 'EX', ttl)
+    owner = claimant
+  end
+  out[i] = owner == claimant and 1 or 0
+end
+return out
 """
 
 # One script per join step serves both guarantees: ``claim`` is the record's claim with
@@ -233,15 +243,15 @@ class RedisClaims:
         self._claim = cast(Any, client).register_script(_CLAIM)
 
     def claim_many(self, requests: Sequence[tuple[Sequence[str], str]]) -> list[list[bool]]:
-        """Claims for a whole batch in one round trip: per request, per key, owned or not."""
-        calls = [
-            (f"{self.prefix}:{key}", (claimant, self.ttl)) for keys, claimant in requests for key in keys
-        ]
-        if not calls:
+        """Claims for a whole batch in one round trip and one script call (per cluster slot):
+        per request, per key, owned or not."""
+        keys = [f"{self.prefix}:{key}" for keys, _ in requests for key in keys]
+        if not keys:
             return [[] for _ in requests]
+        claimants = [claimant for keys, claimant in requests for _ in keys]
         with replicated(self.replication):  # what is decided on a claim must survive a failover
-            owners = iter(eval_many(self.client, self._claim, calls))
-        return [[_text(next(owners)) == claimant for _ in keys] for keys, claimant in requests]
+            owned = iter(eval_by_slot(self.client, self._claim, keys, claimants, (self.ttl,)))
+        return [[next(owned) == 1 for _ in keys] for keys, _ in requests]
 
 
 class RedisSeen(RedisClaims):

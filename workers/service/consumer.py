@@ -235,7 +235,10 @@ class BatchConsumer(Service):
                 deliver = partial(self.transactions.deliver, positions=ends)
             else:
                 deliver = self.deliver
-            await self.rt.process(self.steps[topic], messages, to_record=record_of, deliver=deliver)
+            # _hold asked each step before the poll (a held topic's partitions are paused).
+            await self.rt.process(
+                self.steps[topic], messages, to_record=record_of, deliver=deliver, held=True
+            )
         if self.transactions is None:
             await self._commit(positions)
         self._positions.update(positions)

@@ -356,17 +356,21 @@ class Runtime:
         *,
         to_record: Callable[[Any], Record] | None = None,
         deliver: Deliver | None = None,
+        held: bool = False,
     ) -> None:
         """Hold, admit, apply, deliver, then the after-effects; returns when the batch may be
         acknowledged.  ``batch``: :class:`Record` s, or what ``to_record`` turns into them;
-        ``deliver``: how the outputs are made durable (default :meth:`deliver`).
+        ``deliver``: how the outputs are made durable (default :meth:`deliver`); ``held``: the
+        step's ``hold`` was asked for this batch already (the batch consumer asks before it polls,
+        pausing what holds), so it is not asked again.
 
         Returns only then: a shutdown while the batch is not settled, a cancellation and an
         error nobody planned for end the process without acknowledging it (a crashed Faust
         agent would otherwise acknowledge it, and sit in a live worker consuming nothing).
         """
         try:
-            await self._hold(step)
+            if not held:
+                await self._hold(step)
             taken = [to_record(e) for e in batch] if to_record is not None else list(batch)
             items, rejected = await self._admit(step, taken)
             outcome = Outcome(list(rejected))
