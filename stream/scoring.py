@@ -15,7 +15,7 @@ last bit.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -463,17 +463,3 @@ def _slice_columns(grid: RankGrid, truths: Sequence[Sequence[str]], bands: Any) 
     for b, truth in enumerate(truths):
         labels[b, : len(truth)] = [index[bands.of(g)] for g in truth]
     return [(name, labels == s) for s, name in enumerate(SLICES) if (labels == s).any()]
-
-
-def str_keys(by_k: Mapping[int, float | None]) -> dict[str, float | None]:
-    """``{k: value}`` with the k as JSON keys.
-
-    >>> str_keys({0: 0.5, 10: None})
-    {'0': 0.5, '10': None}
-    """
-    return {str(k): v for k, v in by_k.items()}
-
-
-def scored(batches: Iterable[ScoredBatch]) -> list[EventScore]:
-    """Every event of ``batches``, in order."""
-    return [batch.event(i) for batch in batches for i in range(len(batch))]

@@ -35,7 +35,7 @@ import numpy.typing as npt
 
 from stream.rank_grid import RankGrid
 
-__all__ = ["RECORD_KEYS", "SIGNALS", "Signal", "signal"]
+__all__ = ["RECORD_KEYS", "SIGNALS", "Signal"]
 
 
 @dataclass(frozen=True)
@@ -88,18 +88,6 @@ SIGNALS: tuple[Signal, ...] = (
         rule="reciprocal_rank",
     ),
 )
-
-
-def signal(key: str) -> Signal:
-    """The signal declared under ``key``.
-
-    >>> signal("reval_reciprocal_rank").rule
-    'reciprocal_rank'
-    """
-    for found in SIGNALS:
-        if found.key == key:
-            return found
-    raise KeyError(f"no signal {key!r}; declared: {', '.join(s.key for s in SIGNALS)}")
 
 
 #: The scores record's keys, in order: the event's own fields and the cells where they were first

@@ -15,7 +15,7 @@ confidence intervals, on any feed.
    vectors, so the variants differ only in the tweet embedding) from the *training*
    tweets, with each hubness method (:mod:`stream.hubness`), through the one builder
    the CLI and the index job use (:func:`workers.adapters.annoy_thesaurus.build_from_means`).
-4. Score every event with :func:`stream.scoring.score_event` -- the code path of ``reval
+4. Score every event with :func:`stream.scoring.score_batch` -- the code path of ``reval
    score`` and the scoring worker -- raw, chance-corrected and rank-aware
    (:mod:`stream.rank`; mean only, column ``reval_hit_ratio_ranked``), for every (r, k).
 5. Means with percentile-bootstrap 95% intervals (events resampled; pooled seeds
@@ -60,6 +60,7 @@ from stream.experiment import (
     no_progress,
     split_corpus,
 )
+from stream.metrics import ExactScores
 from stream.recommenders import (
     BaseRecommender,
     MoweRecommender,
@@ -68,7 +69,7 @@ from stream.recommenders import (
     recommendation_event,
 )
 from stream.records import Recommendation
-from stream.scoring import r_label, score_event
+from stream.scoring import r_label, score_batch
 from workers.adapters.annoy_thesaurus import AnnoyThesaurus, build_from_means, neighbour_cache
 from workers.adapters.feeds import read_tweets
 from workers.adapters.word_vectors import train_word_vectors
@@ -237,6 +238,19 @@ def _recommend(
     return recommended, similar
 
 
+#: Events scored together (:func:`stream.scoring.score_batch`).
+SCORE_CHUNK = 1024
+
+
+def _cells(
+    values: npt.NDArray[np.float64], ok: npt.NDArray[np.bool_], r_at: list[int], k_at: list[int]
+) -> npt.NDArray[np.float64]:
+    """The (r, k) cells of the scorable rows of a batch's |B| x |r| x |k| array, r-major (the
+    layout of :class:`workers.commands.evaluate_summary.Scored`)."""
+    picked: npt.NDArray[np.float64] = values[ok][:, r_at][:, :, k_at].reshape(int(ok.sum()), -1)
+    return picked
+
+
 def score_run(config: ExperimentConfig, run: Run, progress: ProgressFactory) -> None:
     """Every recommender on every thesaurus of ``run``: per-event raw and corrected scores."""
     ks, rs = list(config.ks), list(config.rs)
@@ -251,18 +265,21 @@ def score_run(config: ExperimentConfig, run: Run, progress: ProgressFactory) -> 
             expected = np.full_like(raw, np.nan)
             ranked = np.full_like(raw, np.nan)
             exact = np.full((len(run.test), len(rs)), np.nan)
-            for i, (p, recs) in enumerate(zip(run.test, lists, strict=True)):
-                event = Recommendation(p.tweet.id, tuple(recs), truths[i], name, p.tweet.created_at)
-                score = score_event(event, truths[i], cache, ks, rs)
-                if score.unscorable is not None:
-                    continue
-                for j, r in enumerate(rs):
-                    label = r_label(r)
-                    raw[i, j * len(ks) : (j + 1) * len(ks)] = [score.reval[label][k] for k in ks]
-                    if score.expected:
-                        expected[i, j * len(ks) : (j + 1) * len(ks)] = [score.expected[label][k] for k in ks]
-                    ranked[i, j * len(ks) : (j + 1) * len(ks)] = [score.ranked[label][k] for k in ks]
-                    exact[i, j] = score.exact[label].hit_ratio
+            events = [
+                (Recommendation(p.tweet.id, tuple(recs), truths[i], name, p.tweet.created_at), truths[i])
+                for i, (p, recs) in enumerate(zip(run.test, lists, strict=True))
+            ]
+            for lo in range(0, len(events), SCORE_CHUNK):
+                batch = score_batch(events[lo : lo + SCORE_CHUNK], cache, ks, rs)
+                ok = batch.scorable
+                rows = np.arange(lo, lo + len(batch))[ok]
+                r_at = [batch.rs.index(r_label(r)) for r in rs]
+                k_at = [batch.ks.index(k) for k in ks]
+                raw[rows] = _cells(batch.values["reval_hit_ratio"], ok, r_at, k_at)
+                if batch.expected is not None:
+                    expected[rows] = _cells(batch.expected, ok, r_at, k_at)
+                ranked[rows] = _cells(batch.values["reval_hit_ratio_ranked"], ok, r_at, k_at)
+                exact[rows] = batch.exact[ok][:, r_at, ExactScores.NAMES.index("hit_ratio")]
             run.scored[variant, method, name] = Scored(raw, expected, exact, ranked)
             advance(1)
 
