@@ -29,7 +29,7 @@ from stream.rank import DCG, RankWeights
 from stream.rank_grid import RankGrid
 from stream.records import Recommendation
 from stream.signals import RECORD_KEYS, SIGNALS
-from stream.slices import SLICES
+from stream.slices import SLICES, Bands
 
 Ints = npt.NDArray[np.int64]
 Floats = npt.NDArray[np.float64]
@@ -456,7 +456,7 @@ def _shape_group(n: int) -> int:
     return max(16, 1 << (n - 1).bit_length())
 
 
-def _slice_columns(grid: RankGrid, truths: Sequence[Sequence[str]], bands: Any) -> list[tuple[str, Flags]]:
+def _slice_columns(grid: RankGrid, truths: Sequence[Sequence[str]], bands: Bands) -> list[tuple[str, Flags]]:
     """Each slice's columns (|B| x max|G| flags): :func:`stream.slices.columns_by_slice`."""
     labels = np.full(grid.matrix.shape[::2], -1, dtype=np.int64)
     index = {name: s for s, name in enumerate(SLICES)}

@@ -90,25 +90,8 @@ def connect(url: str, *, cluster: bool = False) -> Client:
 
 
 def eval_many(client: Client, script: Any, calls: Sequence[tuple[str, Sequence[Any]]]) -> list[Any]:
-    """Run ``script`` once per ``(key, args)`` in one pipeline round trip.
-
-    EVALSHA directly (not ``Script.__call__``, which adds a SCRIPT EXISTS round trip
-    on a pipeline and is blocked on cluster pipelines); on NOSCRIPT the script is
-    loaded and the pipeline re-run -- every script here is idempotent.
-    """
-    for attempt in (1, 2):
-        pipe = client.pipeline(transaction=False)
-        for key, args in calls:
-            pipe.execute_command("EVALSHA", script.sha, 1, key, *args)
-        results = list(pipe.execute(raise_on_error=False))
-        if attempt == 1 and any(isinstance(r, NoScriptError) for r in results):
-            script.sha = cast(redis.Redis, client).script_load(script.script)
-            continue
-        for result in results:
-            if isinstance(result, Exception):
-                raise result
-        return results
-    raise AssertionError("unreachable")
+    """Run ``script`` once per ``(key, args)`` in one pipeline round trip."""
+    return _eval_pipelined(client, script, [([key], args) for key, args in calls])
 
 
 def eval_by_slot(
@@ -127,23 +110,35 @@ def eval_by_slot(
     else:
         groups[0] = list(range(len(keys)))
     members = list(groups.values())
+    calls = [([keys[i] for i in at], [*shared, *(args[i] for i in at)]) for at in members]
+    out: list[Any] = [None] * len(keys)
+    for at, result in zip(members, _eval_pipelined(client, script, calls), strict=True):
+        for i, value in zip(at, result, strict=True):
+            out[i] = value
+    return out
+
+
+def _eval_pipelined(
+    client: Client, script: Any, calls: Sequence[tuple[Sequence[str], Sequence[Any]]]
+) -> list[Any]:
+    """Run ``script`` once per ``(keys, args)`` in one pipeline round trip.
+
+    EVALSHA directly (not ``Script.__call__``, which adds a SCRIPT EXISTS round trip
+    on a pipeline and is blocked on cluster pipelines); on NOSCRIPT the script is
+    loaded and the pipeline re-run -- every script here is idempotent.
+    """
     for attempt in (1, 2):
         pipe = client.pipeline(transaction=False)
-        for at in members:
-            pipe.execute_command(
-                "EVALSHA", script.sha, len(at), *(keys[i] for i in at), *shared, *(args[i] for i in at)
-            )
+        for keys, args in calls:
+            pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
         results = list(pipe.execute(raise_on_error=False))
         if attempt == 1 and any(isinstance(r, NoScriptError) for r in results):
             script.sha = cast(redis.Redis, client).script_load(script.script)
             continue
-        out: list[Any] = [None] * len(keys)
-        for at, result in zip(members, results, strict=True):
+        for result in results:
             if isinstance(result, Exception):
                 raise result
-            for i, value in zip(at, result, strict=True):
-                out[i] = value
-        return out
+        return results
     raise AssertionError("unreachable")
 
 
