@@ -14,7 +14,7 @@ What goes to Kafka for each good record:
   compact JSON object of its non-empty columns;
 * key: the tweet id (recommendation events: their ``tweet_id``), UTF-8;
 * Kafka timestamp: the tweet's ``created_at`` (recommendation events: their ``ts``),
-  else the wall-clock time of sending.
+  else -- or with ``timestamps="now"`` always -- the wall-clock time of sending.
 
 Pacing (``speed``): the gaps between consecutive event times are kept, divided by
 ``speed``, against a monotonic clock anchored at the first produced record, so
@@ -23,10 +23,13 @@ at once and the schedule catches up).  ``speed=None`` sends as fast as the
 producer accepts.  Events that go back in time (files not quite sorted) are sent
 without a pause.
 
-Note for Apache Kafka: records keep their original (2012-2013 for the sample feed)
-timestamps, and time-based retention deletes a closed segment whose newest
-timestamp is older than ``retention.ms``: give a replay topic ``retention.ms=-1``
-(or a large value) if it must keep the records.
+Retention (:mod:`stream.retention`): with ``timestamps="event"`` records keep their
+original (2012-2013 for the sample feed) timestamps, and Kafka's time-based retention
+deletes a segment whose newest timestamp is older than ``retention.ms`` at its next
+check, read or not.  ``refuse`` lets the caller stop the run, before the first record
+is sent, where the topic would not keep it; ``timestamps="now"`` stamps records with
+the time of sending instead (the event time stays in the record, where the workers
+read it).
 """
 
 from __future__ import annotations
@@ -51,12 +54,14 @@ from stream.records import (
     parse_time,
     parse_tweet,
 )
+from stream.retention import Timestamps
 
 __all__ = [
     "BadLineError",
     "Kind",
     "Outgoing",
     "ProduceError",
+    "RefusedError",
     "ReplayError",
     "ReplaySummary",
     "detect_kind",
@@ -131,6 +136,16 @@ class ProduceError(ReplayError):
     exit_code = 1
 
 
+class RefusedError(ReplayError):
+    """The target would not keep what the replay sends (:mod:`stream.retention`): nothing
+    was sent.  Its text is the one line that says why and what to do."""
+
+    exit_code = 2
+
+    def __str__(self) -> str:
+        return self.message
+
+
 @dataclass
 class ReplaySummary:
     """Counts and times of one replay.  ``produced`` counts records handed to ``send``
@@ -146,7 +161,7 @@ class ReplaySummary:
     position: datetime | None = None  # the latest event time read so far (progress)
     wall_s: float = 0.0
     slept_s: float = 0.0
-    stopped: str = "running"  # end | limit | error | strict | interrupted
+    stopped: str = "running"  # end | limit | error | strict | interrupted | refused
     error: str | None = None
 
     @property
@@ -451,6 +466,8 @@ def replay(
     now: Callable[[], float] = time.time,
     on_progress: Callable[[ReplaySummary], None] | None = None,
     progress_every: float = 0.2,
+    timestamps: Timestamps | str = Timestamps.event,
+    refuse: Callable[[int], str | None] | None = None,
 ) -> ReplaySummary:
     """Replay parsed feed records through ``send``, in the order given; returns the summary.
 
@@ -464,10 +481,14 @@ def replay(
     :class:`ProduceError` from ``send`` or ``flush`` stops the run and is re-raised
     with ``summary`` attached.  ``flush`` is called once at the end (also after
     ``limit``).  ``on_progress`` gets the live summary at the start, about every
-    ``progress_every`` clock seconds, and at the end.
+    ``progress_every`` clock seconds, and at the end.  ``timestamps``: each record's Kafka
+    timestamp is its event time (``event``) or the time of sending (``now``; the event
+    time stays in the record).  ``refuse`` is asked, with the first record's timestamp,
+    before anything is sent: a reason it returns stops the run with :class:`RefusedError`.
     """
     _check_bounds(limit, start, end)
     kind = Kind(kind)
+    stamp_now = Timestamps(timestamps) is Timestamps.now
     summary = ReplaySummary(kind=kind)
     began = clock()
     last_report = began
@@ -492,6 +513,12 @@ def replay(
             if pacer is not None and when is not None:
                 summary.slept_s += pacer.wait(when)
             assert item.value is not None
+            if stamp_now:
+                stamp = int(now() * 1000)
+            if refuse is not None:
+                reason, refuse = refuse(stamp), None
+                if reason is not None:
+                    raise RefusedError("", reason)
             send(Outgoing(_key_of(item.value), _value_bytes(item.raw), stamp, f"{item.path}:{item.line}"))
             summary.sent(when)
             if limit is not None and summary.produced >= limit:
@@ -509,6 +536,9 @@ def replay(
         raise
     except ProduceError as exc:
         stop("error", exc)
+        raise
+    except RefusedError as exc:
+        stop("refused", exc)
         raise
     except KeyboardInterrupt:
         stop("interrupted")

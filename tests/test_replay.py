@@ -22,6 +22,7 @@ from stream.replay import (
     Kind,
     Outgoing,
     ProduceError,
+    RefusedError,
     kind_from_topic,
     parse_speed,
     timestamp_ms,
@@ -226,6 +227,35 @@ def test_tweet_without_time_gets_now_and_is_skipped_by_time_filters(tmp_path: Pa
     assert summary.skipped == {"no_time": 1} and summary.produced == 0
 
 
+def test_timestamps_now_stamps_the_time_of_sending(paced_feed: Path) -> None:
+    sink = Recorder()
+    summary = replay([paced_feed], sink, timestamps="now", now=lambda: 1_700_000_000.25)
+    assert [o.timestamp_ms for o in sink.sent] == [1_700_000_000_250] * len(OFFSETS)
+    assert summary.first_event == T0  # the event time is still what the summary reports
+
+
+def test_a_refusal_stops_the_replay_before_anything_is_sent(paced_feed: Path) -> None:
+    asked: list[int] = []
+
+    def refuse(first_ms: int) -> str | None:
+        asked.append(first_ms)
+        return "topic 't' deletes records: replay with --timestamps now"
+
+    sink = Recorder()
+    with pytest.raises(RefusedError) as info:
+        replay([paced_feed], sink, refuse=refuse)
+    assert sink.sent == [] and asked == [timestamp_ms(T0)]
+    assert (
+        info.value.exit_code == 2
+        and str(info.value) == "topic 't' deletes records: replay with --timestamps now"
+    )
+    assert info.value.summary is not None and info.value.summary.stopped == "refused"
+    # Asked once, with the first record; None lets every record through.
+    asked.clear()
+    replay([paced_feed], sink, refuse=lambda ms: asked.append(ms) or None)
+    assert len(sink.sent) == len(OFFSETS) and asked == [timestamp_ms(T0)]
+
+
 # -- bad lines --------------------------------------------------------------------------
 
 
@@ -350,7 +380,8 @@ def _topic(bootstrap: str, partitions: int = 3) -> str:
     from workers.adapters.kafka_client import create_topics
 
     name = f"replay-tweets-{uuid.uuid4().hex[:8]}"
-    create_topics(bootstrap, {name: partitions})
+    # Kept forever: these records carry their 2012 event times (tests/test_replay_retention.py).
+    create_topics(bootstrap, {name: partitions}, configs={name: {"retention.ms": "-1"}})
     return name
 
 
@@ -513,6 +544,8 @@ def test_cli_selection_strict_and_new_topic(broker: str, crisis_feed: tuple[Path
             "1000000",
             "--kind",
             "tweets",
+            "--timestamps",
+            "now",
         ]
     )
     assert result.exit_code == 0, result.output
@@ -521,9 +554,16 @@ def test_cli_selection_strict_and_new_topic(broker: str, crisis_feed: tuple[Path
     records = _read_all(broker, topic, 20)
     assert len(records) == 20
     first_time = parse_time(start)
-    assert all(r.timestamp >= timestamp_ms(first_time) for r in records)
+    assert all(parse_time(json.loads(r.value)["created_at"]) >= first_time for r in records)
+    assert all(abs(r.timestamp - time.time() * 1000) < 600_000 for r in records), "not stamped now"
 
-    result = _invoke([str(path), "--topic", topic, "--broker", broker, "--strict"])
+    # The topic was created with the workers' 7-day retention: event times of 2012 are refused.
+    result = _invoke([str(path), "--topic", topic, "--broker", broker])
+    assert result.exit_code == 2, result.output
+    assert "retention.ms=604800000" in result.stderr and "--timestamps now" in result.stderr
+    assert len(_read_all(broker, topic, 21, timeout=3)) == 20, "a refused replay sent records"
+
+    result = _invoke([str(path), "--topic", topic, "--broker", broker, "--strict", "--timestamps", "now"])
     assert result.exit_code == 2
     assert re.sub(r"\s", "", f"{path}:6: not_json") in re.sub(r"\s", "", result.stderr)  # rich may wrap
 

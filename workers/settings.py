@@ -64,6 +64,15 @@ class Settings(BaseSettings):
     topic_scores: str = Field("scores", description="Output: one result per event")
     topic_dead_letter: str = Field("dead-letter", description="Rejected records")
     partitions: int = Field(4, ge=1, description="Partitions of tweets/recommendations/scores")
+    input_retention_ms: int = Field(
+        604_800_000,
+        ge=-1,
+        description="retention.ms the workers create tweets/recommendations with (-1: keep forever); "
+        "time counts from each record's Kafka timestamp (a replay's: see `reval replay --timestamps`)",
+    )
+    input_retention_bytes: int = Field(
+        -1, ge=-1, description="retention.bytes (per partition) of the created input topics (-1: no limit)"
+    )
     session_timeout_s: float = Field(
         10.0, gt=0, description="Consumer group session timeout (Tansu joins after half of it)"
     )
@@ -331,6 +340,14 @@ class Settings(BaseSettings):
             self.topic_scores: self.partitions,
             self.topic_dead_letter: 1,
         }
+
+    def topic_configs(self) -> dict[str, dict[str, str]]:
+        """The settings topics are created with: the input topics' retention."""
+        retention = {
+            "retention.ms": str(self.input_retention_ms),
+            "retention.bytes": str(self.input_retention_bytes),
+        }
+        return {self.topic_tweets: retention, self.topic_recommendations: dict(retention)}
 
 
 def settings_table() -> str:

@@ -65,6 +65,20 @@ def check_output_path(path: Path) -> Path:
     return path
 
 
+def feed_bytes(paths: Iterable[str | Path]) -> int:
+    """About how many bytes the records of ``paths`` hold: the files' sizes, a gzip file's
+    uncompressed size from its trailer (ISIZE: exact below 4 GiB, modulo 2**32 above)."""
+    total = 0
+    for path in map(Path, paths):
+        size = path.stat().st_size
+        if path.suffix == ".gz" and size >= 18:
+            with path.open("rb") as handle:
+                handle.seek(-4, io.SEEK_END)
+                size = int.from_bytes(handle.read(4), "little")
+        total += size
+    return total
+
+
 def _open_text(path: Path) -> io.TextIOBase:
     # surrogateescape: invalid UTF-8 survives reading and surfaces as a record error.
     if path.name.endswith(".gz"):

@@ -6,7 +6,10 @@
   log, small: read whole to derive its state).
 * :func:`create_topics` / :func:`topic_partitions` / :func:`ensure_topic` -- topics
   with explicit partition counts (never let a broker auto-create one with its own
-  default count: Faust refuses tables whose changelog and source counts differ).
+  default count: Faust refuses tables whose changelog and source counts differ) and
+  settings (the input topics' retention).
+* :func:`topic_retention` / :func:`partition_heads` -- what a topic deletes and where a
+  group stands on it, for :mod:`stream.retention`'s checks.
 
 The workers consume through Faust (aiokafka), in :mod:`workers.service`.
 """
@@ -21,11 +24,12 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from kafka import KafkaConsumer, KafkaProducer
-from kafka.admin import KafkaAdminClient
+from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient
 from kafka.errors import KafkaError, NoError, SaslAuthenticationFailedError
 from kafka.structs import OffsetAndMetadata, TopicPartition
 
 from stream.replay import Outgoing, ProduceError
+from stream.retention import PartitionHead, TopicRetention
 
 _ERR_NONE = 0
 _ERR_TOPIC_ALREADY_EXISTS = 36
@@ -281,11 +285,13 @@ def create_topics(
     *,
     replication: int = 1,
     timeout: float = 30.0,
+    configs: Mapping[str, Mapping[str, str]] | None = None,
     **options: Any,
 ) -> None:
     """Create topics with explicit partition counts; idempotent.
 
-    ``topics`` maps a topic name to its partition count. A topic that already exists
+    ``topics`` maps a topic name to its partition count; ``configs`` a topic name to the
+    topic settings it is created with (a topic that exists keeps its own). A topic that already exists
     is fine as long as its partition count matches; otherwise (for instance a topic
     the broker auto-created with its own default count when something produced to it
     first) :class:`TopicPartitionMismatchError` is raised. Waits until every topic
@@ -303,7 +309,14 @@ def create_topics(
     deadline = time.monotonic() + timeout
     with _admin(bootstrap, timeout=timeout, **options) as admin:
         response = admin.create_topics(
-            {name: {"num_partitions": n, "replication_factor": replication} for name, n in wanted.items()},
+            {
+                name: {
+                    "num_partitions": n,
+                    "replication_factor": replication,
+                    "configs": dict((configs or {}).get(name, {})),
+                }
+                for name, n in wanted.items()
+            },
             timeout_ms=_ms(timeout),
             raise_errors=False,
         )
@@ -343,14 +356,115 @@ def create_topics(
 
 
 def ensure_topic(
-    bootstrap: str, topic: str, partitions: int, *, timeout: float = 30.0, **options: Any
+    bootstrap: str,
+    topic: str,
+    partitions: int,
+    *,
+    timeout: float = 30.0,
+    configs: Mapping[str, Mapping[str, str]] | None = None,
+    **options: Any,
 ) -> bool:
-    """Create ``topic`` with ``partitions`` if it does not exist (never let the broker
-    auto-create it with its own default count); True when it was created."""
+    """Create ``topic`` with ``partitions`` (and its entry of ``configs``) if it does not
+    exist (never let the broker auto-create it with its own default count); True when it
+    was created."""
     if topic_partitions(bootstrap, [topic], timeout=timeout, **options).get(topic):
         return False
-    create_topics(bootstrap, {topic: partitions}, timeout=timeout, **options)
+    create_topics(bootstrap, {topic: partitions}, timeout=timeout, configs=configs, **options)
     return True
+
+
+_RETENTION_KEYS = (
+    "retention.ms",
+    "retention.bytes",
+    "message.timestamp.type",
+    "message.timestamp.before.max.ms",
+    "cleanup.policy",
+)
+
+
+def topic_retention(
+    bootstrap: str, topics: Iterable[str], *, timeout: float = 30.0, **options: Any
+) -> dict[str, TopicRetention | None]:
+    """The retention settings of each existing topic (None where it does not exist).
+
+    Raises :class:`BrokerError` when the broker does not describe topic configurations
+    (Tansu, in memory, has no retention to describe)."""
+    names = sorted(set(topics))
+    with _admin(bootstrap, timeout=timeout, **options) as admin:
+        counts = _partition_counts(admin, names)
+        present = [n for n in names if counts.get(n)]
+        if not present:
+            return {n: None for n in names}
+        resources = [
+            ConfigResource(ConfigResourceType.TOPIC, n, dict.fromkeys(_RETENTION_KEYS)) for n in present
+        ]
+        try:
+            described = admin.describe_configs(resources, config_filter="all").get("topic", {})
+        except KafkaError as exc:
+            raise BrokerError(f"the broker at {bootstrap} does not describe topic settings: {exc}") from exc
+    out: dict[str, TopicRetention | None] = {n: None for n in names}
+    for name in present:
+        entries = described.get(name)
+        if not entries:
+            raise BrokerError(f"the broker at {bootstrap} described no settings of topic {name!r}")
+        values = {
+            key: str(entry["value"]) for key, entry in entries.items() if entry.get("value") is not None
+        }
+        out[name] = TopicRetention.of(name, values, partitions=counts[name] or 1)
+    return out
+
+
+def partition_heads(
+    bootstrap: str, group: str, topic: str, *, timeout: float = 30.0, **options: Any
+) -> list[PartitionHead]:
+    """Where ``group`` stands on each partition of ``topic``: the log's start and end, its
+    committed offset, and the timestamp of the first record it has not read (one fetch per
+    partition with unread records; nothing is committed)."""
+    committed = {
+        p: o
+        for (t, p), o in group_offsets(bootstrap, group, timeout=timeout, **options).items()
+        if t == topic
+    }
+    consumer = KafkaConsumer(
+        bootstrap_servers=bootstrap,
+        client_id="reval-retention-check",
+        group_id=None,
+        enable_auto_commit=False,
+        allow_auto_create_topics=False,
+        **_client_timeouts(timeout),
+        **options,
+    )
+    try:
+        partitions = sorted(consumer.partitions_for_topic(topic) or ())
+        assigned = [TopicPartition(topic, p) for p in partitions]
+        if not assigned:
+            return []
+        consumer.assign(assigned)
+        starts = consumer.beginning_offsets(assigned)
+        ends = consumer.end_offsets(assigned)
+        heads = []
+        for tp in assigned:
+            head = PartitionHead(tp.partition, starts[tp], ends[tp], committed.get(tp.partition))
+            heads.append(_with_first_timestamp(consumer, tp, head, timeout))
+        return heads
+    finally:
+        consumer.close()
+
+
+def _with_first_timestamp(
+    consumer: Any, tp: TopicPartition, head: PartitionHead, timeout: float
+) -> PartitionHead:
+    """``head`` with the timestamp of the record at its position (when there is one)."""
+    if not head.unread:
+        return head
+    consumer.pause(*[p for p in consumer.assignment() if p != tp])
+    consumer.resume(tp)
+    consumer.seek(tp, head.position)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for record in consumer.poll(timeout_ms=500, max_records=1).get(tp, []):
+            return PartitionHead(head.partition, head.log_start, head.end, head.committed, record.timestamp)
+    return head
 
 
 def copy_groups(
@@ -386,8 +500,18 @@ def group_offsets(
 ) -> dict[tuple[str, int], int]:
     """The committed offsets of consumer group ``group``, ``(topic, partition) -> offset``
     (empty for a group that never committed)."""
+    deadline = time.monotonic() + timeout
     with _admin(bootstrap, timeout=timeout, **options) as admin:
-        committed = admin.list_group_offsets(group).get(group, {})
+        while True:
+            try:
+                committed = admin.list_group_offsets(group).get(group, {})
+                break
+            except KafkaError as exc:
+                # A fresh cluster has no group coordinator until __consumer_offsets exists:
+                # retriable (CoordinatorNotAvailable, coordinator loading), for a while.
+                if not exc.retriable or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
     return {(tp.topic, tp.partition): meta.offset for tp, meta in committed.items() if meta.offset >= 0}
 
 

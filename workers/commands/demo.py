@@ -254,7 +254,7 @@ class Demo:
                     "model": self.model,
                 }
             )
-            create_topics(broker.bootstrap, settings.topics())
+            create_topics(broker.bootstrap, settings.topics(), configs=settings.topic_configs())
             env = {
                 **os.environ,
                 "HF_HUB_OFFLINE": "1",

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
@@ -17,6 +18,7 @@ from rich.progress import (
 from rich.table import Table
 
 from stream.records import ErrorLog
+from stream.retention import Timestamps, replay_refusal
 from workers.adapters.feeds import check_output_path, check_paths
 from workers.commands.console import (
     Broker,
@@ -64,6 +66,14 @@ def replay_feeds(
             "else from the topic name)"
         ),
     ] = None,
+    timestamps: Annotated[
+        str,
+        typer.Option(
+            help="Kafka timestamps: event (the record's event time; refused, exit 2 and nothing sent, "
+            "where the topic's retention would delete it) or now (the time of sending; the event "
+            "time stays in each record)"
+        ),
+    ] = "event",
     as_json: JsonSummary = False,
 ) -> None:
     """Replay archived feeds into Kafka (original line bytes, key = tweet id, timestamp = event time)."""
@@ -73,6 +83,8 @@ def replay_feeds(
 
     if kind is not None and kind not in tuple(rp.Kind):
         raise fail(f"--kind must be one of {', '.join(rp.Kind)}, not {kind!r}")
+    if timestamps not in tuple(Timestamps):
+        raise fail(f"--timestamps must be one of {', '.join(Timestamps)}, not {timestamps!r}")
     try:
         pace = rp.parse_speed(speed)
         lower = rp.parse_bound(start) if start else None
@@ -84,6 +96,7 @@ def replay_feeds(
     topic = topic or (settings.topic_tweets if chosen is rp.Kind.tweets else settings.topic_recommendations)
     bootstrap = broker or settings.broker
     sink = _open_sink(settings, bootstrap, topic)
+    refuse = _retention_check(settings, bootstrap, topic, feeds, Timestamps(timestamps))
     progress, report, state = _replay_progress(topic)
 
     def run() -> None:
@@ -99,6 +112,8 @@ def replay_feeds(
                 strict=strict,
                 flush=sink.flush,
                 on_progress=report,
+                timestamps=timestamps,
+                refuse=refuse,
             )
 
     code, message = _outcome(run, sink.close)
@@ -115,11 +130,42 @@ def _open_sink(settings: Settings, bootstrap: str, topic: str) -> Any:
 
     try:
         options = settings.kafka_client_options()
-        if ensure_topic(bootstrap, topic, settings.partitions, timeout=15, **options):
+        if ensure_topic(
+            bootstrap, topic, settings.partitions, timeout=15, configs=settings.topic_configs(), **options
+        ):
             err.print(f"created topic {topic!r} with {settings.partitions} partitions")
         return KafkaSink(bootstrap, topic, **options)
     except Exception as exc:
         raise fail(f"cannot use broker {bootstrap}: {exc}") from None
+
+
+def _retention_check(
+    settings: Settings, bootstrap: str, topic: str, feeds: list[Path], timestamps: Timestamps
+) -> Callable[[int], str | None] | None:
+    """What :func:`stream.replay.replay` asks before sending: would ``topic`` keep a record
+    stamped so?  None (nothing asked) where the broker does not describe topic settings."""
+    from workers.adapters.feeds import feed_bytes
+    from workers.adapters.kafka_client import BrokerError, topic_retention
+
+    try:
+        retention = topic_retention(bootstrap, [topic], timeout=15, **settings.kafka_client_options())[topic]
+    except BrokerError as exc:
+        err.print(f"[yellow]warning:[/] retention of {topic!r} not checked: {exc}", highlight=False)
+        return None
+    if retention is None:
+        return None
+    size = feed_bytes(feeds) if retention.retention_bytes >= 0 else None
+
+    def refuse(first_ms: int) -> str | None:
+        return replay_refusal(
+            retention,
+            oldest_ms=first_ms,
+            now_ms=int(time.time() * 1000),
+            size_bytes=size,
+            timestamps=timestamps,
+        )
+
+    return refuse
 
 
 def _outcome(run: Callable[[], None], close: Callable[[], None]) -> tuple[int, str | None]:

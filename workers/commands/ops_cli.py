@@ -173,7 +173,10 @@ def local_broker(
     with contextlib.suppress(KeyboardInterrupt), stop_on_signals():
         try:
             broker.start()
-            create_topics(broker.bootstrap, Settings.load().topics(), replication=nodes)
+            settings = Settings.load()
+            create_topics(
+                broker.bootstrap, settings.topics(), replication=nodes, configs=settings.topic_configs()
+            )
             print(f"bootstrap: {broker.bootstrap}", flush=True)
             err.print(f"{engine} broker ({nodes} node{'s' * (nodes > 1)}); Ctrl-C or SIGTERM stops it")
             while broker.running:

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import faust
 
+from stream.retention import unread_at_risk
 from workers.adapters.exporter import Exporter
-from workers.adapters.kafka_client import create_topics
-from workers.adapters.redis_client import stopping
+from workers.adapters.kafka_client import BrokerError, create_topics, partition_heads, topic_retention
+from workers.adapters.redis_client import connect, stopping
 from workers.service.app import DEFAULT_PORTS, ROLES, create_app
+from workers.service.incarnation import group_generation, score_group
 from workers.service.transactions import TransactionsUnsupportedError, check_transactions
 from workers.settings import Settings
 
@@ -46,6 +49,7 @@ def run_worker(
         settings.topics(),
         replication=settings.replication,
         timeout=settings.startup_timeout_s,
+        configs=settings.topic_configs(),
         **settings.kafka_client_options(),
     )
     if "score" in roles and settings.processing_guarantee == "exactly_once":
@@ -66,4 +70,49 @@ def run_worker(
         ) from exc
     logging.getLogger("reval.workers").info("metrics on %s:%d/metrics", settings.metrics_host, port)
     app = create_app(settings, roles, exporter=exporter)
+    check_input_retention(settings, roles, embed_group=app.conf.id)
     Worker(app, loglevel=loglevel.upper()).execute_from_commandline()
+
+
+def check_input_retention(settings: Settings, roles: Sequence[str], *, embed_group: str) -> None:
+    """Say, before consuming, where an input topic's retention deletes records this worker's
+    consumer group has not read (or already did): one WARNING line per partition at risk, and
+    one where an existing topic keeps records for less than ``REVAL_INPUT_RETENTION_MS``."""
+    log = logging.getLogger("reval.workers")
+    wanted: dict[str, str] = {}
+    if "embed" in roles:
+        wanted[settings.topic_tweets] = embed_group
+    if "score" in roles:
+        client = connect(settings.redis_url, cluster=settings.redis_cluster)
+        try:
+            wanted[settings.topic_recommendations] = score_group(
+                settings.app_id, group_generation(client, settings.redis_prefix)
+            )
+        finally:
+            client.close()
+    if not wanted:
+        return
+    bootstrap, options = settings.broker, settings.kafka_client_options()
+    try:
+        topics = topic_retention(bootstrap, wanted, timeout=settings.startup_timeout_s, **options)
+    except BrokerError as exc:  # Tansu keeps everything in memory: nothing to check
+        log.info("input topics' retention not checked: %s", exc)
+        return
+    now_ms = int(time.time() * 1000)
+    for name, group in wanted.items():
+        topic = topics.get(name)
+        if topic is None:
+            continue
+        configured = settings.input_retention_ms
+        if topic.deletes_by_time and (configured < 0 or topic.retention_ms < configured):
+            log.warning(
+                "topic %r exists with retention.ms=%d, shorter than REVAL_INPUT_RETENTION_MS=%d (which "
+                "applies to the topics the workers create): records stamped earlier than that are "
+                "deleted, read or not",
+                name,
+                topic.retention_ms,
+                configured,
+            )
+        heads = partition_heads(bootstrap, group, name, timeout=settings.startup_timeout_s, **options)
+        for line in unread_at_risk(topic, group, heads, now_ms=now_ms):
+            log.warning("%s", line)

@@ -90,6 +90,8 @@ class Stack:
     extra_env: dict[str, str] = field(default_factory=dict)
     redis_cluster: bool = False
     """``redis_url`` names a node of a Redis Cluster (``REVAL_REDIS_CLUSTER=true`` for the workers)."""
+    input_retention_ms: int = -1
+    """retention.ms of the input topics: kept forever, as replays of 2012-2013 archives need."""
     workers: list[Worker] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -118,6 +120,7 @@ class Stack:
             "REVAL_TOPIC_VOTES": f"votes-{tag}",  # no audit: the index job finds no votes
             "REVAL_PARTITIONS": str(self.partitions),
             "REVAL_REPLICATION": str(self.replication),
+            "REVAL_INPUT_RETENTION_MS": str(self.input_retention_ms),
             "REVAL_MODEL": str(self.model),
             "REVAL_DTYPE": "float32",  # the batch recomputation in the tests runs fp32 too
             "REVAL_EMBED_BATCH_SIZE": "16",
@@ -138,6 +141,10 @@ class Stack:
                 self.topics["dead_letter"]: 1,
             },
             replication=self.replication,
+            configs={
+                self.topics[name]: {"retention.ms": str(self.input_retention_ms)}
+                for name in ("tweets", "recommendations")
+            },
             **self.client_options,
         )
         self.producer = KafkaProducer(
