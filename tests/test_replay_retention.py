@@ -1,7 +1,9 @@
 """Replays against Kafka's retention, on Apache Kafka whose retention check runs every second
 (so a record the topic would delete is deleted before anyone reads it: certain, not a race).
 
-The judge is the batch recomputation: every replayed tweet embedded exactly once."""
+The judge is the batch recomputation: every replayed tweet embedded exactly once.  The
+replay's test runs first, on the fresh cluster: its worker's log (a normal start, run and
+stop) holds no ERROR line."""
 
 from __future__ import annotations
 
@@ -43,26 +45,6 @@ def _offsets(bootstrap: str, topic: str) -> tuple[dict[int, int], dict[int, int]
         consumer.close()
 
 
-def test_the_broker_deletes_unread_records_stamped_with_their_2012_event_time(
-    fast_retention: KafkaCluster,
-) -> None:
-    """The fault this guards against is real here: 2012 timestamps into a 7-day topic are
-    gone within seconds, unread -- and the workers' start-up check names them."""
-    bootstrap, topic = fast_retention.bootstrap, "old-stamps"
-    create_topics(bootstrap, {topic: 1}, configs={topic: {"retention.ms": str(WEEK_MS)}})
-    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all")
-    old = timestamp_ms(parse_time("2012-10-29T00:00:00Z"))
-    for i in range(50):
-        producer.send(topic, f"tweet {i}".encode(), timestamp_ms=old + i)
-    producer.flush()
-    producer.close()
-    wait_for("the broker's retention check", lambda: _offsets(bootstrap, topic)[0][0] == 50, timeout=30)
-    retention = topic_retention(bootstrap, [topic])[topic]
-    assert retention is not None and retention.retention_ms == WEEK_MS and retention.deletes_by_time
-    heads = partition_heads(bootstrap, "nobody-read-it", topic)
-    assert [(h.log_start, h.end, h.committed) for h in heads] == [(50, 50, None)]
-
-
 def test_a_2012_archive_is_refused_or_replayed_and_every_tweet_embedded(
     fast_retention: KafkaCluster, redis_url: str, tiny_bertweet: Path, tmp_path: Path
 ) -> None:
@@ -82,7 +64,8 @@ def test_a_2012_archive_is_refused_or_replayed_and_every_tweet_embedded(
         assert "--timestamps now" in errors[0] and "2012-" in errors[0]
         assert _offsets(bootstrap, topic)[1] == dict.fromkeys(range(stack.partitions), 0), "sent anyway"
 
-        worker = stack.start("embed")
+        # The cluster is fresh: this is its first consumer group (no __consumer_offsets yet).
+        worker = stack.start("embed", "index")
         stack.wait_ready(worker)
         sent = run_reval("replay", str(feed), "--timestamps", "now", "--json", env=stack.env, timeout=180)
         assert sent.returncode == 0, sent.stderr
@@ -95,6 +78,27 @@ def test_a_2012_archive_is_refused_or_replayed_and_every_tweet_embedded(
         assert_means_equal(stack, expected)
         starts, ends = _offsets(bootstrap, topic)
         assert set(starts.values()) == {0} and sum(ends.values()) == len(lines)
-        assert " ERROR " not in worker.text(), "an ERROR line in a normal start and run"
+        worker.stop()
+        assert "[ERROR]" not in worker.text(), "an ERROR line in a normal start, run and stop"
     finally:
         stack.close()
+
+
+def test_the_broker_deletes_unread_records_stamped_with_their_2012_event_time(
+    fast_retention: KafkaCluster,
+) -> None:
+    """The fault this guards against is real here: 2012 timestamps into a 7-day topic are
+    gone within seconds, unread -- and the workers' start-up check names them."""
+    bootstrap, topic = fast_retention.bootstrap, "old-stamps"
+    create_topics(bootstrap, {topic: 1}, configs={topic: {"retention.ms": str(WEEK_MS)}})
+    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all")
+    old = timestamp_ms(parse_time("2012-10-29T00:00:00Z"))
+    for i in range(50):
+        producer.send(topic, f"tweet {i}".encode(), timestamp_ms=old + i)
+    producer.flush()
+    producer.close()
+    wait_for("the broker's retention check", lambda: _offsets(bootstrap, topic)[0][0] == 50, timeout=30)
+    retention = topic_retention(bootstrap, [topic])[topic]
+    assert retention is not None and retention.retention_ms == WEEK_MS and retention.deletes_by_time
+    heads = partition_heads(bootstrap, "nobody-read-it", topic)
+    assert [(h.log_start, h.end, h.committed) for h in heads] == [(50, 50, None)]

@@ -12,7 +12,13 @@ import faust
 
 from stream.retention import unread_at_risk
 from workers.adapters.exporter import Exporter
-from workers.adapters.kafka_client import BrokerError, create_topics, partition_heads, topic_retention
+from workers.adapters.kafka_client import (
+    BrokerError,
+    create_topics,
+    group_offsets,
+    partition_heads,
+    topic_retention,
+)
 from workers.adapters.redis_client import connect, stopping
 from workers.service.app import DEFAULT_PORTS, ROLES, create_app
 from workers.service.incarnation import group_generation, score_group
@@ -77,8 +83,24 @@ def run_worker(
 def check_input_retention(settings: Settings, roles: Sequence[str], *, embed_group: str) -> None:
     """Say, before consuming, where an input topic's retention deletes records this worker's
     consumer group has not read (or already did): one WARNING line per partition at risk, and
-    one where an existing topic keeps records for less than ``REVAL_INPUT_RETENTION_MS``."""
+    one where an existing topic keeps records for less than ``REVAL_INPUT_RETENTION_MS``.
+
+    Waits for the group coordinator first: a fresh Kafka creates ``__consumer_offsets`` on the
+    first group request and answers "coordinator not available" meanwhile, which aiokafka
+    logs as an ERROR of a normal start."""
     log = logging.getLogger("reval.workers")
+    bootstrap, options = settings.broker, settings.kafka_client_options()
+    try:
+        topics = topic_retention(
+            bootstrap,
+            [settings.topic_tweets, settings.topic_recommendations],
+            timeout=settings.startup_timeout_s,
+            **options,
+        )
+    except BrokerError as exc:  # Tansu keeps everything in memory: nothing to check
+        log.info("input topics' retention not checked: %s", exc)
+        return
+    group_offsets(bootstrap, embed_group, timeout=settings.startup_timeout_s, **options)
     wanted: dict[str, str] = {}
     if "embed" in roles:
         wanted[settings.topic_tweets] = embed_group
@@ -90,14 +112,6 @@ def check_input_retention(settings: Settings, roles: Sequence[str], *, embed_gro
             )
         finally:
             client.close()
-    if not wanted:
-        return
-    bootstrap, options = settings.broker, settings.kafka_client_options()
-    try:
-        topics = topic_retention(bootstrap, wanted, timeout=settings.startup_timeout_s, **options)
-    except BrokerError as exc:  # Tansu keeps everything in memory: nothing to check
-        log.info("input topics' retention not checked: %s", exc)
-        return
     now_ms = int(time.time() * 1000)
     for name, group in wanted.items():
         topic = topics.get(name)
