@@ -3,7 +3,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup test lint check demo services bench docs
+.PHONY: setup test lint check demo services bench docs soak
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,12 @@ test: setup services lint
 # and is not marked slow -- a broken Scorer or Runtime shows here in minutes.
 check: lint
 	$(BIN)/python -m pytest -q -m "not integration and not slow"
+
+# Not in `make test`: the three workers on Apache Kafka for 30 minutes (MINUTES=...), memory
+# sampled all along; figures in BENCHMARKS.md ("Soak").
+MINUTES ?= 30
+soak: setup services
+	$(BIN)/python -m bench.soak --minutes $(MINUTES) --out var/soak
 
 # Generated documentation pages (not committed): the backtest's HTML report from its committed JSON.
 docs: setup

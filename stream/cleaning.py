@@ -34,33 +34,55 @@ UNDETERMINED = {"und", "zxx", "qme", "qht", "qst"}  # Twitter's "no language" co
 
 
 @functools.cache
-def _word_tools() -> tuple[Any, frozenset[str]]:
-    """NLTK's tweet tokenizer and the stop words, imported on first use: the two
-    packages take ~2 s to import, which every ``reval`` command would pay otherwise."""
-    from nltk.tokenize import TweetTokenizer
+def _word_tools() -> tuple[Any, Any, frozenset[str]]:
+    """NLTK's tweet tokenizer, its emoticon pattern and the stop words, imported on first
+    use: the two packages take ~2 s to import, which every ``reval`` command would pay
+    otherwise."""
+    from nltk.tokenize.casual import EMOTICON_RE, TweetTokenizer
     from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
 
-    tokenizer = TweetTokenizer(preserve_case=False, reduce_len=True, strip_handles=True)
-    return tokenizer, frozenset(ENGLISH_STOP_WORDS) | {"rt", "amp", "via"}
+    # Case is folded below, not by the tokenizer: it tests every token against the emoticon
+    # pattern, which only a token with an upper-case letter needs (what lower() leaves alone
+    # stays as it is either way) -- a third of the cleaning's time, for the same output.
+    tokenizer = TweetTokenizer(preserve_case=True, reduce_len=True, strip_handles=True)
+    return tokenizer, EMOTICON_RE, frozenset(ENGLISH_STOP_WORDS) | {"rt", "amp", "via"}
 
 
 def clean_text(text: str) -> str:
     """Text as it is embedded: lower case, no mentions/URLs/stop words/punctuation but ``#``.
 
+    NLTK's ``TweetTokenizer(preserve_case=False, reduce_len=True, strip_handles=True)``, then
+    per token: URLs and stop words out, punctuation but ``#`` out, runs of a character cut to
+    three.  The cheap tests come first and skip the regular expressions that cannot change a
+    token (``tests/test_cleaning.py`` checks the output against the plain steps on every
+    tweet of the bundled and a generated feed).
+
     >>> clean_text("RT @bob: Heeeeello!!! The #Flood in http://t.co/x is BAD… #NSW")
     'heeello #flood bad #nsw'
     """
-    tokenizer, stop_words = _word_tools()
+    tokenizer, emoticon, stop_words = _word_tools()
     words = []
-    for token in tokenizer.tokenize(text):
-        if _URL_RE.search(token) or token in stop_words:
+    for raw in tokenizer.tokenize(text):
+        token = raw.lower()
+        folded = token != raw
+        if folded and emoticon.search(raw):  # NLTK keeps an emoticon's case (":D")
+            token, folded = raw, False
+        if token in stop_words:
             continue
-        word = _NOT_KEPT_RE.sub("", token)
-        if word.startswith("#"):
-            word = "#" + word.lstrip("#")
-        if not word or word == "#" or word in stop_words:
+        # _URL_RE needs "http" at the start or a dot.
+        if ("." in token or token.startswith("http")) and _URL_RE.search(token):
             continue
-        words.append(_REPEAT_RE.sub(r"\1\1\1", word))
+        if token.isascii() and token.isalnum():
+            word = token  # nothing for _NOT_KEPT_RE to remove
+        else:
+            word = _NOT_KEPT_RE.sub("", token)
+            if word.startswith("#"):
+                word = "#" + word.lstrip("#")
+            if not word or word == "#" or word in stop_words:
+                continue
+        # The tokenizer cut every run to three already; folding case or removing characters
+        # can join runs again.
+        words.append(_REPEAT_RE.sub(r"\1\1\1", word) if folded or word is not token else word)
     return " ".join(words)
 
 

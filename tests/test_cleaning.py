@@ -74,3 +74,57 @@ def test_memory_is_bounded() -> None:
     for i in range(1000):
         seen.claim([f"k{i}"], str(i))
     assert len(seen) == 100
+
+
+def _plain_steps(text: str) -> str:
+    """The cleaning as first written, step by step (the reference ``clean_text`` must equal):
+    NLTK folds case itself, every token goes through every expression."""
+    from nltk.tokenize import TweetTokenizer
+    from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
+
+    from stream.cleaning import _NOT_KEPT_RE, _REPEAT_RE, _URL_RE
+
+    stop_words = frozenset(ENGLISH_STOP_WORDS) | {"rt", "amp", "via"}
+    tokenizer = TweetTokenizer(preserve_case=False, reduce_len=True, strip_handles=True)
+    words = []
+    for token in tokenizer.tokenize(text):
+        if _URL_RE.search(token) or token in stop_words:
+            continue
+        word = _NOT_KEPT_RE.sub("", token)
+        if word.startswith("#"):
+            word = "#" + word.lstrip("#")
+        if not word or word == "#" or word in stop_words:
+            continue
+        words.append(_REPEAT_RE.sub(r"\1\1\1", word))
+    return " ".join(words)
+
+
+TRICKY = [
+    "XD :D :-P ;) <3 :P :p =D 8-) :/ :\\ AAAaaa BbBbBb ooOOoo #FLOOD ##Help #####",
+    "WWW.Example.COM HTTP://T.CO/x Bit.LY/abc example.org/page a.b.c x.co",
+    "Ünïcödé ÇA VA? ÉÉÉÉé straße ΣΊΣΥΦΟΣ İstanbul ﬁre ＦＵＬＬＷＩＤＴＨ ⅫⅫⅫ ①②",
+    "@User RT @x: Heeeeeello!!!! &amp; &lt;3 $100 555-123-4567 +1 (555) 123-4567 ...",
+    "_under_ score__ #tag_with_underscores 12345 1st 2nd 3RD 4TH €€€€ ™ 👍🏽👍🏽👍🏽👍🏽",
+    "",
+    "   ",
+    "#",
+    "The the THE tHe",
+]
+
+
+def test_clean_text_equals_the_plain_steps_on_every_feed_tweet() -> None:
+    """Every tweet of the bundled feed, of a generated feed, and tricky inputs (emoticons in
+    upper case, case-folded runs, URLs in capitals, Unicode that lower() changes)."""
+    import gzip
+    import json
+
+    from workers.adapters.feeds import sample_feed
+    from workers.dev.synthetic import FeedShape, synthetic_tweets
+
+    with gzip.open(sample_feed(), "rt", encoding="utf-8") as src:
+        texts = [json.loads(line).get("text", "") for line in src]
+    texts += [t["text"] for t in synthetic_tweets(FeedShape(tweets=2000))]
+    texts += TRICKY
+    assert len(texts) > 29_000
+    differ = [(t, clean_text(t), _plain_steps(t)) for t in texts if clean_text(t) != _plain_steps(t)]
+    assert differ == [], differ[:5]

@@ -26,7 +26,7 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from workers.adapters.kafka_client import create_topics, topic_partitions
 from workers.dev.kafka_cluster import KafkaCluster, kafka_jars, pinned_version
 from workers.dev.ports import free_run
-from workers.dev.stack import REVAL
+from workers.dev.stack import REVAL, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -114,9 +114,23 @@ def test_three_nodes_print_the_bootstrap_keep_their_data_and_stop_on_sigterm(tmp
         bootstrap = cmd.bootstrap()
         assert bootstrap == f"127.0.0.1:{port},127.0.0.1:{port + 1},127.0.0.1:{port + 2}"
         assert len(_jvms(str(data))) == 3
-        create_topics(bootstrap, {"kept": 3}, replication=3)
+        create_topics(bootstrap, {"kept": 3, "failover": 3}, replication=3)
         _round_trip(bootstrap, "kept", [b"one", b"two", b"three"])
+
+        # kill -9 of one node's JVM (it leads one of failover's 3 partitions): the other two keep
+        # serving, every record acknowledged with acks=all (min.insync.replicas=2)
+        victim = _jvms(str(data))[0]
+        victim.kill()
+        victim.wait(30)
+        _round_trip(bootstrap, "failover", [b"%d" % i for i in range(200)])
+        assert cmd.proc.poll() is None, "the command stopped with the dead node"
+        cmd.proc.send_signal(signal.SIGUSR1)  # start it again on its data
+        wait_for("three JVMs again", lambda: len(_jvms(str(data))) == 3, timeout=180)
+        _round_trip(bootstrap, "kept", [b"four"])
         assert cmd.stop(signal.SIGTERM) == 0
+        said = cmd.stderr()
+        assert re.search(r"kafka node \d stopped.*nodes \d, \d keep serving.*kill -USR1", said), said
+        assert re.search(r"kafka node \d started again", said), said
     finally:
         cmd.kill()
     assert _jvms(str(data)) == []
@@ -125,7 +139,8 @@ def test_three_nodes_print_the_bootstrap_keep_their_data_and_stop_on_sigterm(tmp
     again = BrokerCommand("--engine", "kafka", "--nodes", "3", "--data", str(data))  # port from the data
     try:
         assert again.bootstrap() == bootstrap
-        assert sorted(_read_all(bootstrap, "kept", 3)) == [b"one", b"three", b"two"]
+        assert sorted(_read_all(bootstrap, "kept", 3)) == [b"four", b"one", b"three", b"two"]
+        assert len(_read_all(bootstrap, "failover", 3)) == 200
         assert topic_partitions(bootstrap, ["kept"]) == {"kept": 3}
         assert again.stop(signal.SIGHUP) == 0
     finally:

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import threading
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -159,7 +160,7 @@ def local_broker(
 
     from workers.adapters.kafka_client import BrokerError, create_topics
     from workers.dev.broker import ENGINES, local_broker
-    from workers.dev.kafka_cluster import KafkaSetupError
+    from workers.dev.kafka_cluster import KafkaCluster, KafkaSetupError
     from workers.dev.processes import shielded, stop_on_signals
 
     if engine not in ENGINES:
@@ -179,6 +180,8 @@ def local_broker(
             )
             print(f"bootstrap: {broker.bootstrap}", flush=True)
             err.print(f"{engine} broker ({nodes} node{'s' * (nodes > 1)}); Ctrl-C or SIGTERM stops it")
+            if isinstance(broker, KafkaCluster) and nodes > 1:
+                _watch_nodes(broker)
             while broker.running:
                 time.sleep(0.5)
             raise fail(f"the {engine} broker stopped on its own", code=1)
@@ -189,6 +192,40 @@ def local_broker(
         finally:
             with shielded():  # a second signal must not leave a JVM or a temporary folder behind
                 broker.stop()
+
+
+def _watch_nodes(cluster: Any) -> None:
+    """Keep a multi-node cluster serving while nodes die: say which node stopped and how to
+    start it again (SIGUSR1 to this command: every stopped node, on its data); return when
+    no node is left.  A user can so try a leader failover with ``kill -9`` of one JVM."""
+    import os
+    import signal
+    import time
+
+    restart = threading.Event()
+    previous = signal.signal(signal.SIGUSR1, lambda *_: restart.set())
+    down: set[int] = set()
+    try:
+        while True:
+            alive = {i for i in cluster.node_ids if cluster.pid(i) is not None}
+            if not alive:
+                return
+            for node in sorted(set(cluster.node_ids) - alive - down):
+                err.print(
+                    f"[yellow]kafka node {node} stopped[/]; nodes {', '.join(map(str, sorted(alive)))} keep "
+                    f"serving; `kill -USR1 {os.getpid()}` starts it again on its data",
+                    highlight=False,
+                )
+            down = set(cluster.node_ids) - alive
+            if restart.is_set():
+                restart.clear()
+                for node in sorted(down):
+                    cluster.start_node(node, wait=True)
+                    err.print(f"kafka node {node} started again (pid {cluster.pid(node)})", highlight=False)
+                down.clear()
+            time.sleep(0.5)
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
 
 
 def _log_hint(message: str) -> str:
