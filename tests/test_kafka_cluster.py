@@ -130,7 +130,7 @@ def test_three_nodes_print_the_bootstrap_keep_their_data_and_stop_on_sigterm(tmp
         assert cmd.stop(signal.SIGTERM) == 0
         said = cmd.stderr()
         assert re.search(r"kafka node \d stopped.*nodes \d, \d keep serving.*kill -USR1", said), said
-        assert re.search(r"kafka node \d started again", said), said
+        assert re.search(r"kafka node \d starting again on its data", said), said
     finally:
         cmd.kill()
     assert _jvms(str(data)) == []

@@ -215,14 +215,20 @@ def _watch_nodes(cluster: Any) -> None:
                     f"[yellow]kafka node {node} stopped[/]; nodes {', '.join(map(str, sorted(alive)))} keep "
                     f"serving; `kill -USR1 {os.getpid()}` starts it again on its data",
                     highlight=False,
+                    soft_wrap=True,
                 )
             down = set(cluster.node_ids) - alive
             if restart.is_set():
                 restart.clear()
                 for node in sorted(down):
-                    cluster.start_node(node, wait=True)
-                    err.print(f"kafka node {node} started again (pid {cluster.pid(node)})", highlight=False)
+                    cluster.start_node(node, wait=False)
+                    err.print(
+                        f"kafka node {node} starting again on its data (pid {cluster.pid(node)})",
+                        highlight=False,
+                        soft_wrap=True,
+                    )
                 down.clear()
+                cluster.wait_ready()
             time.sleep(0.5)
     finally:
         signal.signal(signal.SIGUSR1, previous)
