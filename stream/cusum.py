@@ -104,7 +104,7 @@ class Outcomes:
 
     @property
     def units(self) -> Ints:
-        return self.counts.sum(axis=1)
+        return np.asarray(self.counts.sum(axis=1), dtype=np.int64)
 
 
 def in_control(outcomes: Outcomes) -> Floats:
