@@ -210,9 +210,12 @@ def main() -> None:
             load.stop()
 
             def scored() -> float:
-                return workers["score"].metric("reval_events_total", outcome="scored") + workers[
-                    "score"
-                ].metric("reval_events_total", outcome="unscorable")
+                return sum(
+                    value
+                    for (name, labels), value in workers["score"].metrics().items()
+                    if name == "reval_events_total"
+                    and dict(labels).get("outcome") in ("scored", "unscorable")
+                )
 
             wait_for("the score worker caught up", lambda: scored() >= len(load.sent_events), 600, 1.0)
             records = read_committed(stack, "scores", 4)

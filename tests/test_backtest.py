@@ -260,6 +260,20 @@ def test_backtest_end_to_end(backtest_run: tuple[Path, Path, list[str]], tmp_pat
     assert slices["head"]["control"] > slices["novel"]["control"]
     assert all(s["drifts"]["vocab:1"] in (0.0, None) for s in slices.values())
     assert "| vocab:1 |" in (out / "detection.md").read_text()
+    # The change detector: one diagnosis row per drift, every chart at the same ARL0.
+    diagnosis = {r["drift"]: r for r in detection["diagnosis"]}
+    assert set(diagnosis) == {"swap:least-popular", "vocab:1"}
+    keys = {"drift", "arl0_events", "alternative", "delay_events", "delay_s"}
+    keys |= {"exact_cusum_delay_events", "synonym_cusum_delay_events"}
+    assert all(keys <= set(r) for r in diagnosis.values())
+    assert all(
+        r["arl0_events"] == detection["detector"]["arl0_events"] == 100_000 for r in diagnosis.values()
+    )
+    # Every hashtag respelled: every unit a miss -- quality lost, as soon as exact match alone sees it.
+    vocab = diagnosis["vocab:1"]
+    assert vocab["alternative"] == "quality_lost" and vocab["delay_events"] is not None
+    assert vocab["delay_events"] <= vocab["exact_cusum_delay_events"] <= vocab["synonym_cusum_delay_events"]
+    assert "## Change detector" in (out / "detection.md").read_text()
     series = json.loads((out / "series.json").read_text())
     assert len(series["t"]) == len(series["control"]["reval"]) == len(series["drifts"]["vocab:1"]["exact"])
     # reval report: the page of this run, and a clear error for a directory without one.

@@ -190,6 +190,15 @@ def backtest_cmd(
         Path | None,
         typer.Option(help="An audit's events (the votes topic as JSON lines): each refit's agreement"),
     ] = None,
+    arl0: Annotated[
+        float,
+        typer.Option(
+            "--arl0",
+            help="The change detector's false-alarm budget: in-control average run length in events "
+            "(its thresholds are calibrated to it; detection.json's diagnosis)",
+            min=10,
+        ),
+    ] = 100_000.0,
     as_json: Annotated[bool, typer.Option("--json", help="Print detection.json's signals as JSON")] = False,
 ) -> None:
     """Inject drifts into a replayed feed and measure, per alert signal of deploy/prometheus,
@@ -212,6 +221,7 @@ def backtest_cmd(
             limit=limit,
             language_filter=language_filter,
             audit_votes=audit_votes,
+            arl0=arl0,
         )
         if audit_votes is not None and not audit_votes.is_file():
             raise ValueError(f"--audit-votes {audit_votes}: no such file")

@@ -19,6 +19,7 @@ from stream.alert_params import rule_params
 from stream.chance import CorrectedSum
 from stream.experiment import ProgressFactory, no_progress
 from stream.slices import SLICES
+from workers.commands.backtest.detector import diagnose
 from workers.commands.backtest.simulation import (
     DAY,
     EMBEDDING_ALPHA,
@@ -94,6 +95,8 @@ def run_backtest(
             "refits": walk.health,
             "movers": [m.to_dict() for m in walk.movers],
         },
+        # the change detector (stream.cusum) at the budget config.arl0: "detector", "diagnosis"
+        **diagnose(control, walk.runs, feed.starts, t_events, config.arl0),
     }
     series = _series(at, t_events, rules, control, walk.runs, found.control_firing)
     scores = {"": control, **walk.runs}

@@ -57,6 +57,7 @@ def markdown(result: Backtest) -> str:
         lines.append(f"| {drift} | " + " | ".join(cell(drift, n) for n in names) + " |")
     fa = {row["signal"]: row["false_alarms_per_day"] for row in result.rows}
     lines.append("| false alarms / day (control) | " + " | ".join(f"{fa[n]:.3f}" for n in names) + " |")
+    lines += _diagnosis_lines(s)
     lines += [
         "",
         f"The drop rules (reval_drop, exact_drop, semantic_gap) can fire only where the quality window "
@@ -176,6 +177,35 @@ def _curves_markdown(curves: dict[str, Any]) -> list[str]:
                 value = f"**{value}**"
             cells = [bt.duration_text(point["delays"][d]) for d in drifts]
             lines.append(f"| {value} | {point['false_alarms_per_day']:.3f} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _diagnosis_lines(s: dict[str, Any]) -> list[str]:
+    """The change detector's table (stream.cusum): which alternative, how many events."""
+    d = s["detector"]
+
+    def ev(value: int | None) -> str:
+        return "—" if value is None else f"{value:,}"
+
+    lines = [
+        "",
+        f"## Change detector (multi-chart CUSUM, ARL0 = {d['arl0_events']:,.0f} events)",
+        "",
+        f"In control (the control run's {d['reference_events']:,} events before the first drift), per "
+        f"unit: exact {d['in_control']['exact']:.3f}, synonym-only {d['in_control']['synonym_only']:.3f}, "
+        f"miss {d['in_control']['miss']:.3f}; chance hit {d['chance_hit']:.3f}. The control run raised "
+        f"{d['control_false_alarms']} alarms over its {d['control_events_after_first_drift']:,} events "
+        "after the first drift.",
+        "",
+        "| drift | alternative | delay (events) | delay | exact-only CUSUM | synonym-only CUSUM |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row in s["diagnosis"]:
+        when = "—" if row["delay_s"] is None else bt.duration_text(row["delay_s"])
+        lines.append(
+            f"| {row['drift']} | {row['alternative'] or '—'} | {ev(row['delay_events'])} | {when} | "
+            f"{ev(row['exact_cusum_delay_events'])} | {ev(row['synonym_cusum_delay_events'])} |"
+        )
     return lines
 
 

@@ -21,6 +21,7 @@ from stream import backtest as bt
 from stream import drift_injection as di
 from stream.alert_params import EVALUATION_INTERVAL, Params, seconds
 from stream.cleaning import Prepared
+from stream.cusum import DEFAULT_ARL0
 from stream.drift import Mover
 from stream.experiment import ProgressFactory, labelled, load_corpus
 from stream.hubness import DEFAULT_METHOD
@@ -79,6 +80,8 @@ class BacktestConfig:
     vector_size: int = 100
     #: An audit's events (the ``votes`` topic as JSON lines): each refit's agreement with them.
     audit_votes: Path | None = None
+    #: The change detector's false-alarm budget: in-control average run length, in events.
+    arl0: float = DEFAULT_ARL0
 
     def parsed(self) -> list[di.Injection]:
         if not self.injections:
@@ -94,6 +97,8 @@ class BacktestConfig:
             raise ValueError(f"refit days must be positive, got {self.refit_days}")
         if self.time_scale is not None and not self.time_scale > 0:
             raise ValueError(f"time scale must be positive, got {self.time_scale}")
+        if not self.arl0 >= 10:
+            raise ValueError(f"arl0 is an average run length in events (>= 10), got {self.arl0}")
         if self.limit is not None and self.limit < 10:
             raise ValueError("limit must be at least 10 tweets")
         make_recommender(self.recommender, trainer=lambda docs: None)  # a known name
@@ -156,6 +161,8 @@ class Scores:
         self.exact = np.full(n, np.nan)
         self.recommended = np.zeros(n)
         self.unknown = np.zeros(n)
+        #: min(|R_r|, |G|): the units the alert (k, r)'s hit ratios are shares of (stream.cusum)
+        self.units = np.zeros(n, dtype=np.int64)
 
     @property
     def reval(self) -> npt.NDArray[np.float64]:
@@ -430,6 +437,9 @@ class Walk:
         if batch.expected is not None:
             col.expected[rows[ok]] = batch.expected[ok, 0, at]
         col.exact[rows[ok]] = batch.exact[ok, 0, ExactScores.NAMES.index("hit_ratio")]
+        col.units[rows] = [
+            min(len(dict.fromkeys(e.recommended)), self.r, len(dict.fromkeys(truth))) for e, truth in events
+        ]
 
 
 def embedding_test(
