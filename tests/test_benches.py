@@ -97,3 +97,15 @@ def test_bench_scorer_setup_compares_two_trees(tmp_path: Path) -> None:
     text = run_bench("bench_scorer_setup", *workload, "--baseline", str(REPO), out=tmp_path / "setup.md")
     assert "| 3,000 | this |" in text and "| 3,000 | baseline |" in text
     assert "| 3,000 | baseline / this | median" in text and "| identical |" in text
+
+
+def test_bench_prepare_compares_two_trees() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.bench_prepare", "--baseline", str(REPO), "--rounds", "1"],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert "same output: True" in done.stdout and "| this tree |" in done.stdout
