@@ -252,7 +252,12 @@ def test_a_refusal_stops_the_replay_before_anything_is_sent(paced_feed: Path) ->
     assert info.value.summary is not None and info.value.summary.stopped == "refused"
     # Asked once, with the first record; None lets every record through.
     asked.clear()
-    replay([paced_feed], sink, refuse=lambda ms: asked.append(ms) or None)
+
+    def allow(first_ms: int) -> str | None:
+        asked.append(first_ms)
+        return None
+
+    replay([paced_feed], sink, refuse=allow)
     assert len(sink.sent) == len(OFFSETS) and asked == [timestamp_ms(T0)]
 
 
