@@ -63,9 +63,11 @@ __all__ = [
     "first_alarm",
     "in_control",
     "increment_law",
+    "increments",
     "simulate_run_lengths",
     "synonym_chart",
     "threshold_for",
+    "trailing_laws",
 ]
 
 Floats = npt.NDArray[np.float64]
@@ -131,12 +133,15 @@ def design(
     quality_share: float = QUALITY_SHARE,
     wording_share: float = WORDING_SHARE,
 ) -> dict[str, Floats]:
-    """The log-likelihood ratio per unit of each outcome, for each alternative (module doc)."""
-    pe, ps, pm = (float(x) for x in p0)
+    """The log-likelihood ratio per unit of each outcome, for each alternative (module doc).
+    ``p0`` is one law (3,) or one per event (n, 3): the ratios follow its shape."""
+    pe, ps, pm = p0[..., 0], p0[..., 1], p0[..., 2]
     q = min(max(chance_hit, 0.0), 1.0)
     to_chance = (1 - quality_share) * p0 + quality_share * np.array([0.0, q, 1.0 - q])
-    to_miss = np.array([pe * (1 - quality_share), ps * (1 - quality_share), pm + quality_share * (pe + ps)])
-    reworded = np.array([pe * (1 - wording_share), ps + wording_share * pe, pm])
+    to_miss = np.stack(
+        [pe * (1 - quality_share), ps * (1 - quality_share), pm + quality_share * (pe + ps)], -1
+    )
+    reworded = np.stack([pe * (1 - wording_share), ps + wording_share * pe, pm], -1)
     return {
         "quality_lost:chance": _llr(to_chance, p0),
         "quality_lost:miss": _llr(to_miss, p0),
@@ -151,17 +156,45 @@ def alternative_of(chart: str) -> str:
 
 def exact_chart(p0: Floats, *, quality_share: float = QUALITY_SHARE) -> Floats:
     """A CUSUM on exact match alone (hit or not) for the same "quality lost" shift."""
-    pe = float(p0[0])
-    hit, other = np.log(1 - quality_share), np.log((1 - (1 - quality_share) * pe) / (1 - pe))
-    return np.array([hit, other, other])
+    pe = p0[..., 0]
+    hit = np.full_like(pe, np.log(1 - quality_share))
+    other = np.log((1 - (1 - quality_share) * pe) / (1 - pe))
+    return np.asarray(np.stack([hit, other, other], -1), dtype=np.float64)
 
 
 def synonym_chart(p0: Floats, *, chance_hit: float, quality_share: float = QUALITY_SHARE) -> Floats:
     """A CUSUM on the synonym-aware hit alone (#REval hit or not) for the same shift."""
-    h = float(p0[0] + p0[1])
+    h = p0[..., 0] + p0[..., 1]
     h1 = (1 - quality_share) * h + quality_share * min(max(chance_hit, 0.0), 1.0)
     hit, miss = np.log(h1 / h), np.log((1 - h1) / (1 - h))
-    return np.array([hit, hit, miss])
+    return np.asarray(np.stack([hit, hit, miss], -1), dtype=np.float64)
+
+
+def trailing_laws(counts: Ints, *, window: int, lag: int, start: Floats | None = None) -> Floats:
+    """Per event, the in-control law estimated on the ``window`` events that end ``lag``
+    events before it (+0.5 per cell): a baseline that follows a feed's slow wander but not a
+    change younger than ``lag`` events.  Events with fewer than ``window`` before their lag
+    take ``start`` (the reference law), or what there is.
+
+    >>> c = np.array([[1, 0, 0]] * 4 + [[0, 0, 1]] * 4)
+    >>> trailing_laws(c, window=2, lag=1).round(2)[[3, 7]].tolist()
+    [[0.71, 0.14, 0.14], [0.14, 0.14, 0.71]]
+    """
+    n = len(counts)
+    cum = np.vstack([np.zeros((1, 3)), np.cumsum(counts, axis=0, dtype=np.float64)])
+    end = np.clip(np.arange(n) - lag, 0, n)
+    begin = np.clip(end - window, 0, n)
+    totals = cum[end] - cum[begin] + 0.5
+    laws = totals / totals.sum(axis=1, keepdims=True)
+    if start is not None:
+        short = (end - begin) < window
+        laws[short] = start
+    return np.asarray(laws, dtype=np.float64)
+
+
+def increments(counts: Ints, llr: Floats) -> Floats:
+    """One chart's increment per event: ``counts · llr`` (one ratio vector, or one per event)."""
+    return np.asarray((counts * llr).sum(axis=-1) if llr.ndim == 2 else counts @ llr, dtype=np.float64)
 
 
 def increment_law(p0: Floats, units: Sequence[int] | Ints, llr: Floats) -> tuple[Floats, Floats]:

@@ -14,6 +14,15 @@ from stream import cusum
 from workers.commands.backtest.simulation import Scores
 
 Floats = npt.NDArray[np.float64]
+Ints = npt.NDArray[np.int64]
+Laws = dict[str, Floats]
+
+#: The in-control law of an event: the outcomes of the BASELINE_WINDOW scored events that end
+#: BASELINE_LAG events before it (stream.cusum.trailing_laws) -- a feed's hit rates wander
+#: (topics come and go, the recommender is refitted), a change younger than the lag does not
+#: leak into its own baseline; the first events take the reference law.
+BASELINE_WINDOW = 1000
+BASELINE_LAG = 300
 
 
 def _outcomes(col: Scores, rows: npt.NDArray[np.bool_]) -> cusum.Outcomes:
@@ -29,8 +38,9 @@ def diagnose(
 ) -> dict[str, Any]:
     """``{"detector": its design and calibration, "diagnosis": one row per drift}``.
 
-    The in-control law is the control run's scored events before the earliest drift; each
-    chart starts at zero when its drift starts (the delay of a chart that was quiet then);
+    The reference law (the control run's scored events before the earliest drift) sets the
+    thresholds; each event is judged against its trailing baseline (:data:`BASELINE_WINDOW`);
+    each chart starts at zero when its drift starts (the delay of a chart that was quiet then);
     ``delay_events`` counts scored events from the start to the alarm, the alarm's included.
     """
     first = min(starts.values())
@@ -52,20 +62,35 @@ def diagnose(
         name: cusum.calibrate(p0, units, {name: llr}, arl0)[0][name] for name, llr in singles.items()
     }
 
-    def delays(col: Scores, start: float) -> tuple[dict[str, int | None], npt.NDArray[np.int64]]:
-        rows = ~np.isnan(col.reval) & (col.units > 0) & (t_events >= start)
+    def delays(col: Scores, start: float) -> tuple[dict[str, int | None], npt.NDArray[np.int64], Ints, Laws]:
+        """Each chart's first alarm from ``start`` on, the scored events' indices from there,
+        their outcome counts and every chart's ratios per event (on the trailing baseline)."""
+        rows = ~np.isnan(col.reval) & (col.units > 0)
         counts = _outcomes(col, rows).counts
-        found = {}
-        for name, llr in {**charts, **singles}.items():
-            limit = thresholds.get(name, single_thresholds.get(name))
-            assert limit is not None
-            found[name] = cusum.first_alarm(counts @ llr, limit)
-        return found, np.flatnonzero(rows)
+        at = np.flatnonzero(rows)
+        laws = cusum.trailing_laws(counts, window=BASELINE_WINDOW, lag=BASELINE_LAG, start=p0)
+        after = t_events[at] >= start
+        counts, laws = counts[after], laws[after]
+        ratios = {
+            **cusum.design(laws, chance_hit=chance),
+            "exact": cusum.exact_chart(laws),
+            "synonym": cusum.synonym_chart(laws, chance_hit=chance),
+        }
+        limits = {**thresholds, **single_thresholds}
+        found = {
+            name: cusum.first_alarm(cusum.increments(counts, llr), limits[name])
+            for name, llr in ratios.items()
+        }
+        return found, at[after], counts, ratios
 
     rows_out = []
     for label, col in runs.items():
         start = starts[label]
-        found, at = delays(col, start)
+        found, at, _, _ = delays(col, start)
+        # The control run from the same start: an alarm it raises as early is the feed's own
+        # change, not the drift's (the runs share every event before the start).
+        own, _, _, _ = delays(control, start)
+        own_first = [index for name in charts if (index := own[name]) is not None]
         by_alternative: dict[str, int] = {}
         for name in charts:
             index = found[name]
@@ -87,6 +112,7 @@ def diagnose(
                 "alternative": alternative,
                 "delay_events": None if hit is None else hit + 1,
                 "delay_s": None if hit is None else round(float(t_events[at[hit]] - start), 1),
+                "control_delay_events": _events(min(own_first)) if own_first else None,
                 "exact_cusum_delay_events": _events(found["exact"]),
                 "synonym_cusum_delay_events": _events(found["synonym"]),
                 "quality_lost_delay_events": _events(by_alternative.get("quality_lost")),
@@ -94,9 +120,8 @@ def diagnose(
             }
         )
     # The control run from the earliest drift on, with restarts: its false alarms.
-    _, at = delays(control, first)
-    counts = _outcomes(control, np.isin(np.arange(len(t_events)), at)).counts
-    alarms = _union_alarms({n: counts @ llr for n, llr in charts.items()}, thresholds)
+    _, at, counts, ratios = delays(control, first)
+    alarms = _union_alarms({n: cusum.increments(counts, ratios[n]) for n in charts}, thresholds)
     return {
         "detector": {
             "design": "multi-chart CUSUM on (exact, synonym-only, miss) per unit (stream.cusum)",
@@ -110,6 +135,7 @@ def diagnose(
                 **{n: round(h, 4) for n, h in single_thresholds.items()},
             },
             "overlap": round(overlap, 4),
+            "baseline": {"window_events": BASELINE_WINDOW, "lag_events": BASELINE_LAG},
             "control_events_after_first_drift": len(at),
             "control_false_alarms": alarms,
         },

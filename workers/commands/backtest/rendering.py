@@ -197,14 +197,16 @@ def _diagnosis_lines(s: dict[str, Any]) -> list[str]:
         f"{d['control_false_alarms']} alarms over its {d['control_events_after_first_drift']:,} events "
         "after the first drift.",
         "",
-        "| drift | alternative | delay (events) | delay | exact-only CUSUM | synonym-only CUSUM |",
-        "|---|---|---|---|---|---|",
+        "| drift | alternative | delay (events) | delay | the control's own alarm | exact-only CUSUM | "
+        "synonym-only CUSUM |",
+        "|---|---|---|---|---|---|---|",
     ]
     for row in s["diagnosis"]:
         when = "—" if row["delay_s"] is None else bt.duration_text(row["delay_s"])
         lines.append(
             f"| {row['drift']} | {row['alternative'] or '—'} | {ev(row['delay_events'])} | {when} | "
-            f"{ev(row['exact_cusum_delay_events'])} | {ev(row['synonym_cusum_delay_events'])} |"
+            f"{ev(row['control_delay_events'])} | {ev(row['exact_cusum_delay_events'])} | "
+            f"{ev(row['synonym_cusum_delay_events'])} |"
         )
     return lines
 
