@@ -17,6 +17,7 @@ import os
 import random
 import signal
 import subprocess
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -583,3 +584,39 @@ def test_passwords_are_never_logged(broker: str, tiny_bertweet: Path, tmp_path: 
     finally:
         stack.close()
         server.stop()
+
+
+def test_redis_answering_slowly_for_45_s_loses_nothing(stack: Stack, private_redis: RedisServer) -> None:
+    """Redis slow, not down (issue 38 §3): for 45 s every client is paused 150 ms of each
+    200 ms (CLIENT PAUSE), while tweets arrive. The worker waits; every tweet is applied once.
+    (45 s keeps the suite's time; `make soak` is where minutes go.)"""
+    lines = plain_tweets(600)
+    expected = batch_means(lines, stack.model)
+    embed = stack.start("embed")
+    stack.wait_ready(embed)
+    slow = threading.Event()
+    admin = private_redis.client()
+
+    def pauses() -> None:
+        while not slow.is_set():
+            admin.execute_command("CLIENT", "PAUSE", 150, "ALL")
+            time.sleep(0.2)
+
+    pauser = threading.Thread(target=pauses, daemon=True)
+    began = time.monotonic()
+    pauser.start()
+    try:
+        for i in range(0, len(lines), 100):
+            stack.send("tweets", keyed(lines[i : i + 100]))
+            time.sleep(5)
+        wait_for("45 s of slow Redis", lambda: time.monotonic() - began >= 45, 90, 1.0)
+        applied_while_slow = sum(s.count for s in means_of(stack).values())
+    finally:
+        slow.set()
+        pauser.join(5)
+    wait_for("every tweet applied", lambda: counts_reach(stack, expected), 180, 1.0)
+    assert applied_while_slow > 0, "nothing got through while Redis was slow"
+    assert_means_equal(stack, expected)
+    assert letters(stack) == []
+    assert embed.proc.poll() is None
+    assert embed.metric("reval_records_consumed_total", topic=stack.topics["tweets"]) == len(lines)
