@@ -65,7 +65,7 @@ def test_a_2012_archive_is_refused_or_replayed_and_every_tweet_embedded(
         assert _offsets(bootstrap, topic)[1] == dict.fromkeys(range(stack.partitions), 0), "sent anyway"
 
         # The cluster is fresh: this is its first consumer group (no __consumer_offsets yet).
-        worker = stack.start("embed", "index")
+        worker = stack.start("embed", "index", "score")
         stack.wait_ready(worker)
         sent = run_reval("replay", str(feed), "--timestamps", "now", "--json", env=stack.env, timeout=180)
         assert sent.returncode == 0, sent.stderr
