@@ -425,15 +425,7 @@ def partition_heads(
         for (t, p), o in group_offsets(bootstrap, group, timeout=timeout, **options).items()
         if t == topic
     }
-    consumer = KafkaConsumer(
-        bootstrap_servers=bootstrap,
-        client_id="reval-retention-check",
-        group_id=None,
-        enable_auto_commit=False,
-        allow_auto_create_topics=False,
-        **_client_timeouts(timeout),
-        **options,
-    )
+    consumer = _reader(bootstrap, "reval-retention-check", timeout, options)
     try:
         partitions = sorted(consumer.partitions_for_topic(topic) or ())
         assigned = [TopicPartition(topic, p) for p in partitions]
@@ -550,6 +542,19 @@ class TopicIdentity:
         self._admin.close()
 
 
+def _reader(bootstrap: str, client_id: str, timeout: float, options: Mapping[str, Any]) -> KafkaConsumer:
+    """A consumer without a group (it commits nothing) that never creates a topic."""
+    return KafkaConsumer(
+        bootstrap_servers=bootstrap,
+        client_id=client_id,
+        group_id=None,
+        enable_auto_commit=False,
+        allow_auto_create_topics=False,
+        **_client_timeouts(timeout),
+        **options,
+    )
+
+
 def read_topic(
     bootstrap: str, topic: str, *, timeout: float = 30.0, **options: Any
 ) -> list[tuple[int, int, bytes | None, bytes]]:
@@ -558,15 +563,7 @@ def read_topic(
     the other).  No consumer group: nothing is committed.  Raises :class:`BrokerError`
     when the topic does not exist or the end is not reached within ``timeout``."""
     try:
-        consumer = KafkaConsumer(
-            bootstrap_servers=bootstrap,
-            client_id="reval-read-topic",
-            group_id=None,
-            enable_auto_commit=False,
-            allow_auto_create_topics=False,
-            **_client_timeouts(timeout),
-            **options,
-        )
+        consumer = _reader(bootstrap, "reval-read-topic", timeout, options)
     except KafkaError as exc:
         raise BrokerUnreachableError(f"no Kafka broker answered at {bootstrap}: {exc}") from exc
     try:
