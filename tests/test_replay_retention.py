@@ -8,19 +8,23 @@ stop) holds no ERROR line."""
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka.structs import OffsetAndMetadata
 
 from stream.records import parse_time
 from stream.replay import timestamp_ms
 from tests.live import assert_means_equal, batch_means, counts_reach, plain_tweets, run_reval
 from workers.adapters.kafka_client import create_topics, partition_heads, topic_retention
+from workers.commands.worker import check_input_retention
 from workers.dev.kafka_cluster import KafkaCluster
 from workers.dev.stack import Stack, wait_for
+from workers.settings import Settings
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -85,12 +89,16 @@ def test_a_2012_archive_is_refused_or_replayed_and_every_tweet_embedded(
 
 
 def test_the_broker_deletes_unread_records_stamped_with_their_2012_event_time(
-    fast_retention: KafkaCluster,
+    fast_retention: KafkaCluster, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The fault this guards against is real here: 2012 timestamps into a 7-day topic are
-    gone within seconds, unread -- and the workers' start-up check names them."""
-    bootstrap, topic = fast_retention.bootstrap, "old-stamps"
+    gone within seconds, unread -- and a worker's start-up check names them."""
+    bootstrap, topic, group = fast_retention.bootstrap, "old-stamps", "reval-late-reader"
     create_topics(bootstrap, {topic: 1}, configs={topic: {"retention.ms": str(WEEK_MS)}})
+    # A group that had read nothing yet: its committed offset is 0.
+    reader = KafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
+    reader.commit({TopicPartition(topic, 0): OffsetAndMetadata(0, "", -1)})
+    reader.close()
     producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all")
     old = timestamp_ms(parse_time("2012-10-29T00:00:00Z"))
     for i in range(50):
@@ -100,5 +108,15 @@ def test_the_broker_deletes_unread_records_stamped_with_their_2012_event_time(
     wait_for("the broker's retention check", lambda: _offsets(bootstrap, topic)[0][0] == 50, timeout=30)
     retention = topic_retention(bootstrap, [topic])[topic]
     assert retention is not None and retention.retention_ms == WEEK_MS and retention.deletes_by_time
-    heads = partition_heads(bootstrap, "nobody-read-it", topic)
-    assert [(h.log_start, h.end, h.committed) for h in heads] == [(50, 50, None)]
+    heads = partition_heads(bootstrap, group, topic)
+    assert [(h.log_start, h.end, h.committed) for h in heads] == [(50, 50, 0)]
+
+    settings = Settings(broker=bootstrap, topic_tweets=topic, input_retention_ms=-1)
+    with caplog.at_level(logging.WARNING, logger="reval.workers"):
+        check_input_retention(settings, ["embed"], embed_group=group)
+    said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("shorter than REVAL_INPUT_RETENTION_MS=-1" in line for line in said), said
+    assert any(
+        f"{topic}[0]: 50 records (offsets 0-49) were deleted by the broker before group {group!r}" in line
+        for line in said
+    ), said
