@@ -33,6 +33,14 @@ command -v promtool >/dev/null && command -v prometheus-alertmanager >/dev/null 
 }
 promtool --version 2>&1 | head -1
 
+# libfaketime (Debian) for the fault test of a worker whose clock is off (tests/test_chaos.py).
+[ -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ] || ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1 || {
+  echo "services: installing faketime (Debian)"
+  apt-get install -y -qq --no-install-recommends faketime >/dev/null || {
+    apt-get update -qq && apt-get install -y -qq --no-install-recommends faketime >/dev/null
+  }
+}
+
 # Chromium + chromedriver (Debian) for the report's real-browser test (tests/test_report.py).
 command -v chromium >/dev/null && command -v chromedriver >/dev/null || {
   echo "services: installing chromium + chromedriver (Debian)"

@@ -620,3 +620,57 @@ def test_redis_answering_slowly_for_45_s_loses_nothing(stack: Stack, private_red
     assert letters(stack) == []
     assert embed.proc.poll() is None
     assert embed.metric("reval_records_consumed_total", topic=stack.topics["tweets"]) == len(lines)
+
+
+def _faketime(offset: str) -> dict[str, str]:
+    """The environment that moves a process's clock by ``offset`` (libfaketime, Debian's
+    ``faketime``; in CI ``.ci/services.sh`` installs it, elsewhere its absence skips)."""
+    import glob
+
+    found = sorted(glob.glob("/usr/lib/*/faketime/libfaketime.so.1"))
+    if not found:
+        if os.environ.get("CI"):
+            raise AssertionError("libfaketime missing: .ci/services.sh installs it")
+        pytest.skip("libfaketime is not installed (apt-get install faketime)")
+    # libfaketime moves the monotonic clock by the same constant (no interval changes);
+    # keeping it true (FAKETIME_DONT_FAKE_MONOTONIC) breaks its absolute-time sleeps (EINVAL).
+    return {"LD_PRELOAD": found[0], "FAKETIME": offset}
+
+
+def test_workers_whose_clocks_are_10_minutes_off_lose_nothing(stack: Stack) -> None:
+    """A worker's clock off by 10 minutes (issue 38 §3): the embed worker 10 min ahead applies
+    every tweet once (event time comes from the tweets, TTLs from Redis); the score worker
+    15 min behind scores every event, and, since events stamped by a correct clock are then
+    beyond its REVAL_MAX_FUTURE_SKEW_S (600 s) ahead, keeps them out of the rolling windows and
+    counts them in reval_events_outside_windows_total{reason="future"}."""
+    lines = plain_tweets(300)
+    expected = batch_means(lines, stack.model)
+    embed = stack.start("embed", env=_faketime("+10m"))
+    score = stack.start("score", env=_faketime("-15m"))
+    stack.wait_ready(embed, score)
+    stack.send("tweets", keyed(lines))
+    now = time.time()
+    events = [
+        (
+            f"c{i}".encode(),
+            json.dumps(
+                {
+                    "tweet_id": f"c{i}",
+                    "recommender": "skewed",
+                    "recommended": ["flood"],
+                    "ground_truth": ["flood"],
+                    "ts": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now + i)),
+                }
+            ).encode(),
+        )
+        for i in range(40)
+    ]
+    stack.send("recommendations", events)
+    wait_for("every tweet applied", lambda: counts_reach(stack, expected), 120, 1.0)
+    assert_means_equal(stack, expected)
+    wait_for("40 scores", lambda: len(stack.read_json("scores")) >= 40, 60)
+    scores = stack.read_json("scores")
+    assert sorted(s["tweet_id"] for s in scores) == sorted(f"c{i}" for i in range(40))
+    assert score.metric("reval_events_outside_windows_total", reason="future") == 40
+    assert letters(stack) == []
+    assert embed.proc.poll() is None and score.proc.poll() is None

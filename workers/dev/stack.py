@@ -151,13 +151,14 @@ class Stack:
             bootstrap_servers=self.bootstrap, linger_ms=5, acks="all", **self.client_options
         )
 
-    def start(self, *roles: str, loglevel: str = "info") -> Worker:
+    def start(self, *roles: str, loglevel: str = "info", env: dict[str, str] | None = None) -> Worker:
+        """Start ``reval worker ROLES``; ``env``: variables added for this worker only."""
         port = find_free_port()
         log = self.workdir / f"worker-{'-'.join(roles)}-{len(self.workers)}.log"
         handle = log.open("wb")
         proc = subprocess.Popen(
             [REVAL, "worker", *roles, "--metrics-port", str(port), "--loglevel", loglevel],
-            env=self.env,
+            env={**self.env, **(env or {})},
             stdout=handle,
             stderr=subprocess.STDOUT,
             cwd=self.workdir,
