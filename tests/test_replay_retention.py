@@ -113,7 +113,7 @@ def test_the_broker_deletes_unread_records_stamped_with_their_2012_event_time(
 
     settings = Settings(broker=bootstrap, topic_tweets=topic, input_retention_ms=-1)
     with caplog.at_level(logging.WARNING, logger="reval.workers"):
-        check_input_retention(settings, ["embed"], embed_group=group)
+        check_input_retention(settings, ["embed"], faust_group=group)
     said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert any("shorter than REVAL_INPUT_RETENTION_MS=-1" in line for line in said), said
     assert any(

@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import faust
+from kafka.errors import KafkaError
 
 from stream.retention import unread_at_risk
 from workers.adapters.exporter import Exporter
@@ -76,57 +77,52 @@ def run_worker(
         ) from exc
     logging.getLogger("reval.workers").info("metrics on %s:%d/metrics", settings.metrics_host, port)
     app = create_app(settings, roles, exporter=exporter)
-    check_input_retention(settings, roles, embed_group=app.conf.id)
+    check_input_retention(settings, roles, faust_group=app.conf.id)
     Worker(app, loglevel=loglevel.upper()).execute_from_commandline()
 
 
-def check_input_retention(settings: Settings, roles: Sequence[str], *, embed_group: str) -> None:
+def check_input_retention(settings: Settings, roles: Sequence[str], *, faust_group: str) -> None:
     """Say, before consuming, where an input topic's retention deletes records this worker's
-    consumer group has not read (or already did): one WARNING line per partition at risk, and
+    consumer groups have not read (or already did): one WARNING line per partition at risk, and
     one where an existing topic keeps records for less than ``REVAL_INPUT_RETENTION_MS``.
 
     Waits for the group coordinator first: a fresh Kafka creates ``__consumer_offsets`` on the
     first group request and answers "coordinator not available" meanwhile, which aiokafka
-    logs as an ERROR of a normal start."""
+    logs as an ERROR of a normal start.  A check the broker cannot answer (Tansu has no topic
+    settings; a principal without DescribeConfigs) is logged and skipped, never fatal."""
     log = logging.getLogger("reval.workers")
-    bootstrap, options = settings.broker, settings.kafka_client_options()
+    bootstrap, options, timeout = settings.broker, settings.kafka_client_options(), settings.startup_timeout_s
+    inputs = [settings.topic_tweets, settings.topic_recommendations]
     try:
-        topics = topic_retention(
-            bootstrap,
-            [settings.topic_tweets, settings.topic_recommendations],
-            timeout=settings.startup_timeout_s,
-            **options,
-        )
-    except BrokerError as exc:  # Tansu keeps everything in memory: nothing to check
+        topics = topic_retention(bootstrap, inputs, timeout=timeout, **options)
+        group_offsets(bootstrap, faust_group, timeout=timeout, **options)
+        wanted: dict[str, str] = {}
+        if "embed" in roles:
+            wanted[settings.topic_tweets] = faust_group
+        if "score" in roles:
+            client = connect(settings.redis_url, cluster=settings.redis_cluster)
+            try:
+                generation = group_generation(client, settings.redis_prefix)
+            finally:
+                client.close()
+            wanted[settings.topic_recommendations] = score_group(settings.app_id, generation)
+        now_ms = int(time.time() * 1000)
+        for name, group in wanted.items():
+            topic = topics.get(name)
+            if topic is None:
+                continue
+            configured = settings.input_retention_ms
+            if topic.deletes_by_time and (configured < 0 or topic.retention_ms < configured):
+                log.warning(
+                    "topic %r exists with retention.ms=%d, shorter than REVAL_INPUT_RETENTION_MS=%d "
+                    "(which applies to the topics the workers create): records stamped earlier than "
+                    "that are deleted, read or not",
+                    name,
+                    topic.retention_ms,
+                    configured,
+                )
+            heads = partition_heads(bootstrap, group, name, timeout=timeout, **options)
+            for line in unread_at_risk(topic, group, heads, now_ms=now_ms):
+                log.warning("%s", line)
+    except (BrokerError, KafkaError) as exc:
         log.info("input topics' retention not checked: %s", exc)
-        return
-    group_offsets(bootstrap, embed_group, timeout=settings.startup_timeout_s, **options)
-    wanted: dict[str, str] = {}
-    if "embed" in roles:
-        wanted[settings.topic_tweets] = embed_group
-    if "score" in roles:
-        client = connect(settings.redis_url, cluster=settings.redis_cluster)
-        try:
-            wanted[settings.topic_recommendations] = score_group(
-                settings.app_id, group_generation(client, settings.redis_prefix)
-            )
-        finally:
-            client.close()
-    now_ms = int(time.time() * 1000)
-    for name, group in wanted.items():
-        topic = topics.get(name)
-        if topic is None:
-            continue
-        configured = settings.input_retention_ms
-        if topic.deletes_by_time and (configured < 0 or topic.retention_ms < configured):
-            log.warning(
-                "topic %r exists with retention.ms=%d, shorter than REVAL_INPUT_RETENTION_MS=%d (which "
-                "applies to the topics the workers create): records stamped earlier than that are "
-                "deleted, read or not",
-                name,
-                topic.retention_ms,
-                configured,
-            )
-        heads = partition_heads(bootstrap, group, name, timeout=settings.startup_timeout_s, **options)
-        for line in unread_at_risk(topic, group, heads, now_ms=now_ms):
-            log.warning("%s", line)
