@@ -38,7 +38,6 @@ __all__ = [
 KEEP_AT_LEAST_MS = 86_400_000
 NO_LIMIT = -1
 CREATE_TIME = "CreateTime"
-LOG_APPEND_TIME = "LogAppendTime"
 
 
 class Timestamps(StrEnum):

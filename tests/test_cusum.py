@@ -33,7 +33,7 @@ def test_the_union_of_two_charts_keeps_the_budget() -> None:
 
 def test_a_single_chart_is_calibrated_by_the_markov_chain() -> None:
     llr = cusum.exact_chart(P0)
-    (threshold,), _ = cusum.calibrate(P0, UNITS, {"exact": llr}, 2000)[0].values(), None
+    threshold = cusum.calibrate(P0, UNITS, {"exact": llr}, 2000)[0]["exact"]
     runs = cusum.simulate_run_lengths(
         P0, UNITS, {"exact": llr}, {"exact": threshold}, runs=400, horizon=30_000, seed=5
     )
