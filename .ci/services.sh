@@ -49,3 +49,12 @@ command -v chromium >/dev/null && command -v chromedriver >/dev/null || {
   }
 }
 chromium --version 2>/dev/null | head -1
+
+# Helm (from the Go module proxy) for the chart's lint/template tests (tests/test_helm.py).
+command -v helm >/dev/null || [ -x "$(go env GOPATH 2>/dev/null)/bin/helm" ] || {
+  command -v go >/dev/null || { echo "services: go is missing (needed to install helm)"; exit 1; }
+  echo "services: installing helm v3.22.0 (go install, ~1-2 min)"
+  bindir=/usr/local/bin; [ -w "$bindir" ] || bindir="$(go env GOPATH)/bin"
+  GOBIN="$bindir" GOFLAGS=-mod=mod go install helm.sh/helm/v3/cmd/helm@v3.22.0
+}
+(command -v helm || echo "$(go env GOPATH)/bin/helm") | xargs -I{} {} version --short
