@@ -38,9 +38,12 @@ MINUTES ?= 30
 soak: setup services
 	$(BIN)/python -m bench.soak --minutes $(MINUTES) --out var/soak
 
-# Generated documentation pages (not committed): the backtest's HTML report from its committed JSON.
+# The docs site (MkDocs Material, mkdocs.yml) into var/site, strictly: a broken link or a page
+# outside the nav fails it. Its generated pages (configuration, CLI reference, benchmarks,
+# deploying, home) come from the code at build time; the backtest's HTML report from its JSON.
 docs: setup
 	$(BIN)/reval report docs/backtest
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 demo: setup
 	HF_HUB_OFFLINE=1 $(BIN)/reval demo $(ARGS)

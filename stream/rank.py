@@ -116,7 +116,7 @@ def ranked_by_k(
     reaches, as :func:`stream.metrics.reval_by_k` bisects one sorted list: the scorer
     calls this for every (r, k) of every event.
 
-    README's worked example (Table 2's first row, k = 3; |R| = |G| = 2, so units are
+    the worked example of docs/concepts.md (Table 2's first row, k = 3; |R| = |G| = 2, so units are
     rows; hockey, at rank 2, has sport at synonym rank 3):
 
     >>> far = 1 << 30

@@ -201,10 +201,3 @@ def test_score_corrects_for_chance_from_the_sums(tmp_path: Path) -> None:
 def test_score_rejects_bad_k(tmp_path: Path) -> None:
     result = runner.invoke(app, ["score", str(tmp_path / "r.jsonl"), "-t", "x.json", "-k", "a,b"])
     assert result.exit_code == 2 and "whole number" in result.output
-
-
-def test_the_readme_lists_every_setting_as_the_code_defines_it() -> None:
-    from workers.settings import settings_table
-
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    assert settings_table() in readme, "README's Configuration table is stale: paste settings_table()"

@@ -158,7 +158,7 @@ class Settings(BaseSettings):
     index_min_count: int = Field(1, ge=1, description="Min tweets per indexed hashtag")
     index_n_trees: int = Field(50, ge=1, description="Annoy trees")
     index_hubness: str = Field(
-        DEFAULT_METHOD, description="Neighbour ranking: raw, center, csls, center+csls, mp (see README)"
+        DEFAULT_METHOD, description="Neighbour ranking: raw, center, csls, center+csls, mp (docs: Concepts)"
     )
 
     # Embedding drift test (stream.mmd): the embed workers keep a bounded sample of tweet
@@ -351,8 +351,8 @@ class Settings(BaseSettings):
 
 
 def settings_table() -> str:
-    """The Markdown table of every setting (the README's "Configuration" holds it verbatim;
-    a test keeps the two equal)."""
+    """The Markdown table of every setting: the docs site's Configuration page
+    (workers/dev/docs_site.py builds it from this)."""
     rows = ["| variable | default | meaning |", "|---|---|---|"]
     for name, field in Settings.model_fields.items():
         default = field.default

@@ -42,7 +42,7 @@ def worker(
         str | None, typer.Option(help="Read REVAL_* settings from this file too [REVAL_ENV_FILE]")
     ] = None,
 ) -> None:
-    """Run worker roles against a Kafka broker and Redis (settings: REVAL_* env, see README)."""
+    """Run worker roles against a Kafka broker and Redis (settings: REVAL_* env, docs: Configuration)."""
 
     overrides = {
         "broker": broker,

@@ -26,7 +26,7 @@ Consumer group: :func:`~workers.service.incarnation.score_group`, ``<app_id>-sco
 (``-g<n>`` from generation n on; ``reval admin accept-topic`` copies its offsets as every
 group's).  Upgrading from the Faust agents, whose offsets are in the Faust app's group
 (``<app_id>-<roles>``): a partition the new group has no offset for starts where that group
-had committed, so the upgrade neither skips nor repeats an event (README, "Upgrading").
+had committed, so the upgrade neither skips nor repeats an event.
 """
 
 from __future__ import annotations
