@@ -57,4 +57,5 @@ command -v helm >/dev/null || [ -x "$(go env GOPATH 2>/dev/null)/bin/helm" ] || 
   bindir=/usr/local/bin; [ -w "$bindir" ] || bindir="$(go env GOPATH)/bin"
   GOBIN="$bindir" GOFLAGS=-mod=mod go install helm.sh/helm/v3/cmd/helm@v3.22.0
 }
-(command -v helm || echo "$(go env GOPATH)/bin/helm") | xargs -I{} {} version --short
+helm_bin=$(command -v helm || echo "$(go env GOPATH)/bin/helm")
+echo "services: helm $("$helm_bin" version --short)"
