@@ -37,6 +37,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from stream.shift_test import DEFAULT_EFFECTIVE_DIM, shift_test
+
 #: How many nearest neighbours the overlap compares (a scorer's usual k).
 TOP_NEIGHBOURS = 10
 #: Default minimum support (tweets averaged, in both versions) of a hashtag ranked as a mover.
@@ -302,40 +304,46 @@ def compare(
 
 @dataclass(frozen=True)
 class RecentMover:
-    """A hashtag whose recent use moved away from its earlier use."""
+    """A hashtag whose recent use moved away from its earlier use: the spread-aware test's
+    effect (with its 95% interval) and p-value (:mod:`stream.shift_test`), and the cosine
+    of the two means."""
 
     hashtag: str
+    effect: float
+    effect_low: float
+    effect_high: float
+    p: float
+    significant: bool
     cosine: float
     support_recent: int
     support_before: int
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "hashtag": self.hashtag,
-            "cosine": self.cosine,
-            "support_recent": self.support_recent,
-            "support_before": self.support_before,
-        }
+        return asdict(self)
 
 
 @dataclass(frozen=True)
 class RecentShift:
-    """Recent use against earlier use, per hashtag: the cosine between the mean of its
-    tweets in the recent event-time window and the mean of its tweets before it.
+    """Recent use against earlier use, per hashtag: the mean of its tweets in the recent
+    event-time window against the mean of its tweets before it, tested against the spread
+    of its own tweets (:func:`stream.shift_test.shift_test`).
 
     Unlike :class:`ThesaurusDrift` (version against version, both all-time means, so a
     shift is diluted by all history), this measures the current window on its own.
     ``compared`` counts hashtags with at least ``min_support`` tweets on both sides;
-    ``shift_quantiles`` are of ``1 - cosine`` over them.
+    ``significant`` those whose shift is a discovery at the test's false-discovery rate;
+    ``shift_quantiles`` are of ``1 - cosine`` over them.  Movers: largest effect first.
     """
 
     compared: int
+    significant: int
     shift_quantiles: Quantiles | None
     movers: tuple[RecentMover, ...]
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "compared": self.compared,
+            "significant": self.significant,
             "shift_quantiles": None if self.shift_quantiles is None else self.shift_quantiles.to_dict(),
             "movers": [m.to_dict() for m in self.movers],
         }
@@ -350,32 +358,49 @@ def recent_shift(
     *,
     min_support: int = DEFAULT_MIN_SUPPORT,
     top: int = DEFAULT_TOP,
+    effective_dim: float = DEFAULT_EFFECTIVE_DIM,
 ) -> RecentShift:
-    """Recent against earlier use from running sums: all-time ``totals``/``counts`` and the
-    recent window's (a part of them); "before" is their difference, so it is exact for
-    sums and needs no second store.  Movers: lowest cosine first, then name.
+    """Recent against earlier use from running sums of unit-length tweet embeddings:
+    all-time ``totals``/``counts`` and the recent window's (a part of them); "before" is
+    their difference, so it is exact for sums and needs no second store.  Movers: largest
+    effect first, then name.
 
-    >>> totals = np.array([[10.0, 5.0], [5.0, 5.0]])  # before: [10, 0] and [2.5, 2.5]
-    >>> recent = np.array([[0.0, 5.0], [2.5, 2.5]])
-    >>> s = recent_shift(["flood", "rain"], totals, [10, 10], recent, [5, 5], min_support=5)
-    >>> [(m.hashtag, round(m.cosine, 3)) for m in s.movers], s.compared
-    ([('flood', 0.0), ('rain', 1.0)], 2)
+    >>> unit = lambda *v: np.array(v) / np.linalg.norm(v)
+    >>> before = {"flood": 5 * unit(1, 0.1), "rain": 5 * unit(1, 1)}      # tight clusters
+    >>> recent = {"flood": 5 * unit(0.1, 1), "rain": 5 * unit(1, 0.9)}
+    >>> totals = np.array([before[h] + recent[h] for h in ("flood", "rain")]) * 0.98
+    >>> recent_totals = np.array([recent[h] for h in ("flood", "rain")]) * 0.98
+    >>> s = recent_shift(["flood", "rain"], totals, [10, 10], recent_totals, [5, 5], min_support=5)
+    >>> [(m.hashtag, m.significant, round(m.cosine, 2)) for m in s.movers], s.compared, s.significant
+    ([('flood', True, 0.2), ('rain', False, 1.0)], 2, 1)
     """
     counts_all = np.asarray(counts, dtype=np.int64)
     counts_recent = np.asarray(recent_counts, dtype=np.int64)
     before = np.asarray(totals, dtype=np.float64) - np.asarray(recent_totals, dtype=np.float64)
     recent = np.asarray(recent_totals, dtype=np.float64)
     counts_before = counts_all - counts_recent
-    keep = (counts_recent >= min_support) & (counts_before >= min_support)
+    keep = (counts_recent >= max(min_support, 2)) & (counts_before >= max(min_support, 2))
     nb, nr = np.linalg.norm(before, axis=1), np.linalg.norm(recent, axis=1)
     keep &= (nb > 0) & (nr > 0)
-    rows = [int(i) for i in np.flatnonzero(keep)]
+    rows = np.flatnonzero(keep)
+    kept = [names[int(i)] for i in rows]
     cosines = np.clip(np.einsum("ij,ij->i", before[rows], recent[rows]) / (nb[rows] * nr[rows]), -1.0, 1.0)
-    order = sorted(range(len(rows)), key=lambda i: (round(float(cosines[i]), 9), names[rows[i]]))
+    test = shift_test(
+        counts_before[rows], before[rows], counts_recent[rows], recent[rows], effective_dim=effective_dim
+    )
+    order = sorted(range(len(rows)), key=lambda i: (-round(float(test.effect[i]), 9), kept[i]))
     movers = tuple(
         RecentMover(
-            names[rows[i]], float(cosines[i]), int(counts_recent[rows[i]]), int(counts_before[rows[i]])
+            kept[i],
+            float(test.effect[i]),
+            float(test.effect_low[i]),
+            float(test.effect_high[i]),
+            float(test.p[i]),
+            bool(test.discovered[i]),
+            float(cosines[i]),
+            int(counts_recent[rows[i]]),
+            int(counts_before[rows[i]]),
         )
         for i in order[:top]
     )
-    return RecentShift(len(rows), Quantiles.of(1.0 - cosines), movers)
+    return RecentShift(len(rows), test.significant, Quantiles.of(1.0 - cosines), movers)

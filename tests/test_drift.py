@@ -359,8 +359,10 @@ def _tweets(moved: bool, start: int) -> list[Contribution]:
     else:
         out += [("flood3", centres["vote"] + 0.3 * rng.normal(size=DIM)) for _ in range(20 * TWEETS)]
     day0 = 10 * 86400.0 if moved else 0.0
-    return [
-        Contribution(Coordinates("tweets", 0, start + i), [tag], vec, time=day0 + 60.0 * i)
+    return [  # unit length, as the encoder pools them
+        Contribution(
+            Coordinates("tweets", 0, start + i), [tag], vec / np.linalg.norm(vec), time=day0 + 60.0 * i
+        )
         for i, (tag, vec) in enumerate(out)
     ]
 
@@ -403,7 +405,7 @@ def test_the_index_job_exports_the_drift_of_each_new_version(
     assert math.isnan(gauge("reval_thesaurus_top10_changed_share"))
     assert math.isnan(gauge("reval_thesaurus_shift", quantile="0.99"))
     # All its tweets are recent (the last 24 h of event time): nothing before to compare with.
-    assert gauge("reval_hashtag_recent_compared") == 0
+    assert gauge("reval_hashtag_recent_compared") == 0 and gauge("reval_hashtags_shifted") == 0
     assert math.isnan(gauge("reval_hashtag_recent_shift", quantile="0.5"))
 
     means.apply(_tweets(True, len(first)))
@@ -427,13 +429,17 @@ def test_the_index_job_exports_the_drift_of_each_new_version(
     assert gauge("reval_hashtag_recent_shift", quantile="0.5") > 0.5
     recent = second["drift"]["recent"]
     assert recent["compared"] == 1 and recent["movers"][0]["hashtag"] == "flood3"
+    # ... and beyond the spread of its own tweets: a discovery, counted by the gauge
+    assert recent["significant"] == 1 == gauge("reval_hashtags_shifted")
+    assert recent["movers"][0]["significant"] and recent["movers"][0]["effect_low"] > 0.5
     assert (
         recent["movers"][0]["support_recent"] == 20 * TWEETS
         and recent["movers"][0]["support_before"] == TWEETS
     )
     shown = CliRunner().invoke(app, ["thesaurus", "inspect", str(tmp_path / "store" / "v000002")])
     assert shown.exit_code == 0 and "moved most since" in shown.output and "#flood3" in shown.output
-    assert "recent use furthest from earlier use: #flood3" in shown.output
+    assert "recent use furthest from earlier use: #flood3 (effect" in shown.output
+    assert "1 shifted beyond" in shown.output
     # Never a label per hashtag: the three quantiles are all the series there are.
     samples = next(iter(x.thesaurus_shift.collect())).samples
     assert sorted(sample.labels["quantile"] for sample in samples) == ["0.5", "0.9", "0.99"]

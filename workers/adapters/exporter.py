@@ -280,6 +280,12 @@ class Exporter:
             "Hashtags with enough tweets both recently and before (what the recent-shift gauge covers)",
             registry=r,
         )
+        self.recent_shifted = Gauge(
+            "reval_hashtags_shifted",
+            "Hashtags whose recent tweets moved from their earlier ones beyond their own spread "
+            "(the spread-aware test of stream.shift_test, discoveries at 1% false-discovery rate)",
+            registry=r,
+        )
         self.set_recent_shift(None)
 
     def _add_thesaurus_checks(self, r: CollectorRegistry) -> None:
@@ -365,6 +371,7 @@ class Exporter:
             value = getattr(quantiles, key) if quantiles is not None else math.nan
             self.recent_shift.labels(quantile=str(q)).set(value)
         self.recent_compared.set(math.nan if shift is None else shift.compared)
+        self.recent_shifted.set(math.nan if shift is None else shift.significant)
 
     def set_coherence(self, metric: str, found: dict[str, float] | None) -> None:
         """The coherence gauges of one metric from a :meth:`stream.coherence.Lift.to_dict`;

@@ -230,8 +230,17 @@ def thesaurus_inspect(
         out.print(f"moved most since {drift.get('from_version')}: {escape(moved)}")
     recent = drift.get("recent") or {}
     if recent.get("movers"):  # recent use against earlier use, from the window means
-        moved = ", ".join(f"#{m['hashtag']} ({m['cosine']:.2f})" for m in recent["movers"][:10])
-        out.print(f"recent use furthest from earlier use: {escape(moved)}")
+        # versions written before the spread-aware test carry only the cosine
+        moved = ", ".join(
+            f"#{m['hashtag']} (effect {m['effect']:.2f}{'*' if m['significant'] else ''})"
+            if "effect" in m
+            else f"#{m['hashtag']} ({m['cosine']:.2f})"
+            for m in recent["movers"][:10]
+        )
+        shifted = (
+            f"; {recent['significant']} shifted beyond their spread (*)" if "significant" in recent else ""
+        )
+        out.print(f"recent use furthest from earlier use: {escape(moved)}{shifted}")
 
 
 @thesaurus_app.command("diff")

@@ -147,10 +147,12 @@ class Indexer:
         shift = recent_shift(names, totals, counts, recent_totals, recent_counts, top=DRIFT_MOVERS)
         if shift.movers:
             log.info(
-                "index: last %s of event time against before: %d hashtags compared, moved most: %s",
+                "index: last %s of event time against before: %d hashtags compared, %d shifted "
+                "beyond their spread; moved most (effect, p): %s",
                 duration_text(n_recent * (self.settings.means_window_s or 0)),
                 shift.compared,
-                ", ".join(f"#{m.hashtag} ({m.cosine:.2f})" for m in shift.movers[:5]),
+                shift.significant,
+                ", ".join(f"#{m.hashtag} ({m.effect:.2f}, {m.p:.1g})" for m in shift.movers[:5]),
             )
         return shift
 
