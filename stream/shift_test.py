@@ -53,7 +53,8 @@ import numpy.typing as npt
 
 #: Effective dimension of a hashtag's tweet covariance assumed by the null law of the test
 #: (smaller = heavier tail = fewer false alarms).  Tweet embeddings are anisotropic; 10 is
-#: below what their covariance shows on the sample feed (tests/test_shift_test.py).
+#: below what a hashtag's tweet covariance shows on the sample feed (14-46, MiniLM:
+#: ``python -m bench.bench_hijack``).
 DEFAULT_EFFECTIVE_DIM = 10.0
 #: False-discovery rate of the count of significantly shifted hashtags.
 DEFAULT_FDR = 0.01

@@ -109,3 +109,24 @@ def test_bench_prepare_compares_two_trees() -> None:
         timeout=300,
     )
     assert "same output: True" in done.stdout and "| this tree |" in done.stdout
+
+
+def test_bench_hijack_ranks_each_probe_among_the_real_hashtags() -> None:
+    """The hijack benchmark's scoring (its encoder run takes half a minute: not here)."""
+    import numpy as np
+
+    from bench.bench_hijack import auc, probes, report
+
+    scores = {"recent, effect": {"real1": 0.9, "real2": 0.5, "real3": 0.1, "h": 0.7, "g": 0.3, "s": 0.0}}
+    kinds = {"h": ("hijacked", 20), "g": ("gradual", 20), "s": ("stable", 20)}
+    found = report(scores, kinds)["recent, effect"]
+    assert isinstance(found, dict)
+    cell = found["sizes"]["20"]
+    assert cell["ranks"] == {"hijacked": [2], "gradual": [3], "stable": [4]}
+    assert found["compared"] == 4 and found["top_real"] == ["real1", "real2", "real3"]
+    assert cell["hijacked_above_every_stable"] == 1 and cell["auc_hijacked"] == 1.0
+    assert auc([0.2], [0.2, 0.1]) == 0.75
+    made = probes({"a": list(range(50)), "b": list(range(50, 100))}, [20], 1, np.random.default_rng(0))
+    by_kind = {kind: (before, after) for _, kind, _, before, after in made}
+    assert set(by_kind["stable"][0]).isdisjoint(by_kind["stable"][1])
+    assert all(j < 50 for j in by_kind["hijacked"][0]) and all(j >= 50 for j in by_kind["hijacked"][1])

@@ -1,0 +1,339 @@
+"""Meaning shift you can act on: do hijacked hashtags rank as movers above stable ones?
+
+Probe hashtags are attached to copies of real crisis tweets of a feed (default: the bundled
+CrisisLexT26 sample), so many tweets *before* a cut and as many *after* it:
+
+* **hijacked** -- tweets of one crisis before, of another crisis after: the meaning changed;
+* **gradual** -- one crisis before; after, the other crisis's share grows from 0 to 1 over
+  the period (half of the after tweets, the later ones mostly);
+* **stable** -- the same crisis on both sides (different tweets): it did not.
+
+at several sizes (``--sizes``: 20, 60, 200 tweets a side), beside every real hashtag of the
+feed with at least ``--min-support`` tweets on both sides of the cut (the median event time).
+A probe's copy keeps its tweet's text and gets the probe tag appended; it counts for the
+probe only (the real hashtags keep their own tweets).  Everything is embedded with the
+encoder (``--model``, default the packaged MiniLM, offline), unit-length as the embed worker
+pools them, and summed per hashtag and side -- the window means' sums.
+
+Each ranking of movers is reported for every probe: its rank among the compared hashtags, the
+AUC of hijacked (and gradual) against stable probes, how many hijacked probes are in the top
+10% and above every stable probe:
+
+* ``versions, cosine`` -- what ``reval thesaurus diff`` ranks: the cosine between the all-time
+  mean at the cut and the all-time mean at the end (the later tweets diluted by the earlier);
+* ``recent, cosine`` -- the cosine of the mean after the cut against the mean before (the
+  index job's ranking until now);
+* ``recent, effect`` -- the spread-aware test (:mod:`stream.shift_test`): the shift of the
+  mean in units of the hashtag's own spread.
+
+    python -m bench.bench_hijack                           # prints a markdown section
+    python -m bench.bench_hijack --seeds 1,2,3 --out /tmp/hijack.md --json /tmp/hijack.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+
+from bench.results import bench_command, publish
+from stream.cleaning import Prepared, prepare
+from stream.drift import DEFAULT_MIN_SUPPORT, recent_shift
+from stream.shift_test import effective_dimension
+from workers.adapters.feeds import read_tweets, sample_feed
+
+# Tweets of one crisis: the first of its signature hashtags a tweet carries (CrisisLexT26).
+CRISES: dict[str, tuple[str, ...]] = {
+    "singapore-haze": ("sghaze", "haze", "singapore"),
+    "queensland-floods": ("bigwet", "qldfloods", "qld"),
+    "alberta-floods": ("yycflood", "abflood", "yyc", "calgary"),
+    "nsw-fires": ("nswfires", "nswrfs", "bushfires"),
+    "bangladesh-collapse": ("bangladesh", "savar"),
+    "russia-meteor": ("russianmeteor", "meteor"),
+    "lax-shooting": ("lax", "laxshooting"),
+    "colorado-floods": ("coflood", "boulderflood", "boulder", "cowx"),
+    "boston-bombings": ("prayforboston", "bostonmarathon", "boston"),
+    "philippines-floods": ("rescueph", "reliefph", "maringph", "floodph", "habagat"),
+}
+KINDS = ("hijacked", "gradual", "stable")
+RANKINGS = ("versions, cosine", "recent, cosine", "recent, effect")
+
+
+@dataclass(frozen=True)
+class Sides:
+    """Per hashtag: count and sum of unit-length embeddings before and after the cut."""
+
+    names: list[str]
+    n_before: npt.NDArray[np.int64]
+    s_before: npt.NDArray[np.float64]
+    n_after: npt.NDArray[np.int64]
+    s_after: npt.NDArray[np.float64]
+
+
+def load(feed: Path) -> tuple[list[Prepared], list[float]]:
+    kept, times = [], []
+    for parsed in read_tweets([feed]):
+        tweet = parsed.value
+        if tweet is None or tweet.created_at is None:
+            continue
+        prepared = prepare(tweet)
+        if isinstance(prepared, Prepared):
+            kept.append(prepared)
+            times.append(tweet.created_at.timestamp())
+    return kept, times
+
+
+def crisis_of(prepared: Prepared) -> str | None:
+    for crisis, signature in CRISES.items():
+        if any(tag in signature for tag in prepared.hashtags):
+            return crisis
+    return None
+
+
+def probes(
+    by_crisis: dict[str, list[int]], sizes: Sequence[int], per_kind: int, rng: np.random.Generator
+) -> list[tuple[str, str, int, list[int], list[int]]]:
+    """(name, kind, size, tweet indices before, after) of every probe."""
+    out = []
+    for size in sizes:
+        big = [c for c, rows in by_crisis.items() if len(rows) >= 2 * size]
+        usable = [c for c, rows in by_crisis.items() if len(rows) >= size]
+        for kind in KINDS:
+            for i in range(per_kind):
+                first = big[i % len(big)] if kind == "stable" else usable[i % len(usable)]
+                other = [c for c in usable if c != first]
+                second = other[(i * 3 + 1) % len(other)]
+                rows = rng.permutation(by_crisis[first]).tolist()
+                before = rows[:size]
+                if kind == "stable":
+                    after = rows[size : 2 * size]
+                else:
+                    new = rng.permutation(by_crisis[second]).tolist()[:size]
+                    if kind == "hijacked":
+                        after = new
+                    else:  # the new sense's share grows linearly over the after period
+                        old_rest = rows[size:] or rows
+                        after = [
+                            new[j] if rng.random() < (j + 0.5) / size else old_rest[j % len(old_rest)]
+                            for j in range(size)
+                        ]
+                name = f"probe_{kind}_{size}_{i}__{first}__{first if kind == 'stable' else second}"
+                out.append((name, kind, size, before, after))
+    return out
+
+
+def auc(positive: Sequence[float], negative: Sequence[float]) -> float:
+    """P(a positive scores above a negative), ties half (higher score = moved more)."""
+    if not positive or not negative:
+        return float("nan")
+    wins = sum((p > n) + 0.5 * (p == n) for p in positive for n in negative)
+    return wins / (len(positive) * len(negative))
+
+
+def evaluate(sides: Sides, min_support: int) -> dict[str, dict[str, float]]:
+    """Each ranking's score per compared hashtag (higher = moved more)."""
+    keep = (sides.n_before >= min_support) & (sides.n_after >= min_support)
+    rows = np.flatnonzero(keep)
+    names = [sides.names[i] for i in rows]
+    nb, sb, na, sa = sides.n_before[rows], sides.s_before[rows], sides.n_after[rows], sides.s_after[rows]
+
+    def cos(a: npt.NDArray[np.float64], b: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+        return np.einsum("ij,ij->i", a, b) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+
+    versions = 1.0 - cos(sb, sb + sa)  # all-time at the cut against all-time at the end
+    recent = 1.0 - cos(sb, sa)
+    shift = recent_shift(
+        names, sb + sa, (nb + na).tolist(), sa, na.tolist(), min_support=min_support, top=len(names)
+    )
+    effect = {m.hashtag: m.effect for m in shift.movers}
+    return {
+        "versions, cosine": dict(zip(names, versions.tolist(), strict=True)),
+        "recent, cosine": dict(zip(names, recent.tolist(), strict=True)),
+        "recent, effect": effect,
+    }
+
+
+def report(scores: dict[str, dict[str, float]], kinds: dict[str, tuple[str, int]]) -> dict[str, object]:
+    """Each probe ranked among the real hashtags alone (1 + how many real hashtags moved
+    more), so that probes do not crowd each other out of the top 10%."""
+    out: dict[str, object] = {}
+    for ranking, by_name in scores.items():
+        real = sorted((h for h in by_name if h not in kinds), key=lambda h: (-by_name[h], h))
+        real_scores = np.sort(np.array([by_name[h] for h in real]))
+
+        def rank(
+            h: str, by_name: dict[str, float] = by_name, real_scores: npt.NDArray[np.float64] = real_scores
+        ) -> int:
+            return 1 + int(len(real_scores) - np.searchsorted(real_scores, by_name[h], side="right"))
+
+        top = max(1, round(0.1 * (len(real) + 1)))
+        per_size: dict[str, object] = {}
+        for size in sorted({s for _, s in kinds.values()}):
+            of = {
+                k: [h for h, (kind, s) in kinds.items() if kind == k and s == size and h in by_name]
+                for k in KINDS
+            }
+            best_stable = max((by_name[h] for h in of["stable"]), default=float("-inf"))
+            per_size[str(size)] = {
+                "ranks": {k: sorted(rank(h) for h in of[k]) for k in KINDS},
+                "auc_hijacked": auc([by_name[h] for h in of["hijacked"]], [by_name[h] for h in of["stable"]]),
+                "auc_gradual": auc([by_name[h] for h in of["gradual"]], [by_name[h] for h in of["stable"]]),
+                "hijacked_in_top10": sum(rank(h) <= top for h in of["hijacked"]),
+                "gradual_in_top10": sum(rank(h) <= top for h in of["gradual"]),
+                "stable_in_top10": sum(rank(h) <= top for h in of["stable"]),
+                "hijacked_above_every_stable": sum(by_name[h] > best_stable for h in of["hijacked"]),
+                "hijacked": len(of["hijacked"]),
+            }
+        outside = sorted(
+            h.split("__", 1)[-1].replace("__", " -> ")
+            for h, (kind, _) in kinds.items()
+            if kind == "hijacked" and h in by_name and rank(h) > top
+        )
+        out[ranking] = {
+            "compared": len(real) + 1,
+            "top10_cut": top,
+            "sizes": per_size,
+            "top_real": real[:8],
+            "hijacked_outside_top10": outside,
+        }
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--feed", type=Path, default=None, help="feed (default: the bundled sample)")
+    parser.add_argument("--model", default="minilm")
+    parser.add_argument("--sizes", default="20,60,200")
+    parser.add_argument("--per-kind", type=int, default=5, help="probes of each kind per size")
+    parser.add_argument("--seeds", default="1")
+    parser.add_argument("--min-support", type=int, default=DEFAULT_MIN_SUPPORT)
+    parser.add_argument("--out", type=Path, help="write the markdown section here too")
+    parser.add_argument("--json", type=Path, help="write the figures as JSON")
+    args = parser.parse_args(argv)
+    command = bench_command("bench_hijack", argv)
+    sizes = [int(s) for s in args.sizes.split(",")]
+    from workers.adapters.encoder import Encoder  # torch: only when the benchmark runs
+
+    started = time.perf_counter()
+    kept, times = load(args.feed or sample_feed())
+    encoder = Encoder(args.model, device="cpu")
+    vectors = np.asarray(encoder.encode([p.text for p in kept]), dtype=np.float64)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    cut = float(np.median(times))
+    by_crisis: dict[str, list[int]] = {}
+    for i, prepared in enumerate(kept):
+        crisis = crisis_of(prepared)
+        if crisis is not None:
+            by_crisis.setdefault(crisis, []).append(i)
+    tags = sorted({h for p in kept for h in p.hashtags})
+    index = {h: j for j, h in enumerate(tags)}
+    dim = vectors.shape[1]
+    nb, na = np.zeros(len(tags), np.int64), np.zeros(len(tags), np.int64)
+    sb, sa = np.zeros((len(tags), dim)), np.zeros((len(tags), dim))
+    for i, prepared in enumerate(kept):
+        for h in prepared.hashtags:
+            if times[i] < cut:
+                nb[index[h]] += 1
+                sb[index[h]] += vectors[i]
+            else:
+                na[index[h]] += 1
+                sa[index[h]] += vectors[i]
+    runs = []
+    per_hashtag_dims = []
+    for seed in [int(s) for s in args.seeds.split(",")]:
+        rng = np.random.default_rng(seed)
+        made = probes(by_crisis, sizes, args.per_kind, rng)
+        # the copy's tag says nothing of the probe (its kind or crises would leak into the embedding)
+        texts = [
+            f"{kept[j].text} #probe{p}"
+            for p, (*_, before, after) in enumerate(made)
+            for j in (*before, *after)
+        ]
+        copies = np.asarray(encoder.encode(texts), dtype=np.float64)
+        copies /= np.linalg.norm(copies, axis=1, keepdims=True)
+        names, kinds = list(tags), {}
+        pb, pa, qb, qa = [], [], [], []
+        at = 0
+        for name, kind, size, before, after in made:
+            b, a = copies[at : at + len(before)], copies[at + len(before) : at + len(before) + len(after)]
+            at += len(before) + len(after)
+            names.append(name)
+            kinds[name] = (kind, size)
+            pb.append(len(b))
+            pa.append(len(a))
+            qb.append(b.sum(0))
+            qa.append(a.sum(0))
+            if seed == int(args.seeds.split(",")[0]) and kind == "stable":
+                per_hashtag_dims.append(effective_dimension(np.vstack([b, a])))
+        sides = Sides(
+            names,
+            np.concatenate([nb, pb]),
+            np.vstack([sb, np.array(qb)]),
+            np.concatenate([na, pa]),
+            np.vstack([sa, np.array(qa)]),
+        )
+        runs.append({"seed": seed, "report": report(evaluate(sides, args.min_support), kinds)})
+    seconds = time.perf_counter() - started
+    dims = [d for d in per_hashtag_dims if d is not None]
+    result = {
+        "command": command,
+        "model": args.model,
+        "tweets": len(kept),
+        "crises": {c: len(rows) for c, rows in sorted(by_crisis.items())},
+        "stable_probe_effective_dims": [round(d, 1) for d in dims],
+        "seconds": round(seconds, 1),
+        "runs": runs,
+    }
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    publish(markdown(result, sizes), args.out)
+    return 0
+
+
+def markdown(result: dict[str, object], sizes: Sequence[int]) -> list[str]:
+    runs = result["runs"]
+    assert isinstance(runs, list)
+    lines = [
+        "## Hijacked hashtags as movers (bench/bench_hijack.py, issue 40)",
+        "",
+        f"Command: `{result['command']}`. Model {result['model']}, {result['tweets']} kept tweets; "
+        f"{len(result['crises'])} crises used for probes ({result['seconds']} s in all). "  # type: ignore[arg-type]
+        f"Effective dimension of stable probes' tweet covariance: {result['stable_probe_effective_dims']}.",
+        "",
+        "| seed | ranking | compared (real + 1) | size | hijacked ranks | gradual ranks | stable ranks "
+        "| AUC hijacked / gradual vs stable | hijacked in top 10% | above every stable |",
+        "|---|---|---:|---:|---|---|---|---|---:|---:|",
+    ]
+    for run in runs:
+        for ranking in RANKINGS:
+            found = run["report"][ranking]
+            for size in sizes:
+                cell = found["sizes"][str(size)]
+                lines.append(
+                    f"| {run['seed']} | {ranking} | {found['compared']} | {size} | "
+                    f"{cell['ranks']['hijacked']} | {cell['ranks']['gradual']} | {cell['ranks']['stable']} | "
+                    f"{cell['auc_hijacked']:.2f} / {cell['auc_gradual']:.2f} | "
+                    f"{cell['hijacked_in_top10']}/{cell['hijacked']} (top {found['top10_cut']}) | "
+                    f"{cell['hijacked_above_every_stable']}/{cell['hijacked']} |"
+                )
+    lines.append("")
+    for ranking in RANKINGS:
+        found = runs[0]["report"][ranking]
+        first = ", ".join(found["top_real"])
+        missed = "; ".join(found["hijacked_outside_top10"]) or "none"
+        lines.append(f"*{ranking}* (seed {runs[0]['seed']}): real hashtags ranked first: {first}; ")
+        lines.append(f"hijacked probes outside the top 10%: {missed}.")
+        lines.append("")
+    return lines
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
