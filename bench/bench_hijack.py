@@ -19,8 +19,11 @@ Each ranking of movers is reported for every probe: its rank among the compared 
 AUC of hijacked (and gradual) against stable probes, how many hijacked probes are in the top
 10% and above every stable probe:
 
-* ``versions, cosine`` -- what ``reval thesaurus diff`` ranks: the cosine between the all-time
-  mean at the cut and the all-time mean at the end (the later tweets diluted by the earlier);
+* ``versions, cosine`` -- what ``reval thesaurus diff`` ranked until now: the cosine between the
+  all-time mean at the cut and the all-time mean at the end (the later tweets diluted by the
+  earlier);
+* ``versions, effect`` -- what it ranks now (:func:`stream.drift.compare` on two versions that
+  record their raw means): the shift test of the tweets since the older version;
 * ``recent, cosine`` -- the cosine of the mean after the cut against the mean before (the
   index job's ranking until now);
 * ``recent, effect`` -- the spread-aware test (:mod:`stream.shift_test`): the shift of the
@@ -44,7 +47,7 @@ import numpy.typing as npt
 
 from bench.results import bench_command, publish
 from stream.cleaning import Prepared, prepare
-from stream.drift import DEFAULT_MIN_SUPPORT, recent_shift
+from stream.drift import DEFAULT_MIN_SUPPORT, Snapshot, compare, recent_shift
 from stream.shift_test import effective_dimension
 from workers.adapters.feeds import read_tweets, sample_feed
 
@@ -62,7 +65,7 @@ CRISES: dict[str, tuple[str, ...]] = {
     "philippines-floods": ("rescueph", "reliefph", "maringph", "floodph", "habagat"),
 }
 KINDS = ("hijacked", "gradual", "stable")
-RANKINGS = ("versions, cosine", "recent, cosine", "recent, effect")
+RANKINGS = ("versions, cosine", "versions, effect", "recent, cosine", "recent, effect")
 
 
 @dataclass(frozen=True)
@@ -152,8 +155,18 @@ def evaluate(sides: Sides, min_support: int) -> dict[str, dict[str, float]]:
         names, sb + sa, (nb + na).tolist(), sa, na.tolist(), min_support=min_support, top=len(names)
     )
     effect = {m.hashtag: m.effect for m in shift.movers}
+    # what `reval thesaurus diff` ranks by now: the test from two versions' raw means and counts
+    empty: list[list[str]] = [[] for _ in names]
+    old = Snapshot(names, sb / nb[:, None], empty, counts=nb, means=sb / nb[:, None])
+    total_n = nb + na
+    new = Snapshot(
+        names, (sb + sa) / total_n[:, None], empty, counts=total_n, means=(sb + sa) / total_n[:, None]
+    )
+    diff = compare(old, new, min_support=min_support, top=len(names))
+    assert diff.ranked_by == "effect"
     return {
         "versions, cosine": dict(zip(names, versions.tolist(), strict=True)),
+        "versions, effect": {m.hashtag: float(m.effect or 0.0) for m in diff.movers},
         "recent, cosine": dict(zip(names, recent.tolist(), strict=True)),
         "recent, effect": effect,
     }

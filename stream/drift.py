@@ -65,6 +65,9 @@ class Snapshot:
     :data:`TOP_NEIGHBOURS` count), ``counts[i]`` how many tweets its mean averages
     (``None``: unknown).  ``space`` names how the vectors and neighbours were made (e.g.
     the hubness method: centred vectors are not comparable with raw ones); it must match.
+    ``means[i]``, when the version records them, is the raw mean of hashtag i's unit tweet
+    embeddings (length < 1: its tweets' spread), which lets :func:`compare` test each
+    hashtag's shift against that spread (:mod:`stream.shift_test`).
 
     >>> s = Snapshot(["a", "b"], np.eye(2), [["b"], ["a"]], model_id="m")
     >>> s.dimension, s.support("a"), "b" in s.index
@@ -77,6 +80,7 @@ class Snapshot:
     counts: Sequence[int] | npt.NDArray[np.integer[Any]] | None = None
     model_id: str = ""
     space: str = ""
+    means: npt.NDArray[np.floating[Any]] | None = None
     index: dict[str, int] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -87,6 +91,8 @@ class Snapshot:
             raise ValueError(f"{len(self.names)} hashtags but {len(self.neighbours)} neighbour lists")
         if self.counts is not None and len(self.counts) != len(self.names):
             raise ValueError(f"{len(self.names)} hashtags but {len(self.counts)} counts")
+        if self.means is not None and np.shape(self.means) != matrix.shape:
+            raise ValueError(f"means of shape {np.shape(self.means)} for vectors of shape {matrix.shape}")
         index = {name: i for i, name in enumerate(self.names)}
         if len(index) != len(self.names):
             raise ValueError("hashtag names must be unique")
@@ -131,7 +137,10 @@ class Quantiles:
 
 @dataclass(frozen=True)
 class Mover:
-    """A hashtag whose meaning moved: its cosine then/now, top-10 overlap and neighbours."""
+    """A hashtag whose meaning moved: its cosine then/now, top-10 overlap and neighbours;
+    where both versions record their raw means, the shift test of the tweets added since the
+    old version against the tweets before (:mod:`stream.shift_test`: effect, its interval,
+    p-value, discovery), else ``None`` there."""
 
     hashtag: str
     cosine: float
@@ -140,6 +149,11 @@ class Mover:
     support_new: int | None
     old_neighbours: tuple[str, ...]
     new_neighbours: tuple[str, ...]
+    effect: float | None = None
+    effect_low: float | None = None
+    effect_high: float | None = None
+    p: float | None = None
+    significant: bool | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The fields by name, in their order; the neighbours as JSON lists."""
@@ -176,10 +190,16 @@ class ThesaurusDrift:
     jaccard_quantiles: Quantiles | None
     share_top10_changed_over_half: float | None
     movers: tuple[Mover, ...]
+    #: How the movers are ranked: "effect" (the shift test) or "cosine" (versions without raw means).
+    ranked_by: str = "cosine"
+    #: Hashtags tested whose shift is a discovery at 1% false-discovery rate (None: not tested).
+    significant: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON contract of ``reval thesaurus diff --json``."""
         return {
+            "ranked_by": self.ranked_by,
+            "significant": self.significant,
             "compared": self.compared,
             "only_old": self.only_old,
             "only_new": self.only_new,
@@ -282,11 +302,26 @@ def compare(
         if any(s is not None and s < min_support for s in support):
             continue
         candidates.append((float(shifts.cosines[i]), float(shifts.jaccards[i]), hashtag, support))
-    # Cosines equal up to rounding are ties (a vector's cosine with itself may come out as
-    # 1 - 1e-16), so that the Jaccard, not float noise, orders them.
-    candidates.sort(key=lambda c: (round(c[0], 9), c[1], c[2]))
+    tested = _tested_since(old, new, [c[2] for c in candidates], min_support)
+    if tested is not None:
+        # The shift test ranks: only hashtags with enough tweets since the old version.
+        candidates = [c for c in candidates if c[2] in tested]
+        candidates.sort(key=lambda c: (-round(tested[c[2]][0], 9), c[2]))
+    else:
+        # Cosines equal up to rounding are ties (a vector's cosine with itself may come out as
+        # 1 - 1e-16), so that the Jaccard, not float noise, orders them.
+        candidates.sort(key=lambda c: (round(c[0], 9), c[1], c[2]))
     movers = tuple(
-        Mover(hashtag, cos, jac, sup[0], sup[1], old.top(hashtag), new.top(hashtag))
+        Mover(
+            hashtag,
+            cos,
+            jac,
+            sup[0],
+            sup[1],
+            old.top(hashtag),
+            new.top(hashtag),
+            *(tested[hashtag] if tested is not None else (None,) * 5),
+        )
         for cos, jac, hashtag, sup in candidates[:top]
     )
     compared = len(shifts.hashtags)
@@ -299,7 +334,45 @@ def compare(
         jaccard_quantiles=Quantiles.of(1.0 - shifts.jaccards),
         share_top10_changed_over_half=share,
         movers=movers,
+        ranked_by="cosine" if tested is None else "effect",
+        significant=None if tested is None else sum(1 for t in tested.values() if t[4]),
     )
+
+
+def _tested_since(
+    old: Snapshot, new: Snapshot, hashtags: Sequence[str], min_support: int
+) -> dict[str, tuple[float, float, float, float, bool]] | None:
+    """The shift test of each hashtag's tweets added since ``old`` against its tweets up to
+    ``old`` -- recovered from the two versions' raw means and counts, since a version's sums
+    include the older one's -- as (effect, low, high, p, discovered); None when a version
+    lacks raw means or counts.  Hashtags with fewer than ``min_support`` (at least 2) new
+    tweets are not tested."""
+    if old.means is None or new.means is None or old.counts is None or new.counts is None:
+        return None
+    least = max(min_support, 2)
+    rows = []
+    for hashtag in hashtags:
+        i, j = old.index[hashtag], new.index[hashtag]
+        n_old, n_new = int(old.counts[i]), int(new.counts[j])
+        if n_old >= least and n_new - n_old >= least:
+            rows.append((hashtag, i, j, n_old, n_new))
+    if not rows:
+        return {}
+    n_before = np.array([r[3] for r in rows], dtype=np.int64)
+    n_all = np.array([r[4] for r in rows], dtype=np.int64)
+    sums_before = np.asarray(old.means, dtype=np.float64)[[r[1] for r in rows]] * n_before[:, None]
+    sums_all = np.asarray(new.means, dtype=np.float64)[[r[2] for r in rows]] * n_all[:, None]
+    test = shift_test(n_before, sums_before, n_all - n_before, sums_all - sums_before)
+    return {
+        r[0]: (
+            float(test.effect[k]),
+            float(test.effect_low[k]),
+            float(test.effect_high[k]),
+            float(test.p[k]),
+            bool(test.discovered[k]),
+        )
+        for k, r in enumerate(rows)
+    }
 
 
 @dataclass(frozen=True)

@@ -122,6 +122,18 @@ class HashtagMeans:
     def __iter__(self) -> Iterator[str]:
         return iter(self.states)
 
+    def resultants(self, names: Sequence[str]) -> npt.NDArray[np.float64]:
+        """The length of each hashtag's mean before normalisation: for unit tweet embeddings,
+        1 when all its tweets point one way, near 0 when they are spread everywhere
+        (:mod:`stream.shift_test`).
+
+        >>> table = HashtagMeans(dim=2)
+        >>> table.update(["a"], np.array([1.0, 0.0])); table.update(["a"], np.array([0.0, 1.0]))
+        >>> table.resultants(["a"]).round(3).tolist()
+        [0.707]
+        """
+        return np.array([float(np.linalg.norm(self.states[h].mean())) for h in names], dtype=np.float64)
+
     def matrix(self, min_count: int = 1) -> tuple[list[str], npt.NDArray[np.float32], list[int]]:
         """Names, unit vectors (one row each) and counts of the hashtags seen >= ``min_count``
         times, sorted by name so the same state always yields the same index.

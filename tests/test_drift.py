@@ -34,6 +34,8 @@ PER_CLUSTER = 11  # a hashtag's top-10 is its cluster: a move to another cluster
 TWEETS = 12  # per hashtag: well above the default minimum support
 #: The top-level keys of ``reval thesaurus diff --json`` (the JSON contract).
 DIFF_KEYS = {
+    "ranked_by",
+    "significant",
     "compared",
     "only_old",
     "only_new",
@@ -210,14 +212,19 @@ def _means(moved: bool) -> HashtagMeans:
     rng = np.random.default_rng(7)
     centres = _centres(rng)
     means = HashtagMeans(DIM)
+
+    def tweet(centre: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+        x = centre + 0.3 * rng.normal(size=DIM)
+        return x / np.linalg.norm(x)  # unit length, as the encoder pools tweets
+
     for name in _names():
         topic = name.rstrip("0123456789")
         for _ in range(TWEETS):
-            means.update([name], centres[topic] + 0.3 * rng.normal(size=DIM))
+            means.update([name], tweet(centres[topic]))
     if moved:
         # Many more tweets about votes: the running mean of flood3 now points at the vote cluster.
         for _ in range(20 * TWEETS):
-            means.update(["flood3"], centres["vote"] + 0.3 * rng.normal(size=DIM))
+            means.update(["flood3"], tweet(centres["vote"]))
     means.update(["rare"], centres["game"])  # one tweet: below any sensible minimum support
     return means
 
@@ -251,8 +258,9 @@ def test_hashtags_that_got_no_tweets_and_kept_their_neighbours_are_no_movers() -
     old = _build(False)
     means = _means(False)
     rng = np.random.default_rng(11)
-    for _ in range(3):
-        means.update(["flood1"], _centres(np.random.default_rng(7))["flood"] + 0.3 * rng.normal(size=DIM))
+    for _ in range(5):  # enough new tweets (min_support) to be tested
+        x = _centres(np.random.default_rng(7))["flood"] + 0.3 * rng.normal(size=DIM)
+        means.update(["flood1"], x / np.linalg.norm(x))
     new = build_from_means(means, model_id="test-model", method=DEFAULT_METHOD, depth=10, n_trees=10)
     assert new is not None
     drift = thesaurus_drift(old, new, min_support=5, top=50)
@@ -262,6 +270,29 @@ def test_hashtags_that_got_no_tweets_and_kept_their_neighbours_are_no_movers() -
             mover.new_neighbours
         )
     assert "flood1" in {m.hashtag for m in drift.movers}
+
+
+def test_a_version_recovers_each_raw_mean_from_its_centred_index(tmp_path: Path) -> None:
+    """What the shift test between versions stands on: the raw mean (its length is the
+    tweets' spread) from the index's centred unit vector, after a save and a load."""
+    from workers.adapters.annoy_thesaurus import AnnoyThesaurus, raw_means
+
+    means = _means(True)
+    built = build_from_means(means, model_id="test-model", method=DEFAULT_METHOD, depth=10, n_trees=10)
+    assert built is not None
+    built.save(tmp_path / "v")
+    loaded = AnnoyThesaurus.load(tmp_path / "v")
+    got = raw_means(loaded)
+    assert got is not None
+    want = np.array([means[h].mean() for h in loaded.table.hashtags])
+    assert np.allclose(got, want, atol=1e-5)
+    assert 0.0 < float(np.linalg.norm(want, axis=1).min()) < 1.0  # unit tweets: spread shows
+    # a version written without resultants has none: the diff falls back to the cosine
+    names, vectors, counts = _means(False).matrix()
+    plain = AnnoyThesaurus.build(names, vectors, counts=counts, model_id="test-model", depth=10, n_trees=10)
+    assert raw_means(plain) is None
+    drift = thesaurus_drift(plain, loaded, min_support=5)
+    assert drift.ranked_by == "cosine" and drift.significant is None and drift.movers[0].effect is None
 
 
 def test_thesaurus_drift_refuses_other_models() -> None:
@@ -295,8 +326,16 @@ def test_diff_json_matches_the_contract(tmp_path: Path, capsys: pytest.CaptureFi
         "support_new",
         "old_neighbours",
         "new_neighbours",
+        "effect",
+        "effect_low",
+        "effect_high",
+        "p",
+        "significant",
     }
     assert movers[0]["hashtag"] == "flood3"
+    # versions that record their raw means: ranked by the shift test of the tweets since OLD
+    assert payload["ranked_by"] == "effect" and payload["significant"] >= 1
+    assert movers[0]["significant"] and movers[0]["effect_low"] > 0.5
     assert movers[0]["support_old"] == TWEETS and isinstance(movers[0]["new_neighbours"], list)
     assert len(movers[0]["old_neighbours"]) == 10
 
@@ -306,7 +345,8 @@ def test_diff_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     _build(True).save(tmp_path / "new")
     assert thesaurus_diff(tmp_path / "old", tmp_path / "new", as_json=False, top=3, min_support=5) == 0
     text = capsys.readouterr().out
-    assert "#flood3" in text and "hashtags whose meaning moved most" in text and "hashtags in both" in text
+    assert "#flood3" in text and "moved furthest beyond their spread" in text and "hashtags in both" in text
+    assert "effect" in text and "shifted beyond their spread (1% FDR)" in text
     assert thesaurus_diff(tmp_path / "old", tmp_path / "old", as_json=False, top=3, min_support=5) == 0
     assert "no hashtag with support ≥ 5 in both versions moved" in capsys.readouterr().out
 

@@ -170,9 +170,15 @@ class AnnoyThesaurus(BaseThesaurus):
         seed: int = 42,
         search_k: int | None = None,
         n_jobs: int = 1,
+        resultants: Sequence[float] | npt.ArrayLike | None = None,
     ) -> AnnoyThesaurus:
         """Index ``vectors[i]`` as hashtag ``names[i]`` and rank every hashtag's ``depth``
         nearest by ``method`` (:mod:`stream.hubness`).
+
+        ``resultants[i]``: the length of hashtag i's mean of unit tweet embeddings before
+        normalisation (its tweets' spread is ``1 - resultant^2``); with them the table records
+        what recovers each raw mean from the index (:func:`raw_means`), so that
+        ``reval thesaurus diff`` can test a hashtag's shift against its own spread.
 
         Hashtags with ``counts[i] < min_count`` are left out (minimum support); the counts
         (all 1 when not given) are the popularity the chance correction weighs by.
@@ -225,6 +231,10 @@ class AnnoyThesaurus(BaseThesaurus):
                 on_space=index_space,
             )
             index = building[0].result() if building else _annoy_index(later.pop(), n_trees, seed, n_jobs)
+        if resultants is not None:
+            table.stats.update(
+                _mean_geometry(names, vectors, resultants, table, centred=method.startswith("center"))
+            )
         return cls(table, index, search_k=search_k)
 
     @classmethod
@@ -523,6 +533,59 @@ def neighbour_cache(thesaurus: Thesaurus, max_k: int, *, ks: Sequence[int] | Non
     return NeighbourCache(thesaurus, max_k=max_k, chance=chance, bands=bands, table=table)
 
 
+def _mean_geometry(
+    names: Sequence[str],
+    vectors: npt.ArrayLike,
+    resultants: Sequence[float] | npt.ArrayLike,
+    table: NeighbourTable,
+    *,
+    centred: bool,
+    block: int = 4096,
+) -> dict[str, npt.NDArray[np.float32]]:
+    """The table's extra statistics that recover each kept hashtag's raw mean from the
+    vector its index holds (:func:`raw_means`): ``resultant`` (the mean's length) and, for a
+    centred space, ``centre`` (the mean unit row, as the build centres on it) and
+    ``centre_offset`` (each unit row's distance from it).  In blocks: no n x d float64 copy."""
+    row_of = {name: i for i, name in enumerate(names)}
+    rows = np.array([row_of[h] for h in table.hashtags], dtype=np.int64)
+    source = np.asarray(vectors)
+    lengths = np.asarray(resultants, dtype=np.float64)[rows]
+    out = {"resultant": lengths.astype(np.float32)}
+    if centred and len(rows):
+        total = np.zeros(source.shape[1])
+        for start in range(0, len(rows), block):
+            unit = _unit(source[rows[start : start + block]])
+            total += unit.sum(axis=0)
+        centre = total / len(rows)
+        offsets = np.empty(len(rows))
+        for start in range(0, len(rows), block):
+            unit = _unit(source[rows[start : start + block]])
+            offsets[start : start + len(unit)] = np.linalg.norm(unit - centre, axis=1)
+        out |= {"centre": centre.astype(np.float32), "centre_offset": offsets.astype(np.float32)}
+    return out
+
+
+def _unit(block: npt.NDArray[Any]) -> npt.NDArray[np.float64]:
+    x = np.asarray(block, dtype=np.float64)
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def raw_means(thesaurus: AnnoyThesaurus) -> npt.NDArray[np.float64] | None:
+    """Each hashtag's raw mean of unit tweet embeddings (length = its resultant), recovered
+    from the index's vector and the table's statistics; None for a version built without
+    them (before they were recorded, or from vectors without counts)."""
+    stats = thesaurus.table.stats
+    if "resultant" not in stats:
+        return None
+    vectors = thesaurus.vectors().astype(np.float64)
+    if "centre" in stats:  # the index holds (u - centre) / |u - centre|
+        vectors = vectors * stats["centre_offset"].astype(np.float64)[:, None] + stats["centre"].astype(
+            np.float64
+        )
+    unit = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+    return unit * stats["resultant"].astype(np.float64)[:, None]
+
+
 def build_from_means(
     means: HashtagMeans,
     *,
@@ -543,6 +606,7 @@ def build_from_means(
         names,
         vectors,
         counts=counts,
+        resultants=means.resultants(names),
         min_count=min_count,
         model_id=model_id,
         method=method,
@@ -583,6 +647,7 @@ def _snapshot(thesaurus: AnnoyThesaurus, depth: int) -> Snapshot:
         thesaurus.vectors(),
         neighbours,
         counts=table.counts,
+        means=raw_means(thesaurus),
         model_id=table.metadata.model_id,
         space=table.metadata.hubness_method,
     )

@@ -59,15 +59,29 @@ def _fmt(q: Quantiles | None) -> str:
 
 def _print(drift: ThesaurusDrift, old: Path, new: Path, min_support: int) -> None:
     out = Console()  # stdout as it is at the call (tests capture it)
+    tested = drift.ranked_by == "effect"
     if drift.movers:
-        movers = Table(title=f"hashtags whose meaning moved most (support ≥ {min_support} in both)")
-        for column in ("hashtag", "cosine", "jaccard", "support old/new", "old top-10", "new top-10"):
+        title = (
+            f"hashtags whose tweets since OLD moved furthest beyond their spread (≥ {min_support} "
+            "tweets before and since; * = shifted at 1% FDR)"
+            if tested
+            else f"hashtags whose meaning moved most (support ≥ {min_support} in both; cosine of the means)"
+        )
+        movers = Table(title=title)
+        columns = ["hashtag", "effect [95%]"] if tested else ["hashtag"]
+        for column in (*columns, "cosine", "jaccard", "support old/new", "old top-10", "new top-10"):
             movers.add_column(column, overflow="fold")
         for m in drift.movers:
             support = f"{'?' if m.support_old is None else m.support_old}/"
             support += "?" if m.support_new is None else str(m.support_new)
+            effect = (
+                [f"{m.effect:.2f}{'*' if m.significant else ''} [{m.effect_low:.2f}, {m.effect_high:.2f}]"]
+                if tested and m.effect is not None and m.effect_low is not None and m.effect_high is not None
+                else []
+            )
             movers.add_row(
                 escape(f"#{m.hashtag}"),
+                *effect,
                 f"{m.cosine:.3f}",
                 f"{m.jaccard:.2f}",
                 support,
@@ -86,6 +100,10 @@ def _print(drift: ThesaurusDrift, old: Path, new: Path, min_support: int) -> Non
         ("1 - cosine p50 / p90 / p99", _fmt(drift.shift_quantiles)),
         ("1 - Jaccard(top-10) p50 / p90 / p99", _fmt(drift.jaccard_quantiles)),
         ("top-10 changed by more than half", "-" if share is None else f"{share:.1%}"),
+        (
+            "shifted beyond their spread (1% FDR)",
+            "-" if drift.significant is None else str(drift.significant),
+        ),
     ):
         summary.add_row(key, value)
     out.print(summary)

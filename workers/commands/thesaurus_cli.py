@@ -249,12 +249,14 @@ def thesaurus_diff_cmd(
     new: Annotated[Path, typer.Argument(metavar="NEW", help="The later thesaurus (directory or store)")],
     top: Annotated[int, typer.Option(help="Movers to list", min=0)] = 20,
     min_support: Annotated[
-        int, typer.Option(help="Only hashtags with at least this many tweets in both", min=0)
+        int,
+        typer.Option(help="Only hashtags with at least this many tweets in OLD and since OLD", min=0),
     ] = 5,
     as_json: JsonObject = False,
 ) -> None:
-    """Which hashtags' meaning moved between two versions: the cosine between each
-    hashtag's mean then and now, the overlap of its top-10 neighbours, the movers."""
+    """Which hashtags' meaning moved between two versions: each hashtag's tweets since OLD
+    tested against its tweets up to OLD and their spread (movers ranked by the effect; versions
+    without raw means: by the cosine of the two means), the overlap of its top-10 neighbours."""
     from workers.commands.drift import thesaurus_diff
 
     try:
