@@ -226,7 +226,12 @@ def thesaurus_inspect(
     _print_hubness(meta.get("hubness") or {}, th.metadata.hubness_method)
     drift = meta.get("drift") or {}
     if drift.get("movers"):  # written by the index job: what moved since the version before
-        moved = ", ".join(f"#{m['hashtag']} ({m['cosine']:.2f})" for m in drift["movers"][:10])
+        moved = ", ".join(
+            f"#{m['hashtag']} (effect {m['effect']:.2f}{'*' if m['significant'] else ''})"
+            if m.get("effect") is not None
+            else f"#{m['hashtag']} ({m['cosine']:.2f})"
+            for m in drift["movers"][:10]
+        )
         out.print(f"moved most since {drift.get('from_version')}: {escape(moved)}")
     recent = drift.get("recent") or {}
     if recent.get("movers"):  # recent use against earlier use, from the window means
