@@ -37,6 +37,7 @@ from workers.adapters.store import ThesaurusStore
 from workers.adapters.thesaurus_files import TABLE_FILE
 from workers.dev.ports import find_free_port
 from workers.dev.stack import REVAL, Stack, keyed, tweet_lines, wait_for
+from workers.dev.tcp_proxy import PartitionProxy
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -620,6 +621,44 @@ def test_redis_answering_slowly_for_45_s_loses_nothing(stack: Stack, private_red
     assert letters(stack) == []
     assert embed.proc.poll() is None
     assert embed.metric("reval_records_consumed_total", topic=stack.topics["tweets"]) == len(lines)
+
+
+def test_a_network_partition_from_redis_loses_nothing_and_doubles_nothing(
+    stack: Stack, private_redis: RedisServer
+) -> None:
+    """Redis unreachable without a reset (issue 38 §3, the network partition): for ~25 s a
+    proxy between the embed worker and Redis holds every byte in both directions, then
+    delivers them late. The worker's reads time out (REVAL_REDIS_TIMEOUT_S=3; without a
+    timeout a read would wait for TCP to give up, ~15 min), it reports Redis unavailable and
+    waits; the requests it gave up on reach Redis after the heal, after its retries of them:
+    the means must still count every tweet once."""
+    lines = plain_tweets(600)
+    expected = batch_means(lines, stack.model)
+    with PartitionProxy("127.0.0.1", private_redis.port) as proxy:
+        url = f"redis://127.0.0.1:{proxy.port}/0"
+        embed = stack.start("embed", env={"REVAL_REDIS_URL": url, "REVAL_REDIS_TIMEOUT_S": "3"})
+        stack.wait_ready(embed)
+        stack.send("tweets", keyed(lines[:200]))
+        wait_for(
+            "the first tweets applied", lambda: sum(m.count for m in means_of(stack).values()) > 0, 120, 0.5
+        )
+        proxy.partition()
+        began = time.monotonic()
+        stack.send("tweets", keyed(lines[200:400]))
+        wait_for("the worker waiting on Redis", lambda: embed.metric("reval_redis_unavailable") == 1, 60, 0.2)
+        stack.send("tweets", keyed(lines[400:]))
+        wait_for("25 s of partition", lambda: time.monotonic() - began >= 25, 60, 0.5)
+        assert embed.proc.poll() is None, "the worker died during the partition"
+        proxy.heal()
+        wait_for("every tweet applied", lambda: counts_reach(stack, expected), 180, 1.0)
+        time.sleep(3)  # late requests still in flight would show as doubled counts now
+        assert_means_equal(stack, expected)
+        assert letters(stack) == []
+        assert embed.proc.poll() is None
+        assert embed.metric("reval_records_consumed_total", topic=stack.topics["tweets"]) == len(lines)
+        waits = embed.metrics()
+        errors = {dict(labels).get("error") for (name, labels) in waits if name == "reval_redis_waits_total"}
+        assert errors & {"TimeoutError", "ConnectionError"}, errors
 
 
 def _faketime(offset: str) -> dict[str, str]:

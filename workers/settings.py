@@ -108,6 +108,12 @@ class Settings(BaseSettings):
     redis_url: str = Field("redis://127.0.0.1:6379/0", description="redis:// or rediss:// (TLS)")
     redis_prefix: str = Field("reval", description="Prefix of every Redis key")
     redis_cluster: bool = Field(False, description="Use a Redis Cluster client")
+    redis_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="Longest wait for one Redis reply or connection; beyond it (a network partition) "
+        "the call fails and the batch waits for Redis as in an outage",
+    )
     redis_replicas: int | None = Field(
         None,
         ge=0,

@@ -79,14 +79,21 @@ T = TypeVar("T")
 log = logging.getLogger("reval.redis")
 
 
-def connect(url: str, *, cluster: bool = False) -> Client:
-    """A Redis or Redis Cluster client from the URL (``rediss://`` for TLS, password in URL)."""
+def connect(url: str, *, cluster: bool = False, timeout: float | None = None) -> Client:
+    """A Redis or Redis Cluster client from the URL (``rediss://`` for TLS, password in URL).
+
+    ``timeout``: the longest wait for one reply (and for a connection).  Without one, a
+    network partition that drops packets without a reset leaves a call blocked in its read
+    until TCP gives up (~15 minutes): the worker would neither report Redis unavailable nor
+    stop in bounded time.  With it the call fails as a timeout, which :func:`with_retry`
+    waits out like any outage."""
     # redis-py's own retry rides out a dropped connection or two inside one call; longer
     # outages are waited out by :func:`with_retry`, which can back-pressure and stop.
     retry = Retry(ExponentialBackoff(cap=0.5, base=0.05), 3)
+    timeouts = {"socket_timeout": timeout, "socket_connect_timeout": timeout}
     if cluster:
-        return RedisCluster.from_url(url, retry=retry)
-    return redis.Redis.from_url(url, health_check_interval=30, retry=retry)
+        return RedisCluster.from_url(url, retry=retry, **timeouts)
+    return redis.Redis.from_url(url, health_check_interval=30, retry=retry, **timeouts)
 
 
 def eval_many(client: Client, script: Any, calls: Sequence[tuple[str, Sequence[Any]]]) -> list[Any]:

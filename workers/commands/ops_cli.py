@@ -95,7 +95,7 @@ def accept_topic(
         identity = TopicIdentity(bootstrap, timeout=15, **options)
         current = identity.of(topic)
         identity.close()
-        client = connect(settings.redis_url, cluster=settings.redis_cluster)
+        client = connect(settings.redis_url, cluster=settings.redis_cluster, timeout=settings.redis_timeout_s)
         generation = group_generation(client, settings.redis_prefix)
         suffix = re.compile(r"-g\d+$")
         groups = [

@@ -100,7 +100,9 @@ def check_input_retention(settings: Settings, roles: Sequence[str], *, faust_gro
         if "embed" in roles:
             wanted[settings.topic_tweets] = faust_group
         if "score" in roles:
-            client = connect(settings.redis_url, cluster=settings.redis_cluster)
+            client = connect(
+                settings.redis_url, cluster=settings.redis_cluster, timeout=settings.redis_timeout_s
+            )
             try:
                 generation = group_generation(client, settings.redis_prefix)
             finally:

@@ -47,7 +47,7 @@ def create_app(
     if unknown or not chosen:
         raise ValueError(f"roles must be among {', '.join(ROLES)}; got {', '.join(chosen) or 'none'}")
     exporter = exporter or Exporter()
-    client = connect(settings.redis_url, cluster=settings.redis_cluster)
+    client = connect(settings.redis_url, cluster=settings.redis_cluster, timeout=settings.redis_timeout_s)
     generation = group_generation(client, settings.redis_prefix)
     app_id = group_id(settings.app_id, chosen, generation)
     datadir = Path(settings.data_dir) / app_id
