@@ -364,6 +364,47 @@ def test_the_index_job_survives_kill_9_and_never_publishes_a_partial_version(sta
         AnnoyThesaurus.load(stack.index_dir / version).close()
 
 
+def test_a_full_disk_fails_the_index_build_keeps_the_last_version_and_recovers(stack: Stack) -> None:
+    """No space left for the thesaurus store (issue 38 §3, disk full): the index job's store
+    on a small tmpfs, filled to the last byte once a first version is out. A build then fails
+    on ENOSPC: the job logs it and lives, no partial version appears, the current version
+    stays. Freed, the store takes the next build without a new tweet: the failed build's
+    changed hashtags went back to trigger it."""
+    mount = stack.index_dir
+    mount.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=32m", "tmpfs", str(mount)], capture_output=True
+    )
+    if done.returncode != 0:  # not root, or no CAP_SYS_ADMIN in this container
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+    try:
+        embed, index = stack.start("embed"), stack.start("index")
+        stack.wait_ready(embed, index)
+        store = ThesaurusStore(mount)
+        stack.send("tweets", keyed(plain_tweets(300)))
+        first = wait_for("a first version", store.current_version, 120)
+        filler = mount / "filler"
+        subprocess.run(["dd", "if=/dev/zero", f"of={filler}", "bs=64k"], capture_output=True)  # until ENOSPC
+        stack.send("tweets", keyed(plain_tweets(300, start=300)))
+        wait_for("a build refused for space", lambda: "No space left on device" in index.text(), 120, 0.5)
+        assert index.proc.poll() is None, "the index job died on a full disk"
+        assert store.current_version() == first
+        for version in store.versions():  # nothing partial: every version listed reads back whole
+            AnnoyThesaurus.load(mount / version).close()
+        client = redis.Redis.from_url(stack.redis_url)  # what the scorers load: the Redis copy
+        try:
+            assert RedisThesauri(client, stack.prefix).current_version() == first
+        finally:
+            client.close()
+        filler.unlink()  # space again; no new tweet arrives
+        wait_for("the next version", lambda: store.current_version() not in (None, first), 120, 0.5)
+        assert index.proc.poll() is None and embed.proc.poll() is None
+    finally:
+        for worker in stack.workers:
+            worker.kill9()
+        subprocess.run(["umount", "-l", str(mount)], capture_output=True)
+
+
 # --------------------------------------------------------------------------- time
 
 

@@ -542,6 +542,12 @@ class RedisMeans:
         members = self._take_script(keys=[self._changed_key])
         return {m.decode() if isinstance(m, bytes) else str(m) for m in members}
 
+    def restore_changed(self, hashtags: set[str]) -> None:
+        """Put taken hashtags back into the changed set: a build that failed after
+        :meth:`take_changed` (a full disk, say) leaves them to trigger the next one."""
+        if hashtags:
+            self.client.sadd(self._changed_key, *sorted(hashtags))
+
     # -- housekeeping -----------------------------------------------------------
 
     def clear(self) -> int:

@@ -57,7 +57,16 @@ class Indexer:
         if changed < self.settings.index_min_changes and not (force and changed):
             return None
         started = time.perf_counter()
-        with_retry("changed", self.means.take_changed)
+        taken = with_retry("changed", self.means.take_changed)
+        try:
+            return self._build_and_publish(changed, started)
+        except Exception:
+            # A build that fails after the take (no space left for the version, say) would
+            # otherwise wait for new tweets to trigger it again: its hashtags go back.
+            with_retry("changed", lambda: self.means.restore_changed(taken))
+            raise
+
+    def _build_and_publish(self, changed: int, started: float) -> str | None:
         # Folding as it reads: every hashtag's memory back to its folded size.
         states, windows = with_retry("read all", lambda: self.means.read_all_with_windows(fold=True))
         if not states:
