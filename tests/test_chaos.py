@@ -35,6 +35,7 @@ from workers.adapters.kafka_client import _admin, create_topics
 from workers.adapters.redis_thesaurus import RedisThesauri
 from workers.adapters.store import ThesaurusStore
 from workers.adapters.thesaurus_files import TABLE_FILE
+from workers.dev.kafka_cluster import KafkaCluster
 from workers.dev.ports import find_free_port
 from workers.dev.stack import REVAL, Stack, keyed, tweet_lines, wait_for
 from workers.dev.tcp_proxy import PartitionProxy
@@ -700,6 +701,50 @@ def test_a_network_partition_from_redis_loses_nothing_and_doubles_nothing(
         waits = embed.metrics()
         errors = {dict(labels).get("error") for (name, labels) in waits if name == "reval_redis_waits_total"}
         assert errors & {"TimeoutError", "ConnectionError"}, errors
+
+
+def test_a_network_partition_from_kafka_loses_nothing_and_doubles_nothing(
+    private_redis: RedisServer, tiny_bertweet: Path, tmp_path: Path
+) -> None:
+    """The embed worker cut off from Apache Kafka for 30 s (issue 38 §3, the network
+    partition): it reaches the broker only through a listener advertised behind a proxy,
+    which holds every byte without a reset; tweets keep arriving meanwhile (the test's
+    producer uses the direct listener). The group's session (10 s) expires, the broker gives
+    the partitions away, the worker's last batch cannot be committed; after the heal it
+    rejoins and goes on: every tweet applied once, none dead-lettered, the worker alive."""
+    listen = find_free_port()
+    with (
+        PartitionProxy("127.0.0.1", listen) as proxy,
+        KafkaCluster(
+            nodes=1, data_dir=tmp_path / "kafka", relayed=(listen, f"127.0.0.1:{proxy.port}")
+        ) as cluster,
+    ):
+        stack = Stack(cluster.bootstrap, private_redis.url, tiny_bertweet, tmp_path / "stack")
+        try:
+            lines = plain_tweets(600)
+            expected = batch_means(lines, stack.model)
+            embed = stack.start("embed", env={"REVAL_BROKER": f"127.0.0.1:{proxy.port}"})
+            stack.wait_ready(embed)
+            first = batch_means(lines[:200], stack.model)
+            stack.send("tweets", keyed(lines[:200]))
+            wait_for("the first tweets applied", lambda: counts_reach(stack, first), 120, 0.5)
+            proxy.partition()
+            began = time.monotonic()
+            stack.send("tweets", keyed(lines[200:400]))
+            wait_for("30 s of partition", lambda: time.monotonic() - began >= 30, 60, 0.5)
+            assert embed.proc.poll() is None, "the worker died during the partition"
+            # cut off indeed: nothing of what was sent during the partition got through
+            applied = sum(m.count for m in means_of(stack).values())
+            assert applied == sum(m.count for m in first.states.values())
+            proxy.heal()
+            stack.send("tweets", keyed(lines[400:]))
+            wait_for("every tweet applied", lambda: counts_reach(stack, expected), 240, 1.0)
+            time.sleep(3)
+            assert_means_equal(stack, expected)
+            assert letters(stack) == []
+            assert embed.proc.poll() is None
+        finally:
+            stack.close()
 
 
 def _faketime(offset: str) -> dict[str, str]:

@@ -119,7 +119,11 @@ class KafkaCluster(LocalService):
     ``data_dir``: kept across runs (the cluster restarts with its topics and offsets); None:
     a temporary folder removed by :meth:`stop`.  ``port``: node 1's client port (None: a
     free one).  ``version``: the pinned one by default.  ``config``: broker properties added
-    to every node's.  ``security``: TLS + SASL on the client listeners.
+    to every node's.  ``security``: TLS + SASL on the client listeners.  ``relayed``
+    (one node, no security): a second plaintext client listener, on port ``listen`` and
+    advertised as ``host:port`` -- a relay in front of it (a fault test's partition proxy)
+    then carries every byte of the clients that bootstrap through it, while the others use
+    :attr:`bootstrap` directly.
     """
 
     def __init__(
@@ -134,9 +138,13 @@ class KafkaCluster(LocalService):
         security: Security | None = None,
         startup_timeout: float = 120.0,
         stop_timeout: float = 30.0,
+        relayed: tuple[int, str] | None = None,
     ) -> None:
         if nodes not in (1, 3):
             raise KafkaSetupError(f"--nodes must be 1 or 3, not {nodes}", usage=True)
+        if relayed is not None and (nodes != 1 or security is not None):
+            raise KafkaSetupError("a relayed listener is for one node without security")
+        self.relayed = relayed
         self.nodes = nodes
         self.version = version or pinned_version()
         self.heap = heap
@@ -307,6 +315,15 @@ class KafkaCluster(LocalService):
                 "inter.broker.listener.name": "PLAINTEXT",
                 "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
             }
+            if self.relayed is not None:
+                listen, advertised = self.relayed
+                props |= {
+                    "listeners": f"{props['listeners']},RELAYED://127.0.0.1:{listen}",
+                    "advertised.listeners": f"PLAINTEXT://{client},RELAYED://{advertised}",
+                    "listener.security.protocol.map": (
+                        "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,RELAYED:PLAINTEXT"
+                    ),
+                }
         else:
             internal = f"127.0.0.1:{layout.internal_ports[node_id - 1]}"
             mech = self.security.mechanism
