@@ -584,6 +584,23 @@ def test_store_removes_only_stale_temp_entries(tmp_path: Path) -> None:
     assert not stale.exists() and fresh.exists()
 
 
+def test_a_name_reserved_by_a_killed_writer_is_no_version(tmp_path: Path) -> None:
+    """A writer killed between reserving ``vNNNNNN`` and renaming its files into it leaves an
+    empty directory (seen once in the index job's kill -9 fault test): not a version -- never
+    listed, never loaded -- and removed once stale; the next version takes the next name."""
+    store = ThesaurusStore(tmp_path)
+    assert store.publish(_sports_annoy()) == "v000001"
+    reserved = tmp_path / "v000002"
+    reserved.mkdir()  # what the killed writer left
+    assert store.versions() == ["v000001"]
+    assert store.publish(_sports_annoy()) == "v000003"
+    assert reserved.exists()  # young: may belong to a writer still at work
+    old = time.time() - 2 * 3600
+    os.utime(reserved, (old, old))
+    store.publish(_sports_annoy())
+    assert not reserved.exists() and store.versions() == ["v000001", "v000003", "v000004"]
+
+
 def test_store_load_current_errors_when_current_is_missing(tmp_path: Path) -> None:
     store = ThesaurusStore(tmp_path)
     (tmp_path / "CURRENT").write_text("v000005\n")

@@ -9,8 +9,10 @@ finds a whole version.  The Annoy thesaurus itself is :mod:`workers.adapters.ann
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -96,15 +98,29 @@ class ThesaurusStore:
         self.keep = keep
 
     def versions(self) -> list[str]:
-        """Published version names, oldest first."""
+        """Published version names, oldest first.
+
+        A version directory is published whole (its files are written beside it and renamed
+        into place), so one without its metadata is only a name :meth:`publish` reserved --
+        a writer at work, or one killed before its rename -- and is not a version."""
         if not self.root.is_dir():
             return []
         found = [
             entry.name
             for entry in self.root.iterdir()
-            if _VERSION_RE.fullmatch(entry.name) and entry.is_dir()
+            if _VERSION_RE.fullmatch(entry.name) and (entry / METADATA_FILE).is_file()
         ]
         return sorted(found, key=version_number)
+
+    def _remove_stale_reservations(self) -> None:
+        """Names reserved by writers that died before their rename (empty, old): removed."""
+        cutoff = time.time() - _STALE_SECONDS
+        for entry in self.root.iterdir():
+            if not _VERSION_RE.fullmatch(entry.name) or (entry / METADATA_FILE).exists():
+                continue
+            with contextlib.suppress(OSError):  # not empty, or gone: a writer's, or none
+                if entry.is_dir() and entry.lstat().st_mtime < cutoff:
+                    entry.rmdir()
 
     def current_version(self) -> str | None:
         try:
@@ -119,6 +135,7 @@ class ThesaurusStore:
         """Save ``thesaurus`` as a new version, make it current, prune; return its name."""
         self.root.mkdir(parents=True, exist_ok=True)
         remove_stale(self.root, _STALE_SECONDS)
+        self._remove_stale_reservations()
         existing = [version_number(v) for v in self.versions()]
         current = self.current_version()
         if current is not None:
