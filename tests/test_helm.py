@@ -25,7 +25,7 @@ import yaml
 
 from stream.alert_params import RUNBOOK
 from workers.service.app import DEFAULT_PORTS
-from workers.service.incarnation import group_id, score_group
+from workers.service.incarnation import batch_group
 from workers.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -377,7 +377,7 @@ def test_production_values_use_secrets_gpu_and_autoscaling_within_the_partitions
     scaled = by_role(docs, "ScaledObject")
     assert set(scaled) == {"embed", "score"}
     settings = Settings.load()
-    groups = {"embed": group_id(settings.app_id, ["embed"], 0), "score": score_group(settings.app_id, 0)}
+    groups = {role: batch_group(settings.app_id, role, 0) for role in ("embed", "score")}
     topics = {"embed": settings.topic_tweets, "score": settings.topic_recommendations}
     for role, obj in scaled.items():
         spec = obj["spec"]

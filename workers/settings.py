@@ -151,6 +151,12 @@ class Settings(BaseSettings):
         None, ge=0, description="Tokenising processes of the packed path (unset: CUDA min(8, cores/2), CPU 0)"
     )
     language_filter: bool = Field(True, description="Drop non-English tweets")
+    prepare_workers: int = Field(
+        0,
+        ge=0,
+        description="Processes that parse and clean the embed role's tweets (0: in the worker's thread; "
+        "on a GPU machine about cores/2, beside the tokenising processes)",
+    )
 
     # Index job
     index_dir: Path = Field(Path("var/thesaurus"), description="Versioned thesaurus store of the index job")

@@ -22,7 +22,7 @@ from workers.adapters.kafka_client import (
 )
 from workers.adapters.redis_client import connect, stopping
 from workers.service.app import DEFAULT_PORTS, ROLES, create_app
-from workers.service.incarnation import group_generation, score_group
+from workers.service.incarnation import batch_group, group_generation
 from workers.service.transactions import TransactionsUnsupportedError, check_transactions
 from workers.settings import Settings
 
@@ -96,18 +96,17 @@ def check_input_retention(settings: Settings, roles: Sequence[str], *, faust_gro
     try:
         topics = topic_retention(bootstrap, inputs, timeout=timeout, **options)
         group_offsets(bootstrap, faust_group, timeout=timeout, **options)
-        wanted: dict[str, str] = {}
-        if "embed" in roles:
-            wanted[settings.topic_tweets] = faust_group
-        if "score" in roles:
-            client = connect(
-                settings.redis_url, cluster=settings.redis_cluster, timeout=settings.redis_timeout_s
-            )
-            try:
-                generation = group_generation(client, settings.redis_prefix)
-            finally:
-                client.close()
-            wanted[settings.topic_recommendations] = score_group(settings.app_id, generation)
+        client = connect(settings.redis_url, cluster=settings.redis_cluster, timeout=settings.redis_timeout_s)
+        try:
+            generation = group_generation(client, settings.redis_prefix)
+        finally:
+            client.close()
+        inputs_of = {"embed": settings.topic_tweets, "score": settings.topic_recommendations}
+        wanted = {
+            topic: batch_group(settings.app_id, role, generation)
+            for role, topic in inputs_of.items()
+            if role in roles
+        }
         now_ms = int(time.time() * 1000)
         for name, group in wanted.items():
             topic = topics.get(name)

@@ -1,13 +1,14 @@
-"""The Faust service: one App, its topics, and the agents and timers of the roles asked for.
+"""The Faust service: one App, its topics, and the consumers and timers of the roles asked for.
 
-    tweets ──► embed agent ──► Redis running means ──► index timer ──► thesaurus store
-    recommendations ──► score agent ──► scores (+ /metrics)
-    tweets ──► join agent ──┘ (ground truth for events that carry none)
+    tweets ──► embed consumer ──► Redis running means ──► index timer ──► thesaurus store
+    recommendations ──► score consumer ──► scores (+ /metrics)
+    tweets ──► (the score consumer's join) ──┘ (ground truth for events that carry none)
 
-Every role consumes in its own consumer group (``<app_id>-<role>``), so each sees
-the whole stream and can be scaled on its own.  Each role module
-(:mod:`~workers.service.embed`, :mod:`~workers.service.index`,
-:mod:`~workers.service.score`) holds the role's logic and registers its agents.
+Every consuming role reads in its own consumer group (``<app_id>-<role>-batch``,
+:mod:`workers.service.consumer`), so each sees the whole stream and can be scaled on its
+own; Faust hosts the consumers, the timers and the index job's leader election.  Each role
+module (:mod:`~workers.service.embed`, :mod:`~workers.service.index`,
+:mod:`~workers.service.score`) holds the role's logic and registers its consumer and timers.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from workers.adapters.exporter import Exporter
 from workers.adapters.redis_client import connect
 from workers.service import embed, faust_compat, index, score
 from workers.service.incarnation import group_generation, group_id
-from workers.service.lag import lag_monitor
 from workers.service.runtime import Runtime, Topics
 from workers.settings import Settings
 
@@ -72,7 +72,6 @@ def create_app(
         # default a batch's outputs went out in ~10 broker round trips one after another.
         # The broker's message.max.bytes bounds a batch as it does a record.
         producer_max_batch_size=settings.max_message_bytes,
-        Monitor=lag_monitor(exporter.lag, [settings.topic_tweets, settings.topic_recommendations]),
         **settings.faust_options(),
         **faust_compat.app_settings(),
     )
@@ -81,7 +80,7 @@ def create_app(
     rt.attach(topics)
 
     if "embed" in chosen:
-        embed.register(app, topics, rt, encoder)
+        embed.register(app, topics, rt, generation, encoder)
     if "index" in chosen:
         index.register(app, rt)
     if "score" in chosen:

@@ -1,11 +1,12 @@
-"""The score role's consumer: batches from Kafka with no task per record.
+"""Every role's consumer: batches from Kafka with no task per record.
 
 Faust's agents take records one at a time -- two tasks and an ``asyncio.wait`` per record,
 ~120 µs of the score worker's ~440 µs per event (py-spy, BENCHMARKS.md), whatever the
-settings.  The score role reads its two topics (``recommendations`` for the ``score`` step,
-``tweets`` for the join's) with aiokafka's public consumer API instead, inside the Faust app
-(:class:`BatchConsumer`, a service started and stopped with it), and drives the same
-:meth:`~workers.service.runtime.Runtime.process`:
+settings.  So each consuming role reads its topics with aiokafka's public consumer API
+instead, inside the Faust app (:class:`BatchConsumer`, a service started and stopped with
+it; Faust stays the host of the timers and of the index job's leader election), and drives
+the one :meth:`~workers.service.runtime.Runtime.process`: the embed role its ``tweets``; the
+score role ``recommendations`` for the ``score`` step and ``tweets`` for the join's.
 
 * ``getmany`` takes up to ``size`` records; each topic's records are one batch of its step;
 * offsets are committed explicitly and only once their batch is settled: after ``process``
@@ -22,11 +23,11 @@ settings.  The score role reads its two topics (``recommendations`` for the ``sc
   unacknowledged, as :meth:`Runtime.process` does while Redis is away -- and commits nothing
   else.
 
-Consumer group: :func:`~workers.service.incarnation.score_group`, ``<app_id>-score-batch``
-(``-g<n>`` from generation n on; ``reval admin accept-topic`` copies its offsets as every
+Consumer groups: :func:`~workers.service.incarnation.batch_group`, ``<app_id>-<role>-batch``
+(``-g<n>`` from generation n on; ``reval admin accept-topic`` copies their offsets as every
 group's).  Upgrading from the Faust agents, whose offsets are in the Faust app's group
 (``<app_id>-<roles>``): a partition the new group has no offset for starts where that group
-had committed, so the upgrade neither skips nor repeats an event.
+had committed, so the upgrade neither skips nor repeats a record.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from collections.abc import Mapping, Sequence
 from functools import partial
 from typing import Any
 
+import faust
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
@@ -143,8 +145,9 @@ class BatchConsumer(Service):
             # the producer's own retries), so go on without it.
             await self.producer.stop()
             log.warning(
-                "score consumer: the broker refused an idempotent producer (%s: %s); "
+                "consumer %s: the broker refused an idempotent producer (%s: %s); "
                 "outputs are sent without idempotence (at-least-once either way)",
+                self.group,
                 type(exc).__name__,
                 exc,
             )
@@ -168,7 +171,7 @@ class BatchConsumer(Service):
         self.consumer.subscribe(sorted(self.steps), listener=_Listener(self))
         await self.consumer.start()
         self._task = asyncio.create_task(self._run(), name=f"{self.group}-batches")
-        log.info("score consumer: group %s, topics %s", self.group, ", ".join(sorted(self.steps)))
+        log.info("consumer %s: topics %s", self.group, ", ".join(sorted(self.steps)))
 
     async def on_stop(self) -> None:
         """Let the batch in flight settle (or end the process), then leave: nothing else is
@@ -207,8 +210,8 @@ class BatchConsumer(Service):
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a bug in the loop itself: never sit in a worker consuming nothing
-            log.exception("score consumer: unexpected error")
-            self.rt.fail_stop(f"score consumer: unexpected {exc!r}")
+            log.exception("consumer %s: unexpected error", self.group)
+            self.rt.fail_stop(f"consumer {self.group}: unexpected {exc!r}")
 
     def _rewind(self, batch: Mapping[TopicPartition, list[ConsumerRecord[bytes, bytes]]]) -> None:
         """Drop a batch: its partitions still held go back to their settled positions (the
@@ -254,7 +257,7 @@ class BatchConsumer(Service):
         except (CommitFailedError, IllegalStateError) as exc:
             # The group moved the partitions while the batch ran (this member was too slow to
             # answer): their new owner reads the batch again (at least once).
-            log.warning("score consumer: offsets of a settled batch not committed (%s)", exc)
+            log.warning("consumer %s: offsets of a settled batch not committed (%s)", self.group, exc)
 
     async def _hold(self) -> None:
         """Pause the partitions of each topic whose step holds; resume the others."""
@@ -303,7 +306,9 @@ class BatchConsumer(Service):
             if committed is None:
                 committed = (await self._legacy_offsets()).get(tp)
                 if committed is not None:
-                    log.info("score consumer: %s starts at %d, the Faust agents' offset", tp, committed)
+                    log.info(
+                        "consumer %s: %s starts at %d, the Faust agents' offset", self.group, tp, committed
+                    )
             if committed is not None:
                 self.consumer.seek(tp, committed)
                 self._positions[tp] = committed
@@ -352,6 +357,18 @@ class BatchConsumer(Service):
                 self.rt.exporter.lag.labels(tp.topic, str(tp.partition)).set(max(0, end - settled))
 
 
+def host(app: faust.App, consumer: BatchConsumer) -> None:
+    """Start ``consumer`` with the Faust app (and stop it with the app)."""
+
+    @app.task
+    async def start_consumer() -> None:
+        try:
+            await app.add_runtime_dependency(consumer)
+        except Exception as exc:  # a worker whose consumer did not start must not look alive
+            log.exception("consumer %s: not started", consumer.group)
+            consumer.rt.fail_stop(f"consumer {consumer.group} not started: {exc!r}")
+
+
 class _Listener(ConsumerRebalanceListener):
     """The consumer's rebalance callbacks, handed to its :class:`BatchConsumer`."""
 
@@ -365,8 +382,8 @@ class _Listener(ConsumerRebalanceListener):
         try:
             await self.owner.assigned(set(assigned))
         except Exception as exc:  # aiokafka would log it and consume from unchecked positions
-            log.exception("score consumer: taking partitions %s failed", sorted(assigned))
-            self.owner.rt.fail_stop(f"score consumer: taking partitions failed: {exc!r}")
+            log.exception("consumer %s: taking partitions %s failed", self.owner.group, sorted(assigned))
+            self.owner.rt.fail_stop(f"consumer {self.owner.group}: taking partitions failed: {exc!r}")
 
 
 class _Sender:
@@ -374,7 +391,7 @@ class _Sender:
 
     def __init__(self, producer: AIOKafkaProducer | None) -> None:
         if producer is None:
-            raise RuntimeError("the score consumer's producer is not started yet")
+            raise RuntimeError("the batch consumer's producer is not started yet")
         self.producer = producer
 
     async def send(

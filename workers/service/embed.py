@@ -8,24 +8,28 @@ hashtag's watermark; the batch is acknowledged only after that.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Sequence
 
 import faust
 
 from stream.batch import TextEncoder
-from stream.cleaning import Dropped, Prepared, dedup, prepare
+from stream.cleaning import Dropped, Prepared, dedup
 from stream.coherence import coherence_text
-from stream.records import Coordinates, parse_tweet
+from stream.records import Coordinates
 from workers.adapters.exporter import Exporter
 from workers.adapters.kafka_client import TopicIdentity
 from workers.adapters.redis_client import Client, with_retry
 from workers.adapters.redis_means import Contribution
 from workers.adapters.redis_reservoir import RedisReservoir
 from workers.adapters.redis_state import RedisSeen
-from workers.service.incarnation import Incarnations
-from workers.service.records import Record, admit
+from workers.service.consumer import BatchConsumer, host
+from workers.service.incarnation import Incarnations, batch_group
+from workers.service.preparing import Preparer, Rejected
+from workers.service.records import Record, count_admission
 from workers.service.runtime import Outcome, Output, Runtime, Step, Topics, letter
 from workers.service.stores import means_of, replication_of, samples_of
+from workers.service.transactions import Transactions
 from workers.settings import Settings
 
 Item = tuple[Record, Prepared]
@@ -53,17 +57,24 @@ class Embedder:
         )
         self.samples = samples_of(client, settings, replication)
         self.reservoir = RedisReservoir(client, settings.redis_prefix, settings.coherence_reservoir)
+        self.prepare = Preparer(settings.prepare_workers, language_filter=settings.language_filter)
 
     def admit(self, records: Sequence[Record]) -> tuple[list[Item], list[Output]]:
-        """Parse and pre-process once: the tweets to embed, and the dead letters."""
-        parsed, rejected = admit(records, parse_tweet, self.x, "embed")
+        """Parse and pre-process once (in the preparing processes, if any): the tweets to
+        embed, and the dead letters."""
         items: list[Item] = []
-        for record, tweet in parsed:
-            result = prepare(tweet, language_filter=self.settings.language_filter)
-            if isinstance(result, Dropped):
-                self.x.dropped.labels(result.reason).inc()
-            else:
+        rejected: list[tuple[Record, Rejected]] = []
+        dropped: Counter[str] = Counter()
+        for record, result in zip(records, self.prepare([r.value for r in records]), strict=True):
+            if isinstance(result, Prepared):
                 items.append((record, result))
+            elif isinstance(result, Dropped):
+                dropped[result.reason] += 1
+            else:
+                rejected.append((record, result))
+        count_admission(records, [(r, e.reason) for r, e in rejected], self.x)
+        for reason, n in dropped.items():
+            self.x.dropped.labels(reason).inc(n)
         return items, [letter(r, e.reason, e.detail, "embed") for r, e in rejected]
 
     def apply(self, items: Sequence[Item]) -> Outcome:
@@ -149,16 +160,29 @@ def load_encoder(settings: Settings) -> TextEncoder:
     )
 
 
-def register(app: faust.App, topics: Topics, rt: Runtime, encoder: TextEncoder | None = None) -> None:
-    """The ``embed`` agent: batches of tweets through :class:`Embedder`."""
+def register(
+    app: faust.App, topics: Topics, rt: Runtime, generation: int = 0, encoder: TextEncoder | None = None
+) -> None:
+    """The embed role: its batch consumer of tweets (:mod:`workers.service.consumer`) through
+    :class:`Embedder`.  ``generation``: the consumer group's (:mod:`workers.service.incarnation`)."""
     settings = rt.settings
     identity = TopicIdentity(settings.broker.split(",")[0], **settings.kafka_client_options())
     incarnations = Incarnations(identity, rt.client, settings.redis_prefix, rt.exporter)
     embedder = Embedder(settings, rt.exporter, rt.client, encoder or load_encoder(settings), incarnations)
     step = Step("embed", embedder.admit, embedder.apply, source=lambda item: item[0])
     incarnations.watch(app, [settings.topic_tweets])
-
-    @app.agent(topics.tweets, name="embed")
-    async def embed(stream: faust.StreamT[bytes]) -> None:
-        assert isinstance(stream, faust.Stream)  # what Faust hands an agent: take_events is there
-        await rt.consume(step, stream, settings.embed_batch_size, settings.embed_max_wait_s)
+    group = batch_group(settings.app_id, "embed", generation)
+    exactly_once = settings.processing_guarantee == "exactly_once"
+    consumer = BatchConsumer(
+        rt,
+        {settings.topic_tweets: step},
+        group=group,
+        size=settings.embed_batch_size,
+        within=settings.embed_max_wait_s,
+        # The means are exactly once by their watermarks either way; the transactions make
+        # the dead letters exactly once too.
+        transactions=Transactions(rt, group, settings.aiokafka_options()) if exactly_once else None,
+        legacy_group=app.conf.id,
+        lag_topics=[settings.topic_tweets],
+    )
+    host(app, consumer)

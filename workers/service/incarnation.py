@@ -74,15 +74,15 @@ def group_id(app_id: str, roles: Sequence[str], generation: int) -> str:
     return f"{name}-g{generation}" if generation else name
 
 
-def score_group(app_id: str, generation: int) -> str:
-    """The score role's consumer group (:mod:`workers.service.consumer`), whatever other roles
-    its process runs: one group of every score worker.  Named as :func:`group_id` names the
-    Faust groups, so ``reval admin accept-topic`` finds and copies its offsets as theirs.
+def batch_group(app_id: str, role: str, generation: int) -> str:
+    """A role's batch consumer group (:mod:`workers.service.consumer`), whatever other roles
+    its process runs: one group of every worker of that role.  Named as :func:`group_id` names
+    the Faust app's groups, so ``reval admin accept-topic`` finds and copies its offsets as theirs.
 
-    >>> score_group("reval", 0), score_group("reval", 2)
-    ('reval-score-batch', 'reval-score-batch-g2')
+    >>> batch_group("reval", "score", 0), batch_group("reval", "embed", 2)
+    ('reval-score-batch', 'reval-embed-batch-g2')
     """
-    return group_id(app_id, ["score-batch"], generation)
+    return group_id(app_id, [f"{role}-batch"], generation)
 
 
 def next_group(group: str, generation: int) -> str:

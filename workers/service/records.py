@@ -90,8 +90,14 @@ def admit(
             parsed.append((record, parse(record.value)))
         except RecordError as exc:
             rejected.append((record, exc))
+    count_admission(records, [(record, exc.reason) for record, exc in rejected], x)
+    return parsed, rejected
+
+
+def count_admission(records: Sequence[Record], rejected: Sequence[tuple[Record, str]], x: Exporter) -> None:
+    """``reval_consumed_total`` and ``reval_rejected_total`` of a batch's admission (``rejected``:
+    each refused record and its reason), once per batch and label."""
     for topic, n in Counter(record.topic for record in records).items():
         x.consumed.labels(topic).inc(n)
-    for (topic, reason), n in Counter((record.topic, exc.reason) for record, exc in rejected).items():
+    for (topic, reason), n in Counter((record.topic, reason) for record, reason in rejected).items():
         x.rejected.labels(topic, reason).inc(n)
-    return parsed, rejected

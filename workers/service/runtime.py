@@ -1,4 +1,4 @@
-"""What every role's agents share: the worker threads, the batch step that never loses or
+"""What every role shares: the worker threads, the batch step that never loses or
 doubles a record, and delivery of outputs before a batch is acknowledged.
 
 A batch goes through four stages:
@@ -23,9 +23,8 @@ Only then are the effects that must follow the outputs done (``after``: settling
 join, the quality metrics), and the batch is acknowledged by returning.
 
 Whatever else ends a batch -- SIGTERM or SIGINT while it waits for Redis, a cancelled
-agent, an error nobody planned for -- ends the process before the batch is acknowledged:
-Faust's ``take_events`` acknowledges a taken batch whenever its consumer leaves it, also
-by an exception, and a graceful shutdown would then commit it unsettled.
+consumer, an error nobody planned for -- ends the process before the batch is acknowledged:
+a graceful shutdown must never commit a batch that did not settle.
 """
 
 from __future__ import annotations
@@ -34,7 +33,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, fields
 from typing import Any, Generic, NoReturn, Protocol, TypeVar
@@ -115,27 +114,6 @@ def too_large(exc: BaseException) -> bool:
             return True
         exc = exc.__cause__  # type: ignore[assignment]
     return False
-
-
-class EventStream(Protocol):
-    """What an agent's stream gives the runtime (:meth:`Runtime.consume`): batches of events,
-    as Faust's ``Stream.take_events`` yields them."""
-
-    def take_events(self, max_: int, within: float) -> AsyncIterator[Sequence[faust.types.EventT]]: ...
-
-
-def record_of(event: faust.types.EventT) -> Record:
-    """The :class:`Record` of a faust event (raw bytes, as the core parsers want them)."""
-    message = event.message
-    value = message.value if isinstance(message.value, bytes) else bytes(message.value or b"")
-    return Record(
-        message.topic,
-        message.partition,
-        message.offset,
-        int(message.timestamp * 1000) if message.timestamp else None,
-        message.key,
-        value,
-    )
 
 
 def encode_json(value: Any) -> bytes:
@@ -341,14 +319,6 @@ class Runtime:
         except FailStop as exc:
             self.fail_stop(f"{role}: {exc}")
 
-    async def consume(self, step: Step[Any], stream: EventStream, size: int, within: float) -> None:
-        """An agent's body: batches of up to ``size`` events (or what came ``within`` seconds)
-        from a Faust stream through :meth:`process`.  Each batch is acknowledged (by
-        ``take_events``) only when :meth:`process` returned: every other way out of it ends
-        the process first."""
-        async for events in stream.take_events(size, within=within):
-            await self.process(step, events, to_record=record_of)
-
     async def process(
         self,
         step: Step[Any],
@@ -365,8 +335,8 @@ class Runtime:
         pausing what holds), so it is not asked again.
 
         Returns only then: a shutdown while the batch is not settled, a cancellation and an
-        error nobody planned for end the process without acknowledging it (a crashed Faust
-        agent would otherwise acknowledge it, and sit in a live worker consuming nothing).
+        error nobody planned for end the process without acknowledging it (a crashed consumer
+        would otherwise sit in a live worker consuming nothing).
         """
         try:
             if not held:
@@ -378,7 +348,7 @@ class Runtime:
                 outcome.merge(await self._apply(step, items))
             await self.finish(step.role, outcome, deliver)
         except asyncio.CancelledError:
-            self.stop_now(step.role, "(its agent was cancelled)")
+            self.stop_now(step.role, "(its consumer was cancelled)")
         except Exception as exc:
             log.exception("%s: unexpected error", step.role)
             self.fail_stop(f"{step.role}: unexpected {exc!r}")

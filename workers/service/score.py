@@ -47,8 +47,8 @@ from workers.adapters.quality_metrics import QualityMetrics
 from workers.adapters.redis_client import Client, with_retry
 from workers.adapters.redis_state import RedisClaims, RedisJoin, Waiting
 from workers.adapters.store import ThesaurusStore, version_number
-from workers.service.consumer import BatchConsumer
-from workers.service.incarnation import Incarnations, score_group
+from workers.service.consumer import BatchConsumer, host
+from workers.service.incarnation import Incarnations, batch_group
 from workers.service.parked import Parked
 from workers.service.records import Record, admit
 from workers.service.runtime import Outcome, Output, Runtime, Step, Topics, letter
@@ -443,7 +443,7 @@ def register(app: faust.App, topics: Topics, rt: Runtime, generation: int = 0) -
         hold=lambda: not scorer.ready(),
     )
     incarnations.watch(app, [settings.topic_recommendations, settings.topic_tweets])
-    group = score_group(settings.app_id, generation)
+    group = batch_group(settings.app_id, "score", generation)
     exactly_once = settings.processing_guarantee == "exactly_once"
     # The tweets' lag is the embed role's to report where it runs too (its own group).
     lag_topics = [settings.topic_recommendations, *([] if "embed" in rt.roles else [settings.topic_tweets])]
@@ -460,13 +460,7 @@ def register(app: faust.App, topics: Topics, rt: Runtime, generation: int = 0) -
 
     scorer.committed = consumer.committed_offset
 
-    @app.task
-    async def start_consumer() -> None:
-        try:
-            await app.add_runtime_dependency(consumer)
-        except Exception as exc:  # a worker whose consumer did not start must not look alive
-            log.exception("score consumer: not started")
-            rt.fail_stop(f"score consumer not started: {exc!r}")
+    host(app, consumer)
 
     @app.timer(interval=settings.reload_interval_s)
     async def reload() -> None:

@@ -30,18 +30,16 @@ app.kubernetes.io/component: {{ .role }}
 {{- end -}}
 {{- end -}}
 
-{{/* The consumer group a role's workers join (workers/service/incarnation.py: group_id,
-score_group); after `reval admin accept-topic` the groups carry a -gN suffix: set
+{{/* The consumer group a role's workers join (workers/service/incarnation.py:
+batch_group); after `reval admin accept-topic` the groups carry a -gN suffix: set
 roles.<role>.autoscaling.consumerGroup then. */}}
 {{- define "reval.group" -}}
 {{- $appId := default "reval" (index .root.Values.settings "REVAL_APP_ID") -}}
 {{- $role := index .root.Values.roles .role -}}
 {{- if $role.autoscaling.consumerGroup -}}
 {{- $role.autoscaling.consumerGroup -}}
-{{- else if eq .role "score" -}}
-{{- printf "%s-score-batch" $appId -}}
 {{- else -}}
-{{- printf "%s-%s" $appId .role -}}
+{{- printf "%s-%s-batch" $appId .role -}}
 {{- end -}}
 {{- end -}}
 
