@@ -25,6 +25,12 @@ tweets/s). This measures, in one run:
     same tweets, with the retweet claims (``PREFIX:seen:*``) deleted in between so they
     are embedded again. Also: the producer alone (to a topic nobody reads), which bounds
     what this harness can show.
+(c) ``--drain N``: the embed worker at full speed, not bounded by this harness's producer:
+    N records (the feed's original tweets, cycled) produced to its topic first, then one
+    ``reval worker embed`` per ``--prepare-workers`` value started on them; its rate is read
+    from its own ``reval_tweets_embedded_total`` over the middle 80% of the drain, and its
+    stage times (``reval_embed_admit_seconds``, ``reval_redis_seconds``,
+    ``reval_embed_seconds``) say which stage bounds it.
 
 Model: ``--model base`` (default) is a randomly initialised BERTweet-base shape (as
 ``bench.bench_encoder.build_base_model``: speed depends on the shapes, not the weights),
@@ -52,6 +58,7 @@ import torch
 # part (b)'s imports are in bench_worker.
 from bench.bench_encoder import build_base_model, embeddable_tweets, load_texts
 from bench.results import bench_command, cpu_model, publish
+from stream.records import parse_tweet
 from workers.adapters.bertweet_tokenizer import FastBertweetTokenizer, fast_for
 from workers.adapters.encoder import Encoder
 from workers.adapters.gpu_batching import DEFAULT_TOKEN_BUDGET
@@ -358,6 +365,137 @@ def bench_worker(
     )
 
 
+@dataclass
+class DrainResult:
+    prepare_workers: int
+    backlog: int
+    rate: float  # tweets/s embedded between 10% and 90% of the backlog (or the time limit)
+    window: tuple[int, int]  # tweets embedded at the window's ends
+    finished: bool
+    start_s: float
+    worker_cpu_s: float
+    summary: dict[str, float]
+    log_has_traceback: bool
+
+
+def backlog_tweets(feed: list[tuple[bytes, bytes, str]], n: int) -> list[tuple[bytes, bytes]]:
+    """``n`` records cycling through the feed's original tweets (a retweet's second copy would
+    be dropped by the claims, which would make the worker's job easier than a real feed's)."""
+    originals = [(k, v) for k, v, _ in feed if not parse_tweet(v).is_retweet]
+    return [
+        (f"{k.decode()}-{i}".encode(), v)
+        for i, (k, v) in enumerate(itertools.islice(itertools.cycle(originals), n))
+    ]
+
+
+def bench_drain(
+    model: Path,
+    device: str,
+    batch_size: int,
+    backlog: list[tuple[bytes, bytes]],
+    prepare_workers: int,
+    workdir: Path,
+    limit_s: float,
+) -> DrainResult:
+    """The embed worker draining a backlog: ``backlog`` produced to its topic first, then one
+    ``reval worker embed`` started; its rate is read from its own ``reval_tweets_embedded_total``
+    while it drains (the producer is not in the timing, so it measures the worker at full
+    speed -- what it can keep up with)."""
+    import redis
+    from kafka import KafkaProducer
+
+    from bench.bench_pipeline import Setting, process_cpu, start_worker, worker_summary
+    from workers.adapters.kafka_client import create_topics
+    from workers.adapters.redis_means import RedisMeans
+    from workers.dev.stack import wait_for
+    from workers.dev.tansu import TansuBroker
+
+    client = redis.Redis.from_url(REDIS_URL)
+    setting = Setting(
+        f"{device}, batch {batch_size}, {prepare_workers} preparing",
+        "auto",
+        batch_size,
+        extra_env={
+            "REVAL_DEVICE": device,
+            "REVAL_EMBED_MAX_WAIT_S": "0.05",
+            "REVAL_PREPARE_WORKERS": str(prepare_workers),
+        },
+    )
+    n = len(backlog)
+    with TansuBroker() as broker:
+        producer = KafkaProducer(bootstrap_servers=broker.bootstrap, linger_ms=20, batch_size=1 << 20)
+        worker = None
+        try:
+            create_topics(broker.bootstrap, {setting.topic: 4})  # start_worker creates the rest
+            for key, value in backlog:
+                producer.send(setting.topic, key=key, value=value)
+            producer.flush()
+            t0 = time.perf_counter()
+            worker = setting.worker = start_worker(setting, broker.bootstrap, model, workdir)
+            wait_for("embed worker ready", worker.ready, timeout=600)
+            start_s = time.perf_counter() - t0
+            cpu0 = process_cpu(worker.proc.pid)
+            samples: list[tuple[float, float]] = []
+            deadline = time.perf_counter() + limit_s
+            while time.perf_counter() < deadline:
+                got = worker.metric("reval_tweets_embedded_total")
+                samples.append((time.perf_counter(), got))
+                if got >= n:
+                    break
+                time.sleep(0.2)
+            worker_cpu = process_cpu(worker.proc.pid) - cpu0
+            summary = worker_summary(worker)
+            traceback = "Traceback" in worker.text()
+        finally:
+            producer.close()
+            if worker is not None:
+                worker.stop()
+            RedisMeans(client, prefix=setting.prefix).clear()
+    reached = samples[-1][1]
+    lo, hi = 0.1 * n, min(0.9 * n, reached)
+    first = next((s for s in samples if s[1] >= lo), samples[0])
+    last = next((s for s in reversed(samples) if s[1] <= hi), samples[-1])
+    rate = (last[1] - first[1]) / (last[0] - first[0]) if last[0] > first[0] else float("nan")
+    return DrainResult(
+        prepare_workers,
+        n,
+        rate,
+        (int(first[1]), int(last[1])),
+        reached >= n,
+        start_s,
+        worker_cpu,
+        summary,
+        traceback,
+    )
+
+
+def drain_lines(results: list[DrainResult], encoder_rate: float) -> list[str]:
+    """The markdown of part (c)."""
+    lines = [
+        "",
+        "### (c) Embed worker draining a backlog (Kafka -> prepare -> claim -> embed -> Redis means)",
+        "",
+        f"The backlog produced first, then one `reval worker embed`; rate over the middle of the drain "
+        f"from the worker's own counter. Encoder alone in this run: {encoder_rate:,.0f} tweets/s.",
+        "",
+        "| REVAL_PREPARE_WORKERS | backlog | embedded tweets/s | / encoder alone | worker CPU s | "
+        "admit s | claim s | encode s | means s | batches | ready in |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        s = r.summary
+        lines.append(
+            f"| {r.prepare_workers} | {r.backlog:,}{'' if r.finished else ' (not all)'} | {r.rate:,.0f} | "
+            f"{r.rate / encoder_rate:.2f} | {r.worker_cpu_s:.1f} | {s.get('admit_s', 0):.1f} | "
+            f"{s.get('claim_s', 0):.1f} | {s.get('embed_s', 0):.1f} | {s.get('apply_s', 0):.1f} | "
+            f"{s.get('batches', 0):.0f} | {r.start_s:.0f} s |"
+        )
+    if any(r.log_has_traceback for r in results):
+        lines.append("")
+        lines.append("A worker's log has a Traceback.")
+    return lines
+
+
 # -- main -----------------------------------------------------------------------------
 
 
@@ -383,6 +521,11 @@ def main() -> None:
     p.add_argument("--worker-tweets", type=int, default=10_000, help="tweets per worker round (<= feed)")
     p.add_argument("--worker-rounds", type=int, default=3)
     p.add_argument("--no-worker", action="store_true", help="skip (b), the embed worker")
+    p.add_argument("--drain", type=int, default=0, help="(c): backlog of tweets the worker drains (0: skip)")
+    p.add_argument(
+        "--prepare-workers", default="0,8", help="(c): REVAL_PREPARE_WORKERS values, one drain each"
+    )
+    p.add_argument("--drain-limit-s", type=float, default=120.0, help="(c): longest one drain is watched")
     p.add_argument("--out", type=Path, help="also write the markdown section here")
     p.add_argument("--profile", type=Path, help="torch.profiler table of the device half")
     args = p.parse_args()
@@ -392,7 +535,7 @@ def main() -> None:
     peak = args.peak_tflops * 1e12
 
     # The feed, cleaned as the embed worker cleans it; (a) cycles through it when asked for more.
-    feed = embeddable_tweets(max(0 if args.no_worker else args.worker_tweets, args.tweets))
+    feed = embeddable_tweets(max(0 if args.no_worker else args.worker_tweets, args.tweets, args.drain))
     cleaned = [t for _, _, t in feed]
     texts = list(itertools.islice(itertools.cycle(cleaned), args.tweets))
     load_before = os.getloadavg()
@@ -437,6 +580,15 @@ def main() -> None:
             worker = bench_worker(
                 model, str(device), args.worker_batch, worker_tweets, args.worker_rounds, workdir
             )
+        drains: list[DrainResult] = []
+        if args.drain:
+            backlog = backlog_tweets(feed, args.drain)
+            for workers in [int(w) for w in args.prepare_workers.split(",")]:
+                drains.append(
+                    bench_drain(
+                        model, str(device), args.worker_batch, backlog, workers, workdir, args.drain_limit_s
+                    )
+                )
     load_after = os.getloadavg()
     total_s = time.perf_counter() - t_start
 
@@ -548,6 +700,8 @@ def main() -> None:
             f"Every tweet embedded (dropped {s['dropped']:.0f}, rejected {s['rejected']:.0f})"
             + ("; WARNING: the worker logged a traceback." if worker.log_has_traceback else "."),
         ]
+    if drains:
+        lines += drain_lines(drains, enc.new_rate)
     publish(lines, args.out)
 
 

@@ -218,6 +218,7 @@ def worker_summary(worker: Worker) -> dict[str, float]:
         "batches": get("reval_embed_batch_size_count"),
         "batch_tweets": get("reval_embed_batch_size_sum"),
         "embed_s": get("reval_embed_seconds_sum"),
+        "admit_s": get("reval_embed_admit_seconds_sum"),
         "claim_s": get("reval_redis_seconds_sum", op="claim"),
         "apply_s": get("reval_redis_seconds_sum", op="apply"),
         "dropped": sum(v for (n, _), v in m.items() if n == "reval_tweets_dropped_total"),

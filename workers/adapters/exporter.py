@@ -156,6 +156,11 @@ class Exporter:
             buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
         )
         self.embed_seconds = Histogram("reval_embed_seconds", "Encoder time per batch", registry=r)
+        self.admit_seconds = Histogram(
+            "reval_embed_admit_seconds",
+            "Parsing and cleaning time per batch of tweets (REVAL_PREPARE_WORKERS processes, if any)",
+            registry=r,
+        )
         self.redis_seconds = Histogram(
             "reval_redis_seconds",
             "Redis round trips",

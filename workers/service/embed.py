@@ -65,7 +65,10 @@ class Embedder:
         items: list[Item] = []
         rejected: list[tuple[Record, Rejected]] = []
         dropped: Counter[str] = Counter()
-        for record, result in zip(records, self.prepare([r.value for r in records]), strict=True):
+        started = time.perf_counter()
+        prepared = self.prepare([r.value for r in records])
+        self.x.admit_seconds.observe(time.perf_counter() - started)
+        for record, result in zip(records, prepared, strict=True):
             if isinstance(result, Prepared):
                 items.append((record, result))
             elif isinstance(result, Dropped):
