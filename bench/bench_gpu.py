@@ -418,7 +418,8 @@ def bench_drain(
         extra_env={
             "REVAL_DEVICE": device,
             "REVAL_EMBED_MAX_WAIT_S": "0.05",
-            "REVAL_PREPARE_WORKERS": str(prepare_workers),
+            # only when set: a tree from before the setting can be measured (PYTHONPATH)
+            **({"REVAL_PREPARE_WORKERS": str(prepare_workers)} if prepare_workers else {}),
         },
     )
     n = len(backlog)

@@ -413,6 +413,11 @@ BAD_VALUES = {
         ["--set", "settings.REVAL_KAFKA_SASL_PASSWORD=hunter2"],
         "settings.REVAL_KAFKA_SASL_PASSWORD: a secret in values is refused",
     ),
+    # ...and a token, but not REVAL_TOKEN_BUDGET or REVAL_TOKENIZE_WORKERS (production values)
+    "a token in values": (
+        ["--set", "roles.score.settings.REVAL_AUDIT_TOKEN=abc"],
+        "roles.score.settings.REVAL_AUDIT_TOKEN: a secret in values is refused",
+    ),
     "a password in the Redis URL": (
         ["--set", "redis.url=redis://app:hunter2@redis:6379/0"],
         "redis.url holds credentials",

@@ -119,9 +119,11 @@ class Incarnations:
         key = incarnation_key(self.prefix, topic)
         now = self.identity.of(topic)
 
-        def accepted() -> Any:
-            self.client.set(key, now, nx=True)  # the first worker ever records it
-            return self.client.get(key)
+        def accepted() -> Any:  # one round trip (checked once per batch)
+            pipe = self.client.pipeline(transaction=False)
+            pipe.set(key, now, nx=True)  # the first worker ever records it
+            pipe.get(key)
+            return pipe.execute()[1]
 
         stored = with_retry("topic identity", accepted, report=self.x.redis_report)
         stored = stored.decode() if isinstance(stored, bytes) else str(stored)

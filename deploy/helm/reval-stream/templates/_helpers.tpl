@@ -61,7 +61,7 @@ roles.<role>.autoscaling.consumerGroup then. */}}
   "roles.index.settings" .Values.roles.index.settings "roles.score.settings" .Values.roles.score.settings -}}
 {{- range $scope := keys $scopes | sortAlpha -}}
 {{- range $key, $_ := (index $scopes $scope | default dict) -}}
-{{- if regexMatch "PASSWORD|SECRET|TOKEN" $key -}}
+{{- if regexMatch "PASSWORD|SECRET|(^|_)TOKEN$" $key -}}
 {{- fail (printf "%s.%s: a secret in values is refused; put it in a Kubernetes Secret and name that Secret in kafka.sasl.passwordSecret" $scope $key) -}}
 {{- end -}}
 {{- if hasKey $owned $key -}}
