@@ -231,6 +231,29 @@ def test_reval_tokenize_command(tiny_bertweet: Path, feed: list[str]) -> None:
     assert len(rows) == 200 and all(row[0] == 0 and row[-1] == 2 for row in rows)  # <s> ... </s>
 
 
+def test_the_tokenize_command_never_imports_torch(tiny_bertweet: Path) -> None:
+    """``reval tokenize`` needs only the tokenizer: torch (seconds of imports) stays out."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import io, sys\n"
+        "from typer.testing import CliRunner\n"
+        "from workers.commands.cli import app\n"
+        f"done = CliRunner().invoke(app, ['tokenize', '--model', {str(tiny_bertweet)!r}], "
+        "input='flooding in #boston\\n')\n"
+        "print(done.stdout.strip(), 'torch' in sys.modules)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("USE_TORCH", "TRANSFORMERS_VERBOSITY")}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr
+    ids, imported = done.stdout.split()
+    assert ids.startswith("[0,") and ids.endswith(",2]")
+    assert imported == "False"
+    assert done.stderr == ""  # transformers' "no PyTorch" warning is not shown
+
+
 # -- The exact shortcuts past the tweet regex (issue 12 §1): each edge against the reference. --
 
 SHORTCUT_CASES = [

@@ -42,8 +42,9 @@ from workers.adapters.gpu_batching import (
     restore_order,
     token_budget_batches,
 )
-from workers.adapters.model_loading import MINILM, resolve_dtype, resolve_model
+from workers.adapters.model_loading import resolve_dtype
 from workers.adapters.prefetch import chunked, prefetch
+from workers.adapters.tokenizer_loading import MINILM, resolve_model
 from workers.dev.tiny_models import build_tiny_bertweet
 
 TWEETS = [

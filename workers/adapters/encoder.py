@@ -65,16 +65,9 @@ from workers.adapters.gpu_batching import (
     build_batch,
     flash_varlen_available,
 )
-from workers.adapters.model_loading import (
-    is_bertweet,
-    load_pretrained,
-    max_tokens,
-    position_offset,
-    resolve_device,
-    resolve_dtype,
-    resolve_model,
-)
+from workers.adapters.model_loading import load_pretrained, resolve_device, resolve_dtype
 from workers.adapters.prefetch import chunked, prefetch
+from workers.adapters.tokenizer_loading import is_bertweet, max_tokens, position_offset, resolve_model
 from workers.adapters.tokenizing_processes import TokenizerSpec, TokenizingProcesses, default_tokenize_workers
 
 log = logging.getLogger(__name__)

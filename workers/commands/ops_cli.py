@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import threading
 from pathlib import Path
@@ -129,6 +130,10 @@ def tokenize_cmd(
 ) -> None:
     """Texts on stdin, one per line -> one JSON array of token ids per line on stdout
     (with <s>/</s>, no padding, truncated at the model's maximum), as the encoder sees them."""
+    # Before anything imports transformers: it then leaves torch unimported (its documented
+    # USE_TORCH switch; seconds of imports a tokenizer does not need) and does not warn of it.
+    os.environ.setdefault("USE_TORCH", "0")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     from workers.commands.tokenize import tokenize_stream
 
     try:

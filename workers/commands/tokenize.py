@@ -15,10 +15,16 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from transformers import AutoConfig, BertweetTokenizer
+from transformers import BertweetTokenizer
 
 from workers.adapters.bertweet_tokenizer import fast_for
-from workers.adapters.model_loading import is_bertweet, load_hf_tokenizer, max_tokens, resolve_model
+from workers.adapters.tokenizer_loading import (
+    is_bertweet,
+    load_hf_tokenizer,
+    max_tokens,
+    resolve_model,
+    tokenizer_config,
+)
 
 BATCH = 1024  # lines per tokenizer call: amortises per-call costs, keeps memory flat
 
@@ -48,10 +54,7 @@ def load_tokenizer(model: str, *, slow: bool = False) -> tuple[Callable[[list[st
     path = resolve_model(model)
     load_kw: dict[str, Any] = {"local_files_only": True} if Path(path).is_dir() else {}
     try:
-        try:
-            config = AutoConfig.from_pretrained(path, **load_kw)
-        except (OSError, ValueError):
-            config = None  # a tokenizer-only directory is fine: the tokenizer's limit applies
+        config = tokenizer_config(path, **load_kw)
         bertweet = is_bertweet(model, config)
         tok = load_hf_tokenizer(path, bertweet_hint=bertweet, **load_kw)
         if slow and not isinstance(tok, BertweetTokenizer) and tok.is_fast:
