@@ -167,7 +167,14 @@ def main() -> None:
     p.add_argument("--warmup", type=float, default=0.3, help="share of each phase not fitted")
     p.add_argument("--redis-url", default=os.environ.get("REVAL_REDIS_URL", "redis://127.0.0.1:6379/0"))
     p.add_argument("--out", type=Path, help="write soak.json and soak.md here")
+    p.add_argument(
+        "--trace-memory",
+        type=int,
+        default=0,
+        help="PYTHONTRACEMALLOC frames for the workers (0: off): their logs say where memory grew",
+    )
     args = p.parse_args()
+    traced = {"PYTHONTRACEMALLOC": str(args.trace_memory)} if args.trace_memory else {}
 
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
@@ -180,7 +187,11 @@ def main() -> None:
             model,
             work / "stack",
             partitions=4,
-            extra_env={"REVAL_PROCESSING_GUARANTEE": "exactly_once", "REVAL_INDEX_INTERVAL_S": "30"},
+            extra_env={
+                "REVAL_PROCESSING_GUARANTEE": "exactly_once",
+                "REVAL_INDEX_INTERVAL_S": "30",
+                **traced,
+            },
         )
         try:
             workers: dict[str, Worker] = {role: stack.start(role) for role in ROLES}
@@ -222,6 +233,10 @@ def main() -> None:
             ids = Counter(json.loads(r.value)["tweet_id"] for r in records)
             dead = stack.read("dead_letter")
             result = check_and_fit(samples, args, load, ids, dead)
+            growth = {
+                role: [line for line in w.text().splitlines() if "reval.memory" in line or "memory: " in line]
+                for role, w in workers.items()
+            }
         finally:
             stack.close()
             broker.stop()
@@ -230,6 +245,10 @@ def main() -> None:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "soak.json").write_text(json.dumps({**result, "samples": samples}, indent=1))
         (args.out / "soak.md").write_text(result["markdown"])
+        if args.trace_memory:
+            (args.out / "memory.txt").write_text(
+                "\n".join(f"{role}: {line}" for role, lines in growth.items() for line in lines) + "\n"
+            )
 
 
 def check_and_fit(

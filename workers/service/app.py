@@ -13,6 +13,8 @@ module (:mod:`~workers.service.embed`, :mod:`~workers.service.index`,
 
 from __future__ import annotations
 
+import logging
+import tracemalloc
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -20,6 +22,7 @@ import faust
 
 from stream.batch import TextEncoder
 from workers.adapters.exporter import Exporter
+from workers.adapters.prometheus_rules import DEFAULT_PORTS
 from workers.adapters.redis_client import connect
 from workers.service import embed, faust_compat, index, score
 from workers.service.incarnation import group_generation, group_id
@@ -27,7 +30,7 @@ from workers.service.runtime import Runtime, Topics
 from workers.settings import Settings
 
 ROLES = ("embed", "index", "score")
-DEFAULT_PORTS = {"embed": 9101, "index": 9102, "score": 9103}
+__all__ = ["DEFAULT_PORTS", "ROLES", "create_app"]
 
 
 def create_app(
@@ -85,4 +88,38 @@ def create_app(
         index.register(app, rt)
     if "score" in chosen:
         score.register(app, topics, rt, generation)
+    if tracemalloc.is_tracing():
+        report_memory_growth(app)
     return app
+
+
+#: How often a traced worker logs where its memory grew (``PYTHONTRACEMALLOC``).
+MEMORY_REPORT_S = 120.0
+
+
+def report_memory_growth(app: faust.App, top: int = 10) -> None:
+    """With Python's allocation tracing on (``PYTHONTRACEMALLOC=N``, a diagnosis: it slows the
+    worker), log every :data:`MEMORY_REPORT_S` the ``top`` source lines whose live allocations
+    grew most since the first report -- what a growing RSS is made of, where it is Python's."""
+    first: list[tracemalloc.Snapshot] = []
+    log = logging.getLogger("reval.memory")
+
+    @app.timer(interval=MEMORY_REPORT_S)
+    async def memory_growth() -> None:
+        snapshot = tracemalloc.take_snapshot().filter_traces(
+            [tracemalloc.Filter(False, tracemalloc.__file__), tracemalloc.Filter(False, "<frozen *>")]
+        )
+        if not first:
+            first.append(snapshot)
+            return
+        stats = snapshot.compare_to(first[0], "lineno")[:top]
+        traced, _ = tracemalloc.get_traced_memory()
+        log.info(
+            "memory: %.1f MiB traced; grown most since the first report: %s",
+            traced / 2**20,
+            "; ".join(
+                f"{s.traceback[0].filename}:{s.traceback[0].lineno} {s.size_diff / 1024:+.0f} KiB "
+                f"({s.count_diff:+d} blocks)"
+                for s in stats
+            ),
+        )
