@@ -186,18 +186,22 @@ def test_kill_9_of_the_scorer_during_joins_loses_no_event(stack: Stack) -> None:
 
 def test_kill_9_of_the_embed_worker_counts_every_tweet_once(stack: Stack) -> None:
     """kill -9 between applying a batch to Redis and committing its offsets: the batch is
-    redelivered, and the per-partition watermarks make the second application a no-op."""
+    redelivered, and the per-partition watermarks make the second application a no-op.
+    Every other worker admits in a preparing process, the next batch's admission under way
+    while one is applied (the batch consumer's lookahead): a kill then also drops a batch
+    admitted but not applied."""
     lines = plain_tweets(1800)
     expected = batch_means(lines, stack.model)
+    lookahead = {"REVAL_PREPARE_WORKERS": "1", "REVAL_EMBED_BATCH_SIZE": "256"}
     embed = stack.start("embed")
     stack.wait_ready(embed)
     rng = random.Random(5)
     third = len(lines) // 3
-    for start in (0, third, 2 * third):
+    for i, start in enumerate((0, third, 2 * third)):
         stack.send("tweets", keyed(lines[start : start + third if start < 2 * third else None]))
         time.sleep(rng.uniform(0.5, 3.0))
         embed.kill9()
-        embed = stack.start("embed")
+        embed = stack.start("embed", env=lookahead if i % 2 == 0 else None)
         stack.wait_ready(embed)
     wait_for("every tweet applied", lambda: counts_reach(stack, expected), 180, 1.0)
     time.sleep(2)  # nothing applied twice after the counts matched

@@ -9,6 +9,9 @@ the one :meth:`~workers.service.runtime.Runtime.process`: the embed role its ``t
 score role ``recommendations`` for the ``score`` step and ``tweets`` for the join's.
 
 * ``getmany`` takes up to ``size`` records; each topic's records are one batch of its step;
+  where every step can start its admission elsewhere (``Step.prefetch``: the embed role's
+  preparing processes), a batch is admitted while the one before it is applied and settled
+  after the next poll (lookahead); a rebalance drops both;
 * offsets are committed explicitly and only once their batch is settled: after ``process``
   returned (at least once, ``commit``), or in the batch's transactions (exactly once,
   :mod:`workers.service.transactions`); a batch that did not settle ends the process first
@@ -55,6 +58,18 @@ log = logging.getLogger("reval.workers")
 #: Longest a batch may take before the group considers this member gone (a batch held on a
 #: Redis outage included; Faust's own default).
 MAX_POLL_INTERVAL_S = 1000.0
+
+
+Batch = Mapping[TopicPartition, list[ConsumerRecord[bytes, bytes]]]
+"""What ``getmany`` returns: each partition's records, in offset order."""
+
+
+def _by_topic(batch: Batch) -> dict[str, list[ConsumerRecord[bytes, bytes]]]:
+    by_topic: dict[str, list[ConsumerRecord[bytes, bytes]]] = {}
+    for tp, messages in batch.items():
+        if messages:
+            by_topic.setdefault(tp.topic, []).extend(messages)
+    return by_topic
 
 
 def record_of(message: ConsumerRecord[bytes, bytes]) -> Record:
@@ -191,20 +206,40 @@ class BatchConsumer(Service):
 
     # -- the loop --------------------------------------------------------------------------
 
+    @property
+    def lookahead(self) -> bool:
+        """Whether the next batch's admission starts while a batch is applied: every step can
+        prefetch, and none holds (a hold decided before the poll would be stale by then)."""
+        return all(step.prefetch is not None and step.hold is None for step in self.steps.values())
+
     async def _run(self) -> None:
         assert self.consumer is not None
+        # The batch fetched last, its admission under way (lookahead), settled after the next
+        # poll: while the role's thread applies it, the next one is admitted elsewhere.
+        ahead: tuple[int, Batch, dict[str, Any]] | None = None
         try:
             while not self._closing:
                 await self._hold()
                 generation = self._generation
-                batch = await self.consumer.getmany(timeout_ms=int(self.within * 1000), max_records=self.size)
+                wait_ms = 0 if ahead is not None else int(self.within * 1000)
+                batch = await self.consumer.getmany(timeout_ms=wait_ms, max_records=self.size)
                 async with self._busy:
                     if self._closing:
                         continue  # the shutdown: redelivered to the next owner
-                    if generation != self._generation:
-                        self._rewind(batch)  # fetched across a rebalance: read again
+                    if generation != self._generation or (ahead is not None and ahead[0] != self._generation):
+                        # fetched across a rebalance: read again -- the newer batch first, so
+                        # where a partition has no settled position the older one's start wins
+                        self._rewind(batch)
+                        if ahead is not None:
+                            self._rewind(ahead[1])
+                            ahead = None
                         continue
-                    if batch:
+                    if self.lookahead:
+                        fetched = (generation, batch, self._prefetch(batch)) if batch else None
+                        if ahead is not None:
+                            await self._settle(ahead[1], ahead[2])
+                        ahead = fetched
+                    elif batch:
                         await self._settle(batch)
                     self._report_lag()
         except asyncio.CancelledError:
@@ -213,7 +248,7 @@ class BatchConsumer(Service):
             log.exception("consumer %s: unexpected error", self.group)
             self.rt.fail_stop(f"consumer {self.group}: unexpected {exc!r}")
 
-    def _rewind(self, batch: Mapping[TopicPartition, list[ConsumerRecord[bytes, bytes]]]) -> None:
+    def _rewind(self, batch: Batch) -> None:
         """Drop a batch: its partitions still held go back to their settled positions (the
         committed offsets :meth:`assigned` read after fencing), else to the batch's first
         record -- getmany moved them past it, and a dropped record must be read again."""
@@ -223,15 +258,19 @@ class BatchConsumer(Service):
             if messages and tp in held:
                 self.consumer.seek(tp, self._positions.get(tp, messages[0].offset))
 
-    async def _settle(self, batch: Mapping[TopicPartition, list[ConsumerRecord[bytes, bytes]]]) -> None:
+    def _prefetch(self, batch: Batch) -> dict[str, Any]:
+        """Each topic's ``step.prefetch`` over its records (in :meth:`_settle`'s order)."""
+        tokens: dict[str, Any] = {}
+        for topic, messages in sorted(_by_topic(batch).items()):
+            prefetch = self.steps[topic].prefetch
+            if prefetch is not None:
+                tokens[topic] = prefetch([m.value if m.value is not None else b"" for m in messages])
+        return tokens
+
+    async def _settle(self, batch: Batch, prefetched: Mapping[str, Any] | None = None) -> None:
         """Each topic's records through its step, then (at least once) their offsets committed."""
-        by_topic: dict[str, list[ConsumerRecord[bytes, bytes]]] = {}
-        positions: dict[TopicPartition, int] = {}
-        for tp, messages in batch.items():
-            if messages:
-                by_topic.setdefault(tp.topic, []).extend(messages)
-                positions[tp] = messages[-1].offset + 1
-        for topic, messages in sorted(by_topic.items()):
+        positions = {tp: messages[-1].offset + 1 for tp, messages in batch.items() if messages}
+        for topic, messages in sorted(_by_topic(batch).items()):
             ends = {tp: n for tp, n in positions.items() if tp.topic == topic}
             deliver: Deliver
             if self.transactions is not None:
@@ -240,7 +279,12 @@ class BatchConsumer(Service):
                 deliver = self.deliver
             # _hold asked each step before the poll (a held topic's partitions are paused).
             await self.rt.process(
-                self.steps[topic], messages, to_record=record_of, deliver=deliver, held=True
+                self.steps[topic],
+                messages,
+                to_record=record_of,
+                deliver=deliver,
+                held=True,
+                prefetched=(prefetched or {}).get(topic),
             )
         if self.transactions is None:
             await self._commit(positions)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Sequence
+from typing import Any
 
 import faust
 
@@ -59,14 +60,23 @@ class Embedder:
         self.reservoir = RedisReservoir(client, settings.redis_prefix, settings.coherence_reservoir)
         self.prepare = Preparer(settings.prepare_workers, language_filter=settings.language_filter)
 
-    def admit(self, records: Sequence[Record]) -> tuple[list[Item], list[Output]]:
-        """Parse and pre-process once (in the preparing processes, if any): the tweets to
-        embed, and the dead letters."""
+    def prefetch(self, values: Sequence[bytes]) -> Any:
+        """Start a batch's preparation in the preparing processes (the batch consumer calls
+        it for the next batch while this one is applied); None when there are none."""
+        return self.prepare.submit(values)
+
+    def admit(self, records: Sequence[Record], prefetched: Any = None) -> tuple[list[Item], list[Output]]:
+        """Parse and pre-process once (in the preparing processes, if any; already started
+        where ``prefetched``): the tweets to embed, and the dead letters."""
         items: list[Item] = []
         rejected: list[tuple[Record, Rejected]] = []
         dropped: Counter[str] = Counter()
         started = time.perf_counter()
-        prepared = self.prepare([r.value for r in records])
+        if prefetched is not None:
+            prepared = self.prepare.collect(prefetched)
+        else:
+            prepared = self.prepare([r.value for r in records])
+        # With a prefetch, only the wait the apply did not hide.
         self.x.admit_seconds.observe(time.perf_counter() - started)
         for record, result in zip(records, prepared, strict=True):
             if isinstance(result, Prepared):
@@ -172,7 +182,13 @@ def register(
     identity = TopicIdentity(settings.broker.split(",")[0], **settings.kafka_client_options())
     incarnations = Incarnations(identity, rt.client, settings.redis_prefix, rt.exporter)
     embedder = Embedder(settings, rt.exporter, rt.client, encoder or load_encoder(settings), incarnations)
-    step = Step("embed", embedder.admit, embedder.apply, source=lambda item: item[0])
+    step = Step(
+        "embed",
+        embedder.admit,
+        embedder.apply,
+        source=lambda item: item[0],
+        prefetch=embedder.prefetch if settings.prepare_workers else None,
+    )
     incarnations.watch(app, [settings.topic_tweets])
     group = batch_group(settings.app_id, "embed", generation)
     exactly_once = settings.processing_guarantee == "exactly_once"

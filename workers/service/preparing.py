@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import multiprocessing
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, replace
 
@@ -84,14 +84,28 @@ class Preparer:
             )
 
     def __call__(self, values: Sequence[bytes]) -> list[Admitted]:
+        started = self.submit(values)
+        return self.collect(started) if started is not None else prepare_values(values, self.language_filter)
+
+    def submit(self, values: Sequence[bytes]) -> list[Future[list[Admitted]]] | None:
+        """Start preparing ``values`` in the processes, one chunk each; None where there are
+        no processes or the batch is too small to be worth it (prepare it in the thread)."""
         if self._pool is None or len(values) < 2 * MIN_CHUNK:
-            return prepare_values(values, self.language_filter)
+            return None
         n = min(self.workers, len(values) // MIN_CHUNK)
         size = -(-len(values) // n)
-        chunks = [list(values[i : i + size]) for i in range(0, len(values), size)]
         try:
-            futures = [self._pool.submit(prepare_values, chunk, self.language_filter) for chunk in chunks]
-            return [admitted for future in futures for admitted in future.result()]
+            return [
+                self._pool.submit(prepare_values, list(values[i : i + size]), self.language_filter)
+                for i in range(0, len(values), size)
+            ]
+        except BrokenProcessPool as exc:
+            raise FailStop(f"a preparing process died: {exc}") from exc
+
+    def collect(self, started: Sequence[Future[list[Admitted]]]) -> list[Admitted]:
+        """The results of :meth:`submit`, in the batch's order (waits for them)."""
+        try:
+            return [admitted for future in started for admitted in future.result()]
         except BrokenProcessPool as exc:
             # A process died (killed, out of memory): not the records' fault, and every later
             # batch would fail the same way -- stop, and take the batch again after the restart.

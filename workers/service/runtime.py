@@ -223,13 +223,19 @@ class Step(Generic[I]):
 
     ``hold`` (in the role's thread, before each batch): True while the role must not take
     work -- the batch waits, unacknowledged, and the consumer stops pulling.
+
+    ``prefetch`` (optional, on the event loop, never blocking): starts the pure part of a
+    batch's admission elsewhere (worker processes) from its records' values and returns a
+    token that ``admit(records, token)`` completes -- so the batch consumer can admit the next
+    batch while this one is applied.  None from it: nothing started.
     """
 
     role: str
-    admit: Callable[[Sequence[Record]], tuple[list[I], list[Output]]]
+    admit: Callable[..., tuple[list[I], list[Output]]]  # (records[, prefetched token])
     apply: Callable[[Sequence[I]], Outcome]
     source: Callable[[I], Record]
     hold: Callable[[], bool] | None = None
+    prefetch: Callable[[Sequence[bytes]], Any] | None = None
 
 
 class Producer(Protocol):
@@ -327,12 +333,14 @@ class Runtime:
         to_record: Callable[[Any], Record] | None = None,
         deliver: Deliver | None = None,
         held: bool = False,
+        prefetched: Any = None,
     ) -> None:
         """Hold, admit, apply, deliver, then the after-effects; returns when the batch may be
         acknowledged.  ``batch``: :class:`Record` s, or what ``to_record`` turns into them;
         ``deliver``: how the outputs are made durable (default :meth:`deliver`); ``held``: the
         step's ``hold`` was asked for this batch already (the batch consumer asks before it polls,
-        pausing what holds), so it is not asked again.
+        pausing what holds), so it is not asked again; ``prefetched``: the token of
+        ``step.prefetch`` for this batch (its admission already under way).
 
         Returns only then: a shutdown while the batch is not settled, a cancellation and an
         error nobody planned for end the process without acknowledging it (a crashed consumer
@@ -342,7 +350,7 @@ class Runtime:
             if not held:
                 await self._hold(step)
             taken = [to_record(e) for e in batch] if to_record is not None else list(batch)
-            items, rejected = await self._admit(step, taken)
+            items, rejected = await self._admit(step, taken, prefetched)
             outcome = Outcome(list(rejected))
             if items:
                 outcome.merge(await self._apply(step, items))
@@ -367,9 +375,13 @@ class Runtime:
                 self.stop_now(step.role, "while its batch was held back")
             await asyncio.sleep(HOLD_POLL_S)
 
-    async def _admit(self, step: Step[Any], records: list[Record]) -> tuple[list[Any], list[Output]]:
+    async def _admit(
+        self, step: Step[Any], records: list[Record], prefetched: Any = None
+    ) -> tuple[list[Any], list[Output]]:
         """The batch's admission; a record whose admission raises (a parser bug) is dead-lettered alone."""
         try:
+            if prefetched is not None:
+                return await self._guarded(step.role, step.admit, records, prefetched)
             return await self._guarded(step.role, step.admit, records)
         except Exception:
             log.exception("%s: admitting a batch of %d failed; one record at a time", step.role, len(records))
