@@ -21,9 +21,11 @@ from stream.records import parse_time
 from stream.replay import timestamp_ms
 from tests.live import assert_means_equal, batch_means, counts_reach, plain_tweets, run_reval
 from workers.adapters.kafka_client import create_topics, partition_heads, topic_retention
+from workers.adapters.redis_client import connect
 from workers.commands.worker import check_input_retention
 from workers.dev.kafka_cluster import KafkaCluster
 from workers.dev.stack import Stack, wait_for
+from workers.service.incarnation import batch_group, group_generation
 from workers.settings import Settings
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -93,7 +95,12 @@ def test_the_broker_deletes_unread_records_stamped_with_their_2012_event_time(
 ) -> None:
     """The fault this guards against is real here: 2012 timestamps into a 7-day topic are
     gone within seconds, unread -- and a worker's start-up check names them."""
-    bootstrap, topic, group = fast_retention.bootstrap, "old-stamps", "reval-late-reader"
+    bootstrap, topic = fast_retention.bootstrap, "old-stamps"
+    settings = Settings(broker=bootstrap, topic_tweets=topic, input_retention_ms=-1)
+    redis = connect(settings.redis_url)
+    generation = group_generation(redis, settings.redis_prefix)
+    redis.close()
+    group = batch_group(settings.app_id, "embed", generation)  # the embed workers' group, late to read
     create_topics(bootstrap, {topic: 1}, configs={topic: {"retention.ms": str(WEEK_MS)}})
     # A group that had read nothing yet: its committed offset is 0.
     reader = KafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
@@ -111,7 +118,6 @@ def test_the_broker_deletes_unread_records_stamped_with_their_2012_event_time(
     heads = partition_heads(bootstrap, group, topic)
     assert [(h.log_start, h.end, h.committed) for h in heads] == [(50, 50, 0)]
 
-    settings = Settings(broker=bootstrap, topic_tweets=topic, input_retention_ms=-1)
     with caplog.at_level(logging.WARNING, logger="reval.workers"):
         check_input_retention(settings, ["embed"], faust_group=group)
     said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
