@@ -77,3 +77,36 @@ def test_a_dead_process_stops_the_worker_instead_of_dead_lettering_the_batch() -
             pool([b'{"id": "1", "text": "warm #up"}'] * 200)
     finally:
         pool.close()
+
+
+def test_the_processes_end_with_a_worker_killed_hard() -> None:
+    """A worker ended by ``os._exit`` (a fail-stop) or ``kill -9`` leaves no preparing process."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    code = (
+        "import multiprocessing, os\n"
+        "from workers.service.preparing import Preparer\n"
+        "pool = Preparer(1, language_filter=True)\n"
+        'pool([b\'{"id": "1", "text": "warm #up"}\'] * 200)\n'
+        "print(*[p.pid for p in multiprocessing.active_children()], flush=True)\n"
+        "os._exit(70)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 70, done.stderr
+    pids = [int(pid) for pid in done.stdout.split()]
+    assert pids
+
+    def alive(pid: int) -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
+    deadline = time.monotonic() + 10
+    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(alive(pid) for pid in pids)

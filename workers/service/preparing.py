@@ -20,6 +20,9 @@ step after admission reads and which would triple the bytes pickled back), or a
 from __future__ import annotations
 
 import multiprocessing
+import os
+import threading
+import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -64,8 +67,18 @@ def _bare(tweet: Tweet) -> Tweet:
     return replace(tweet, extra={}) if tweet.extra else tweet
 
 
-def _warm() -> None:
-    """A process's first tweet: the imports and the tokenizer's compiled patterns."""
+def _start() -> None:
+    """A process's start: end with the worker (a worker ended by ``kill -9`` or a fail-stop's
+    ``os._exit`` leaves its pool's processes waiting on a queue they hold both ends of), then
+    the first tweet -- the imports and the tokenizer's compiled patterns."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="reval-prepare-watch", daemon=True).start()
     prepare_values([b'{"id": "0", "text": "warm #up"}'], True)
 
 
@@ -80,7 +93,7 @@ class Preparer:
             # spawn, not fork: the parent holds threads (the event loop, Redis, the encoder's
             # feeder) and, on a GPU, a CUDA context, neither of which survives a fork.
             self._pool = ProcessPoolExecutor(
-                workers, mp_context=multiprocessing.get_context("spawn"), initializer=_warm
+                workers, mp_context=multiprocessing.get_context("spawn"), initializer=_start
             )
 
     def __call__(self, values: Sequence[bytes]) -> list[Admitted]:
