@@ -173,8 +173,11 @@ def main() -> None:
         default=0,
         help="PYTHONTRACEMALLOC frames for the workers (0: off): their logs say where memory grew",
     )
+    p.add_argument("--memory-report-s", type=float, default=0.0, help="REVAL_MEMORY_REPORT_S of the workers")
     args = p.parse_args()
     traced = {"PYTHONTRACEMALLOC": str(args.trace_memory)} if args.trace_memory else {}
+    if args.memory_report_s or args.trace_memory:
+        traced["REVAL_MEMORY_REPORT_S"] = str(args.memory_report_s or 120.0)
 
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
@@ -245,7 +248,7 @@ def main() -> None:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "soak.json").write_text(json.dumps({**result, "samples": samples}, indent=1))
         (args.out / "soak.md").write_text(result["markdown"])
-        if args.trace_memory:
+        if traced:
             (args.out / "memory.txt").write_text(
                 "\n".join(f"{role}: {line}" for role, lines in growth.items() for line in lines) + "\n"
             )

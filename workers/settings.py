@@ -218,6 +218,12 @@ class Settings(BaseSettings):
 
     # Metrics
     metrics_port: int | None = Field(None, description="Prometheus port (default per role)")
+    memory_report_s: float = Field(
+        0.0,
+        ge=0,
+        description="Log RSS and RSS after malloc_trim every N seconds (0: off); with PYTHONTRACEMALLOC, "
+        "also where Python's allocations grew (a diagnosis of a growing worker)",
+    )
     metrics_host: str = Field(
         "127.0.0.1", description="Prometheus bind address (containers set 0.0.0.0 explicitly)"
     )

@@ -13,6 +13,7 @@ module (:mod:`~workers.service.embed`, :mod:`~workers.service.index`,
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import tracemalloc
 from collections.abc import Iterable
@@ -88,34 +89,38 @@ def create_app(
         index.register(app, rt)
     if "score" in chosen:
         score.register(app, topics, rt, generation)
-    if tracemalloc.is_tracing():
-        report_memory_growth(app)
+    if settings.memory_report_s > 0:
+        report_memory(app, settings.memory_report_s)
     return app
 
 
-#: How often a traced worker logs where its memory grew (``PYTHONTRACEMALLOC``).
-MEMORY_REPORT_S = 120.0
-
-
-def report_memory_growth(app: faust.App, top: int = 10) -> None:
-    """With Python's allocation tracing on (``PYTHONTRACEMALLOC=N``, a diagnosis: it slows the
-    worker), log every :data:`MEMORY_REPORT_S` the ``top`` source lines whose live allocations
-    grew most since the first report -- what a growing RSS is made of, where it is Python's."""
+def report_memory(app: faust.App, every: float, top: int = 10) -> None:
+    """A diagnosis of a growing worker (``REVAL_MEMORY_REPORT_S``): log every ``every`` seconds
+    its RSS, its RSS after glibc's ``malloc_trim(0)`` (which hands free heap pages back: what
+    it removes is the allocator's fragmentation, what stays is live), and, with Python's
+    allocation tracing on (``PYTHONTRACEMALLOC=N``; it slows the worker), the Python heap and
+    the ``top`` source lines whose live allocations grew most since the first report."""
     first: list[tracemalloc.Snapshot] = []
     log = logging.getLogger("reval.memory")
 
-    @app.timer(interval=MEMORY_REPORT_S)
-    async def memory_growth() -> None:
+    @app.timer(interval=every)
+    async def memory_report() -> None:
+        rss, trimmed = _rss_mib(), _trimmed_rss_mib()
+        if not tracemalloc.is_tracing():
+            log.info("memory: RSS %.1f MiB (%.1f after malloc_trim)", rss, trimmed)
+            return
         snapshot = tracemalloc.take_snapshot().filter_traces(
             [tracemalloc.Filter(False, tracemalloc.__file__), tracemalloc.Filter(False, "<frozen *>")]
         )
         if not first:
             first.append(snapshot)
-            return
         stats = snapshot.compare_to(first[0], "lineno")[:top]
         traced, _ = tracemalloc.get_traced_memory()
         log.info(
-            "memory: %.1f MiB traced; grown most since the first report: %s",
+            "memory: RSS %.1f MiB (%.1f after malloc_trim), %.1f MiB traced; grown most since the "
+            "first report: %s",
+            rss,
+            trimmed,
             traced / 2**20,
             "; ".join(
                 f"{s.traceback[0].filename}:{s.traceback[0].lineno} {s.size_diff / 1024:+.0f} KiB "
@@ -123,3 +128,24 @@ def report_memory_growth(app: faust.App, top: int = 10) -> None:
                 for s in stats
             ),
         )
+
+
+def _rss_mib() -> float:
+    """This process's resident memory (Linux; NaN elsewhere)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return float("nan")
+
+
+def _trimmed_rss_mib() -> float:
+    """The resident memory after glibc's ``malloc_trim(0)`` hands free heap pages back: what
+    is left is live memory; what goes is the allocator's fragmentation (NaN without glibc)."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        return float("nan")
+    return _rss_mib()
