@@ -480,8 +480,8 @@ def drain_lines(results: list[DrainResult], encoder_rate: float) -> list[str]:
         f"from the worker's own counter. Encoder alone in this run: {encoder_rate:,.0f} tweets/s.",
         "",
         "| REVAL_PREPARE_WORKERS | backlog | embedded tweets/s | / encoder alone | worker CPU s | "
-        "admit s | claim s | encode s | means s | batches | ready in |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "admit s | claim s | encode s | means s | sample s | reservoir s | batches | ready in |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
         s = r.summary
@@ -489,7 +489,8 @@ def drain_lines(results: list[DrainResult], encoder_rate: float) -> list[str]:
             f"| {r.prepare_workers} | {r.backlog:,}{'' if r.finished else ' (not all)'} | {r.rate:,.0f} | "
             f"{r.rate / encoder_rate:.2f} | {r.worker_cpu_s:.1f} | {s.get('admit_s', 0):.1f} | "
             f"{s.get('claim_s', 0):.1f} | {s.get('embed_s', 0):.1f} | {s.get('apply_s', 0):.1f} | "
-            f"{s.get('batches', 0):.0f} | {r.start_s:.0f} s |"
+            f"{s.get('sample_s', 0):.1f} | {s.get('reservoir_s', 0):.1f} | {s.get('batches', 0):.0f} | "
+            f"{r.start_s:.0f} s |"
         )
     if any(r.log_has_traceback for r in results):
         lines.append("")

@@ -11,7 +11,7 @@ draw again and push its tweets in a second time -- the sample would over-represe
 whatever was redelivered.  Here a tweet's score is fixed by its content: writing it again
 (a redelivery, a retry, a second worker) is a no-op, the kept set is the ``size`` smallest
 of all distinct texts ever seen, whatever the order or interleaving of writers (every ZADD
-is followed by a trim, in one pipeline), and it is a uniform sample of the hashtag's
+is followed by its trim, in one pipeline), and it is a uniform sample of the hashtag's
 distinct texts.  ``reval thesaurus coherence`` computes the same sample from a feed.
 
 Every command touches one key: Redis Cluster safe.  Memory: ``size`` x (text + 8 bytes)
@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from stream.coherence import sample_priority
+from stream.coherence import BottomK, sample_priority
 from workers.adapters.redis_client import Client
 
 MAX_TEXT_BYTES = 1024
@@ -52,22 +52,22 @@ class RedisReservoir:
         return f"{self.prefix}:{hashtag}"
 
     def add(self, items: Iterable[tuple[Sequence[str], str]]) -> int:
-        """``(hashtags, text)`` per tweet (empty texts skipped); one round trip.  Returns
-        how many (hashtag, text) writes were sent."""
+        """``(hashtags, text)`` per tweet (empty texts skipped); one round trip, one ZADD and
+        one trim per hashtag.  Only the batch's own bottom-k of a hashtag is sent: the stored
+        sample is the bottom-k of the union, which no text outside the batch's can enter.
+        Returns how many (hashtag, text) writes were sent."""
+        sample = BottomK(self.size)
+        sample.update((hashtag, _cut(text)) for hashtags, text in items if text for hashtag in hashtags)
+        kept = sample.get()
+        if not kept:
+            return 0
         pipe = self.client.pipeline(transaction=False)
-        sent = 0
-        for hashtags, text in items:
-            if not text:
-                continue
-            text = _cut(text)
-            for hashtag in hashtags:
-                key = self.key(hashtag)
-                pipe.zadd(key, {text: sample_priority(hashtag, text)})
-                pipe.zremrangebyrank(key, self.size, -1)
-                sent += 1
-        if sent:
-            pipe.execute()
-        return sent
+        for hashtag, texts in kept.items():
+            key = self.key(hashtag)
+            pipe.zadd(key, {text: sample_priority(hashtag, text) for text in texts})
+            pipe.zremrangebyrank(key, self.size, -1)
+        pipe.execute()
+        return sum(len(texts) for texts in kept.values())
 
     def hashtags(self) -> set[str]:
         """Every hashtag with a sample (a SCAN: call it once per index build)."""

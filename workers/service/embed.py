@@ -135,11 +135,15 @@ class Embedder:
         self.x.redis_seconds.labels("apply").observe(time.perf_counter() - started)
         # The embedding drift test's sample: idempotent too (one field per claimant).
         sample = [(claimant(r), _event_time(r, p), v) for (r, p), v in zip(kept, vectors, strict=True)]
+        started = time.perf_counter()
         with_retry("drift sample", lambda: self.samples.add(sample), report=self.x.redis_report)
+        self.x.redis_seconds.labels("sample").observe(time.perf_counter() - started)
         # The coherence sample (stream.coherence): a bottom-k sketch, so a redelivered tweet
         # writes the same member with the same score -- a no-op, like the means' watermark.
+        started = time.perf_counter()
         texts = [(p.hashtags, coherence_text(p.text)) for _, p in kept]
         with_retry("reservoir", lambda: self.reservoir.add(texts), report=self.x.redis_report)
+        self.x.redis_seconds.labels("reservoir").observe(time.perf_counter() - started)
 
         def count() -> None:  # once, when the batch is through
             self.x.embed_seconds.observe(seconds)
