@@ -96,8 +96,10 @@ def create_app(
 
 def report_memory(app: faust.App, every: float, top: int = 10) -> None:
     """A diagnosis of a growing worker (``REVAL_MEMORY_REPORT_S``): log every ``every`` seconds
-    its RSS, its RSS after glibc's ``malloc_trim(0)`` (which hands free heap pages back: what
-    it removes is the allocator's fragmentation, what stays is live), and, with Python's
+    its RSS, split into anonymous memory (heaps) and file pages (mapped files: the model, the
+    thesaurus's Annoy index; the kernel can drop them), its RSS after glibc's ``malloc_trim(0)``
+    (which hands free heap pages back: what it removes is the allocator's fragmentation, what
+    stays is live), and, with Python's
     allocation tracing on (``PYTHONTRACEMALLOC=N``; it slows the worker), the Python heap and
     the ``top`` source lines whose live allocations grew most since the first report."""
     first: list[tracemalloc.Snapshot] = []
@@ -105,9 +107,16 @@ def report_memory(app: faust.App, every: float, top: int = 10) -> None:
 
     @app.timer(interval=every)
     async def memory_report() -> None:
-        rss, trimmed = _rss_mib(), _trimmed_rss_mib()
+        rss, anon, files = _rss_mib(), _rss_mib("RssAnon"), _rss_mib("RssFile")
+        trimmed = _trimmed_rss_mib()
         if not tracemalloc.is_tracing():
-            log.info("memory: RSS %.1f MiB (%.1f after malloc_trim)", rss, trimmed)
+            log.info(
+                "memory: RSS %.1f MiB (anonymous %.1f, files %.1f; %.1f after malloc_trim)",
+                rss,
+                anon,
+                files,
+                trimmed,
+            )
             return
         snapshot = tracemalloc.take_snapshot().filter_traces(
             [tracemalloc.Filter(False, tracemalloc.__file__), tracemalloc.Filter(False, "<frozen *>")]
@@ -117,9 +126,11 @@ def report_memory(app: faust.App, every: float, top: int = 10) -> None:
         stats = snapshot.compare_to(first[0], "lineno")[:top]
         traced, _ = tracemalloc.get_traced_memory()
         log.info(
-            "memory: RSS %.1f MiB (%.1f after malloc_trim), %.1f MiB traced; grown most since the "
-            "first report: %s",
+            "memory: RSS %.1f MiB (anonymous %.1f, files %.1f; %.1f after malloc_trim), %.1f MiB "
+            "traced; grown most since the first report: %s",
             rss,
+            anon,
+            files,
             trimmed,
             traced / 2**20,
             "; ".join(
@@ -130,11 +141,12 @@ def report_memory(app: faust.App, every: float, top: int = 10) -> None:
         )
 
 
-def _rss_mib() -> float:
-    """This process's resident memory (Linux; NaN elsewhere)."""
+def _rss_mib(field: str = "VmRSS") -> float:
+    """This process's resident memory, or the part ``field`` of ``/proc/self/status`` names
+    (``RssAnon``, ``RssFile``) (Linux; NaN elsewhere)."""
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
+            if line.startswith(f"{field}:"):
                 return int(line.split()[1]) / 1024
     except OSError:
         pass
