@@ -29,6 +29,7 @@ import gzip
 import itertools
 import json
 import os
+import sys
 import tempfile
 import threading
 import time
@@ -67,6 +68,14 @@ def sample_lines(n: int) -> list[dict[str, Any]]:
                 if len(out) == n:
                     break
     return out
+
+
+def memray_wrapper(out: Path, role: str) -> list[str]:
+    """The command a worker runs under to record every allocation, native ones included
+    (the C extensions' mallocs that ``tracemalloc`` does not see), into ``out``."""
+    capture = (out / f"memray-{role}.bin").resolve()
+    capture.unlink(missing_ok=True)
+    return [sys.executable, "-m", "memray", "run", "--native", "--aggregate", "--quiet", "-o", str(capture)]
 
 
 class Load:
@@ -174,7 +183,17 @@ def main() -> None:
         help="PYTHONTRACEMALLOC frames for the workers (0: off): their logs say where memory grew",
     )
     p.add_argument("--memory-report-s", type=float, default=0.0, help="REVAL_MEMORY_REPORT_S of the workers")
+    p.add_argument(
+        "--memray",
+        choices=ROLES,
+        action="append",
+        default=[],
+        help="run this role under memray's native allocation tracker (pip install memray): "
+        "memray-ROLE.bin in --out, read it with `memray stats` or `memray flamegraph --leaks`",
+    )
     args = p.parse_args()
+    if args.memray and not args.out:
+        p.error("--memray needs --out (where its capture file goes)")
     traced = {"PYTHONTRACEMALLOC": str(args.trace_memory)} if args.trace_memory else {}
     if args.memory_report_s or args.trace_memory:
         traced["REVAL_MEMORY_REPORT_S"] = str(args.memory_report_s or 120.0)
@@ -197,7 +216,12 @@ def main() -> None:
             },
         )
         try:
-            workers: dict[str, Worker] = {role: stack.start(role) for role in ROLES}
+            if args.memray:
+                args.out.mkdir(parents=True, exist_ok=True)
+            workers: dict[str, Worker] = {
+                role: stack.start(role, wrapper=memray_wrapper(args.out, role) if role in args.memray else ())
+                for role in ROLES
+            }
             stack.wait_ready(*workers.values(), timeout=300)
             client = redis.Redis.from_url(args.redis_url)
             load = Load(stack, args, sample_lines(args.fixed_lines))

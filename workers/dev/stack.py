@@ -10,7 +10,7 @@ import sys
 import time
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -151,13 +151,20 @@ class Stack:
             bootstrap_servers=self.bootstrap, linger_ms=5, acks="all", **self.client_options
         )
 
-    def start(self, *roles: str, loglevel: str = "info", env: dict[str, str] | None = None) -> Worker:
-        """Start ``reval worker ROLES``; ``env``: variables added for this worker only."""
+    def start(
+        self,
+        *roles: str,
+        loglevel: str = "info",
+        env: dict[str, str] | None = None,
+        wrapper: Sequence[str] = (),
+    ) -> Worker:
+        """Start ``reval worker ROLES``; ``env``: variables added for this worker only;
+        ``wrapper``: a command the worker runs under (a profiler: ``python -m memray run ...``)."""
         port = find_free_port()
         log = self.workdir / f"worker-{'-'.join(roles)}-{len(self.workers)}.log"
         handle = log.open("wb")
         proc = subprocess.Popen(
-            [REVAL, "worker", *roles, "--metrics-port", str(port), "--loglevel", loglevel],
+            [*wrapper, REVAL, "worker", *roles, "--metrics-port", str(port), "--loglevel", loglevel],
             env={**self.env, **(env or {})},
             stdout=handle,
             stderr=subprocess.STDOUT,

@@ -20,8 +20,8 @@ from stream.coherence import coherence_text
 from stream.records import Coordinates
 from workers.adapters.exporter import Exporter
 from workers.adapters.kafka_client import TopicIdentity
-from workers.adapters.redis_client import Client, with_retry
-from workers.adapters.redis_means import Contribution
+from workers.adapters.redis_client import Client, replicated, with_retry
+from workers.adapters.redis_means import ApplyResult, Contribution
 from workers.adapters.redis_reservoir import RedisReservoir
 from workers.adapters.redis_state import RedisSeen
 from workers.service.consumer import BatchConsumer, host
@@ -51,12 +51,15 @@ class Embedder:
         self.x = exporter
         self.encoder = encoder
         self.incarnations = incarnations
-        replication = replication_of(client, settings, exporter)
-        self.means = means_of(client, settings, dim=encoder.dim, replication=replication)
+        # Two barriers per batch: the claims must be on the replicas before anything is
+        # written on what they decided (on a cluster they live on other masters than the
+        # means); the means, samples and reservoir share the second (one WAIT per master).
+        self.replication = replication_of(client, settings, exporter)
+        self.means = means_of(client, settings, dim=encoder.dim)
         self.seen = RedisSeen(
-            client, settings.redis_prefix, ttl=settings.dedup_ttl_s, replication=replication
+            client, settings.redis_prefix, ttl=settings.dedup_ttl_s, replication=self.replication
         )
-        self.samples = samples_of(client, settings, replication)
+        self.samples = samples_of(client, settings)
         self.reservoir = RedisReservoir(client, settings.redis_prefix, settings.coherence_reservoir)
         self.prepare = Preparer(settings.prepare_workers, language_filter=settings.language_filter)
 
@@ -128,22 +131,29 @@ class Embedder:
             Contribution(Coordinates(scope[r.topic], r.partition, r.offset), p.hashtags, v, _event_time(r, p))
             for (r, p), v in zip(kept, vectors, strict=True)
         ]
-        started = time.perf_counter()
-        applied = with_retry(
-            "running means", lambda: self.means.apply(contributions), report=self.x.redis_report
-        )
-        self.x.redis_seconds.labels("apply").observe(time.perf_counter() - started)
         # The embedding drift test's sample: idempotent too (one field per claimant).
         sample = [(claimant(r), _event_time(r, p), v) for (r, p), v in zip(kept, vectors, strict=True)]
-        started = time.perf_counter()
-        with_retry("drift sample", lambda: self.samples.add(sample), report=self.x.redis_report)
-        self.x.redis_seconds.labels("sample").observe(time.perf_counter() - started)
         # The coherence sample (stream.coherence): a bottom-k sketch, so a redelivered tweet
         # writes the same member with the same score -- a no-op, like the means' watermark.
-        started = time.perf_counter()
         texts = [(p.hashtags, coherence_text(p.text)) for _, p in kept]
-        with_retry("reservoir", lambda: self.reservoir.add(texts), report=self.x.redis_report)
-        self.x.redis_seconds.labels("reservoir").observe(time.perf_counter() - started)
+
+        def write() -> tuple[ApplyResult, list[float]]:
+            times = [time.perf_counter()]
+            with replicated(self.replication):
+                result = self.means.apply(contributions)
+                times.append(time.perf_counter())
+                self.samples.add(sample)
+                times.append(time.perf_counter())
+                self.reservoir.add(texts)
+                times.append(time.perf_counter())
+            times.append(time.perf_counter())
+            return result, times
+
+        # Every write is idempotent, so a retry (a failover, replicas waited out) redoes them all.
+        applied, times = with_retry("running means and samples", write, report=self.x.redis_report)
+        steps = ("apply", "sample", "reservoir", "barrier")
+        for op, start, end in zip(steps, times, times[1:], strict=False):
+            self.x.redis_seconds.labels(op).observe(end - start)
 
         def count() -> None:  # once, when the batch is through
             self.x.embed_seconds.observe(seconds)
