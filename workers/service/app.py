@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import sys
 import tracemalloc
 from collections.abc import Iterable
 from pathlib import Path
@@ -111,11 +112,13 @@ def report_memory(app: faust.App, every: float, top: int = 10) -> None:
         trimmed = _trimmed_rss_mib()
         if not tracemalloc.is_tracing():
             log.info(
-                "memory: RSS %.1f MiB (anonymous %.1f, files %.1f; %.1f after malloc_trim)",
+                "memory: RSS %.1f MiB (anonymous %.1f, files %.1f; %.1f after malloc_trim), "
+                "%d Python blocks allocated",
                 rss,
                 anon,
                 files,
                 trimmed,
+                sys.getallocatedblocks(),  # live objects: flat while RSS grows is fragmentation
             )
             return
         snapshot = tracemalloc.take_snapshot().filter_traces(
