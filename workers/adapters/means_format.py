@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -52,12 +53,20 @@ class HashtagState:
     logged_windows: frozenset[int]  # windows with records in the log: a fold rewrites them
 
 
-def vector_bytes(vector: Vector) -> bytes:
-    """A record's vector for the log: float32 when that is exact (an encoder's output), else
-    float64 -- never a rounding before the float64 sum."""
-    wide = np.asarray(vector, dtype="<f8")
+def vectors_bytes(vectors: Sequence[Vector]) -> list[bytes]:
+    """Each of a batch's vectors (all of one dimension) for the log: float32 when that is
+    exact (an encoder's output), else float64 -- never a rounding before the float64 sum.
+    Converted and compared as one matrix.
+
+    >>> [len(b) for b in vectors_bytes([np.array([0.5, 1.0]), np.array([0.1, 2.0])])]
+    [8, 16]
+    """
+    if not len(vectors):
+        return []
+    wide = np.asarray(np.stack(vectors), dtype="<f8")
     narrow = wide.astype("<f4")
-    return narrow.tobytes() if np.array_equal(narrow, wide) else wide.tobytes()
+    exact = (narrow == wide).all(axis=1)
+    return [n.tobytes() if ok else w.tobytes() for n, w, ok in zip(narrow, wide, exact, strict=True)]
 
 
 def parse_field(field: str) -> tuple[str, int, int | None]:
@@ -210,6 +219,6 @@ __all__ = [
     "encode_window",
     "parse_field",
     "stored_dim",
-    "vector_bytes",
     "vector_of",
+    "vectors_bytes",
 ]

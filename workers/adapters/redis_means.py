@@ -42,7 +42,7 @@ from workers.adapters.means_format import (
     encode_state,
     encode_window,
     stored_dim,
-    vector_bytes,
+    vectors_bytes,
 )
 from workers.adapters.redis_client import Replication, replicated
 
@@ -273,12 +273,12 @@ class RedisMeans:
         self._fix_dim(dim)
         groups: dict[str, dict[str, bytes]] = {}  # hashtag -> field -> vector (first one wins)
         duplicates = 0
-        for c in contributions:
+        tagged = [c for c in contributions if c.hashtags]
+        for c, value in zip(tagged, vectors_bytes([c.vector for c in tagged]), strict=True):
             at = c.coordinates
             name = f"{at.topic}:{int(at.partition)}:{int(at.offset)}"  # numpy integers too
             if self.window_s is not None and c.time is not None:
                 name += f"/{self.window_of(c.time)}"  # event time: the same on redelivery
-            value = vector_bytes(c.vector)
             for tag in dict.fromkeys(c.hashtags):  # a tweet counts once per distinct hashtag
                 fields = groups.setdefault(tag, {})
                 if name in fields:
@@ -313,9 +313,12 @@ class RedisMeans:
                 )
             if c.time is not None and not math.isfinite(c.time):
                 raise ValueError(f"non-finite time {c.time!r} at {at}")
-            if not np.all(np.isfinite(c.vector)):
-                raise ValueError(f"non-finite vector at {at}")
             dim = shape[0]
+        if dim is not None:  # one check over the batch's vectors, not one per vector
+            finite = np.isfinite(np.stack([c.vector for c in contributions if c.hashtags])).all(axis=1)
+            if not finite.all():
+                bad = [c for c in contributions if c.hashtags][int(np.argmin(finite))]
+                raise ValueError(f"non-finite vector at {bad.coordinates}")
         return dim
 
     def _fix_dim(self, dim: int) -> None:
