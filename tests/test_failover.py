@@ -18,6 +18,7 @@ session's Apache Kafka.)
 from __future__ import annotations
 
 import json
+import subprocess
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -150,6 +151,50 @@ def test_kill_9_of_the_only_broker_mid_stream_loses_nothing(
         alive(worker)  # it rode through the outage: no supervisor restarted it
     finally:
         close(stack)
+
+
+def test_the_brokers_disk_full_mid_stream_loses_nothing(
+    redis_url: str, tiny_bertweet: Path, tmp_path: Path
+) -> None:
+    """The broker's disk full while the workers produce (issue 38 §3): the only node's log
+    directory on a small tmpfs, filled to the last byte mid-stream. Kafka cannot append
+    (its log directory goes offline and the broker stops -- it has no other); the workers
+    wait, unacknowledged. Space freed and the node started again on its data: every tweet
+    applied once, every event settled, no dead letter, the worker never restarted."""
+    logs = tmp_path / "kafka-logs"
+    logs.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=160m", "tmpfs", str(logs)], capture_output=True)
+    if done.returncode != 0:  # not root, or no CAP_SYS_ADMIN in this container
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+    filler = logs / "filler"
+    try:
+        with KafkaCluster(nodes=1, data_dir=tmp_path / "kafka", config={"log.dirs": str(logs)}) as cluster:
+            stack = Stack(cluster.bootstrap, redis_url, tiny_bertweet, tmp_path / "stack", partitions=2)
+            try:
+                lines, expected, events, worker = start_all_roles(stack, 1200, 900, timeout=180)
+                half, third = len(lines) // 2, len(events) // 3
+                stack.send("tweets", keyed(lines[:half]))
+                stack.send("recommendations", events[:third])
+                time.sleep(1.0)  # mid-stream: the worker is embedding, scoring and producing
+                # until ENOSPC: the workers' next scores, offsets and dead letters find no room
+                subprocess.run(["dd", "if=/dev/zero", f"of={filler}", "bs=64k"], capture_output=True)
+                log = cluster.data_dir / "node-1" / "server.log" if cluster.data_dir else None
+                wait_for("the broker to stop on the full disk", lambda: cluster.pid(1) is None, 120, 0.5)
+                assert log is not None and "No space left on device" in log.read_text(errors="replace")
+                time.sleep(3)  # the workers see a dead broker
+                alive(worker)
+                filler.unlink()
+                cluster.stop_node(1)  # already stopped: closes its log
+                cluster.start_node(1)  # on its data: Kafka recovers the logs it was writing
+                stack.send("tweets", keyed(lines[half:]))
+                stack.send("recommendations", events[third:])
+
+                assert_nothing_lost(stack, expected, events, timeouts=(300, 240))
+                alive(worker)
+            finally:
+                close(stack)
+    finally:
+        subprocess.run(["umount", "-l", str(logs)], capture_output=True)
 
 
 def _send_slowly(
