@@ -42,7 +42,10 @@ import numpy as np
 import redis
 from kafka import KafkaConsumer, TopicPartition
 
+from stream.thesaurus import ThesaurusMetadata
 from workers.adapters.feeds import sample_feed
+from workers.adapters.redis_thesaurus import RedisThesauri
+from workers.adapters.thesaurus_files import METADATA_FILE
 from workers.dev.broker import local_broker
 from workers.dev.stack import Stack, Worker, wait_for
 from workers.dev.tiny_models import build_tiny_bertweet
@@ -165,6 +168,49 @@ def read_committed(stack: Stack, topic: str, partitions: int) -> list[Any]:
     return records
 
 
+def thesaurus_size(client: redis.Redis, prefix: str) -> int:
+    """Hashtags in the current thesaurus version (0 before the first)."""
+    thesauri = RedisThesauri(client, prefix)
+    version = thesauri.current_version()
+    if version is None:
+        return 0
+    raw = client.hget(thesauri.key(version), METADATA_FILE)
+    return 0 if raw is None else ThesaurusMetadata.from_json(bytes(raw).decode()).count  # type: ignore[arg-type]
+
+
+def redis_families(client: redis.Redis, prefix: str) -> dict[str, dict[str, int]]:
+    """Redis memory by key family (the key's first segment after the prefix: ``h`` the
+    all-time means, ``w`` the windows, ``thesaurus`` the versions kept, ...): keys and bytes
+    (``MEMORY USAGE ... SAMPLES 0``: every element counted)."""
+    out: dict[str, dict[str, int]] = {}
+    for key in client.scan_iter(match=f"{prefix}:*", count=1000):
+        name = bytes(key).decode()[len(prefix) + 1 :]
+        family = name.split(":", 1)[0]
+        size = client.memory_usage(key, samples=0) or 0
+        row = out.setdefault(family, {"keys": 0, "bytes": 0})
+        row["keys"] += 1
+        row["bytes"] += int(size)
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]["bytes"]))
+
+
+def families_table(families: dict[str, dict[str, int]], hashtags: int, events: int) -> str:
+    """The key families as a table, each also per hashtag of the thesaurus and per event sent."""
+    rows = [
+        f"Redis at the end, by key family ({hashtags:,} hashtags in the thesaurus, {events:,} events sent):",
+        "",
+        "| family | keys | MiB | bytes per hashtag | bytes per event |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for family, row in families.items():
+        per_tag = row["bytes"] / hashtags if hashtags else float("nan")
+        per_event = row["bytes"] / events if events else float("nan")
+        rows.append(
+            f"| `{family}` | {row['keys']:,} | {row['bytes'] / 2**20:.1f} "
+            f"| {per_tag:,.0f} | {per_event:,.1f} |"
+        )
+    return "\n".join(rows)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--minutes", type=float, default=30.0, help="the whole run (two phases)")
@@ -236,6 +282,7 @@ def main() -> None:
                         "t": elapsed,
                         "phase": load.phase,
                         "redis_mib": int(client.info("memory")["used_memory"]) / 2**20,
+                        "hashtags": thesaurus_size(client, stack.prefix),
                         **{role: rss_mib(w.proc.pid) for role, w in workers.items()},
                     }
                 )
@@ -260,6 +307,10 @@ def main() -> None:
             ids = Counter(json.loads(r.value)["tweet_id"] for r in records)
             dead = stack.read("dead_letter")
             result = check_and_fit(samples, args, load, ids, dead)
+            families = redis_families(client, stack.prefix)
+            result["redis_families"] = families
+            table = families_table(families, samples[-1]["hashtags"], len(load.sent_events))
+            result["markdown"] += "\n\n" + table
             growth = {
                 role: [line for line in w.text().splitlines() if "reval.memory" in line or "memory: " in line]
                 for role, w in workers.items()
@@ -285,8 +336,9 @@ def check_and_fit(
     missing = len(sent - set(ids))
     doubled = sum(1 for tid in sent if ids.get(tid, 0) > 1)
     rows = [
-        "| phase | worker | RSS at start of fit (MiB) | at end | slope MiB / 10 min | % / 10 min |",
-        "|---|---|---|---|---|---|",
+        "| phase | worker | RSS at start of fit (MiB) | at end | slope MiB / 10 min | % / 10 min "
+        "| hashtags / 10 min | bytes per new hashtag |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     fits: dict[str, dict[str, list[float]]] = {}
     for phase in ("fixed", "growing"):
@@ -298,8 +350,12 @@ def check_and_fit(
                 continue
             mib, pct = slope(series)
             fits.setdefault(phase, {})[what] = [mib, pct]
+            # Bytes per hashtag the thesaurus gained over the same stretch (the growing phase).
+            tags, _ = slope([(s["t"], s["hashtags"]) for s in fitted])
+            per_tag = f"{mib * 2**20 / tags:,.0f}" if tags > 100 else "-"
             rows.append(
-                f"| {phase} | {what} | {series[0][1]:.0f} | {series[-1][1]:.0f} | {mib:+.1f} | {pct:+.1f} |"
+                f"| {phase} | {what} | {series[0][1]:.0f} | {series[-1][1]:.0f} | {mib:+.1f} | {pct:+.1f} "
+                f"| {tags:+,.0f} | {per_tag} |"
             )
     markdown = "\n".join(
         [

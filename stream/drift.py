@@ -30,8 +30,8 @@ support, which filters nothing: its movers may then be rare hashtags.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -390,9 +390,16 @@ class RecentMover:
     cosine: float
     support_recent: int
     support_before: int
+    #: What a person reads to see the two senses (filled in by the index job, which has
+    #: them: :func:`with_context`): the hashtag's nearest hashtags in the new version and in
+    #: the one before, and a few of its tweets first seen before and within the recent window.
+    neighbours: tuple[str, ...] = ()
+    old_neighbours: tuple[str, ...] = ()
+    examples_before: tuple[str, ...] = ()
+    examples_recent: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
 
 
 @dataclass(frozen=True)
@@ -477,3 +484,46 @@ def recent_shift(
         for i in order[:top]
     )
     return RecentShift(len(rows), test.significant, Quantiles.of(1.0 - cosines), movers)
+
+
+#: Example tweets shown per side of a mover.
+EXAMPLES = 3
+
+
+def split_examples(
+    dated: Sequence[tuple[str, float]], since: float, n: int = EXAMPLES
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Up to ``n`` texts first seen before ``since`` and ``n`` from ``since`` on, from a
+    sample of (text, first seen) in a random order that does not depend on time (the
+    reservoir's bottom-k order): the first of each side are a uniform sample of that side.
+
+    >>> split_examples([("a", 1.0), ("b", 9.0), ("c", 2.0), ("d", 3.0)], since=5.0, n=2)
+    (('a', 'c'), ('b',))
+    """
+    before = tuple(text for text, when in dated if when < since)[:n]
+    recent = tuple(text for text, when in dated if when >= since)[:n]
+    return before, recent
+
+
+def with_context(
+    shift: RecentShift,
+    neighbours: Callable[[str], Sequence[str]],
+    old_neighbours: Callable[[str], Sequence[str]],
+    samples: Mapping[str, Sequence[tuple[str, float]]],
+    since: float,
+) -> RecentShift:
+    """``shift`` with each mover's neighbours now and before (top :data:`TOP_NEIGHBOURS`)
+    and example tweets of each side (:func:`split_examples` of its sample)."""
+    movers = []
+    for m in shift.movers:
+        before, recent = split_examples(samples.get(m.hashtag, ()), since)
+        movers.append(
+            replace(
+                m,
+                neighbours=tuple(neighbours(m.hashtag))[:TOP_NEIGHBOURS],
+                old_neighbours=tuple(old_neighbours(m.hashtag))[:TOP_NEIGHBOURS],
+                examples_before=before,
+                examples_recent=recent,
+            )
+        )
+    return replace(shift, movers=tuple(movers))

@@ -21,6 +21,7 @@ from stream.records import Coordinates
 from workers.adapters.annoy_thesaurus import AnnoyThesaurus, build_from_means, thesaurus_drift
 from workers.adapters.exporter import Exporter
 from workers.adapters.redis_means import Contribution, RedisMeans
+from workers.adapters.redis_reservoir import RedisReservoir
 from workers.adapters.store import ThesaurusStore
 from workers.commands.cli import app
 from workers.commands.drift import thesaurus_diff
@@ -448,7 +449,12 @@ def test_the_index_job_exports_the_drift_of_each_new_version(
     assert gauge("reval_hashtag_recent_compared") == 0 and gauge("reval_hashtags_shifted") == 0
     assert math.isnan(gauge("reval_hashtag_recent_shift", quantile="0.5"))
 
+    # The reservoir's texts of flood3 (as the embed workers write them, with event time):
+    # flood talk on day 0, vote talk from day 10 -- the mover's examples of each side.
+    reservoir = RedisReservoir(client, redis_prefix, settings.coherence_reservoir)
+    reservoir.add([(("flood3",), f"river over its banks {i}", 60.0 * i) for i in range(20)])
     means.apply(_tweets(True, len(first)))
+    reservoir.add([(("flood3",), f"polls open for the vote {i}", 10 * 86400.0 + 60.0 * i) for i in range(20)])
     assert indexer.run_once() == "v000002"  # keep=1: v000001 is pruned, its drift still computed
     assert gauge("reval_thesaurus_drift_compared") == len(_names())
     p50, p99 = gauge("reval_thesaurus_shift", quantile="0.5"), gauge("reval_thesaurus_shift", quantile="0.99")
@@ -476,10 +482,19 @@ def test_the_index_job_exports_the_drift_of_each_new_version(
         recent["movers"][0]["support_recent"] == 20 * TWEETS
         and recent["movers"][0]["support_before"] == TWEETS
     )
+    # ... shown with what a person needs to see the two senses: its neighbours then and now,
+    # and tweets first seen before the recent window and within it.
+    mover = recent["movers"][0]
+    assert {n.rstrip("0123456789") for n in mover["old_neighbours"]} == {"flood"}
+    assert "vote" in {n.rstrip("0123456789") for n in mover["neighbours"]}
+    assert len(mover["examples_before"]) == 3 and len(mover["examples_recent"]) == 3
+    assert all(t.startswith("river") for t in mover["examples_before"])
+    assert all(t.startswith("polls") for t in mover["examples_recent"])
     shown = CliRunner().invoke(app, ["thesaurus", "inspect", str(tmp_path / "store" / "v000002")])
     assert shown.exit_code == 0 and "moved most since" in shown.output and "#flood3" in shown.output
     assert "recent use furthest from earlier use: #flood3 (effect" in shown.output
     assert "1 shifted beyond" in shown.output
+    assert "before: river over its banks" in shown.output and "recent: polls open" in shown.output
     # Never a label per hashtag: the three quantiles are all the series there are.
     samples = next(iter(x.thesaurus_shift.collect())).samples
     assert sorted(sample.labels["quantile"] for sample in samples) == ["0.5", "0.9", "0.99"]

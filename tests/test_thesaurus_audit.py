@@ -44,8 +44,14 @@ def client(redis_url: str, redis_prefix: str) -> Iterator[redis.Redis]:
 def test_the_reservoir_is_the_bottom_k_whatever_the_order_redeliveries_and_writers(
     client: redis.Redis, redis_prefix: str
 ) -> None:
-    texts = [(("flood", "rain") if i % 3 else ("flood",), f"water level {i}") for i in range(300)]
-    expected = bottom_k([(t, text) for tags, text in texts for t in tags], 20)
+    # Each text twice, an hour apart: the sample keeps the hour it was first seen, whichever
+    # copy arrives first.
+    texts = [
+        (("flood", "rain") if i % 3 else ("flood",), f"water level {i}", 3600.0 * (i + copy))
+        for i in range(300)
+        for copy in (0, 1)
+    ]
+    expected = bottom_k([(t, text) for tags, text, _ in texts for t in tags], 20)
     reservoir = RedisReservoir(client, redis_prefix, size=20)
     rng = np.random.default_rng(0)
     order = [texts[i] for i in rng.permutation(len(texts))]
@@ -61,15 +67,19 @@ def test_the_reservoir_is_the_bottom_k_whatever_the_order_redeliveries_and_write
     assert reservoir.hashtags() == {"flood", "rain"}
     assert reservoir.samples(["flood", "rain"]) == expected
     assert client.zcard(reservoir.key("flood")) == 20
-    assert reservoir.add([(("flood",), "")]) == 0  # a text left empty is not sampled
+    first_hour = {f"water level {i}": 3600.0 * i for i in range(300)}
+    dated = reservoir.dated_samples(["flood"])["flood"]
+    assert [text for text, _ in dated] == expected["flood"]
+    assert all(when == first_hour[text] for text, when in dated)
+    assert reservoir.add([(("flood",), "", 0.0)]) == 0  # a text left empty is not sampled
 
 
-def _feed(seed: int = 0) -> tuple[list[Contribution], list[tuple[tuple[str, ...], str]]]:
+def _feed(seed: int = 0) -> tuple[list[Contribution], list[tuple[tuple[str, ...], str, float]]]:
     """Hashtags of 4 topics: tweet vectors near their topic's centre, texts in its words."""
     rng = np.random.default_rng(seed)
     centres = {t: rng.normal(size=24) for t in TOPICS}
     contributions: list[Contribution] = []
-    texts: list[tuple[tuple[str, ...], str]] = []
+    texts: list[tuple[tuple[str, ...], str, float]] = []
     offset = 0
     for topic, words in TOPICS.items():
         for j in range(12):
@@ -79,7 +89,8 @@ def _feed(seed: int = 0) -> tuple[list[Contribution], list[tuple[tuple[str, ...]
                 contributions.append(
                     Contribution(Coordinates("tweets", 0, offset), [tag], vector, time=60.0 * offset)
                 )
-                texts.append(((tag,), " ".join(rng.choice(words, 5)) + f" extra{rng.integers(1000)}"))
+                text = " ".join(rng.choice(words, 5)) + f" extra{rng.integers(1000)}"
+                texts.append(((tag,), text, 60.0 * offset))
                 offset += 1
     return contributions, texts
 

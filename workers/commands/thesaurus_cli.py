@@ -246,6 +246,19 @@ def thesaurus_inspect(
             f"; {recent['significant']} shifted beyond their spread (*)" if "significant" in recent else ""
         )
         out.print(f"recent use furthest from earlier use: {escape(moved)}{shifted}")
+        for m in recent["movers"][:3]:  # the two senses, for a person to read
+            if m.get("neighbours") or m.get("examples_recent"):
+                out.print(
+                    f"  #{escape(m['hashtag'])}: now near {escape(', '.join(m.get('neighbours', [])[:5]))}"
+                    f"; before near {escape(', '.join(m.get('old_neighbours', [])[:5]) or '-')}"
+                )
+                for side in ("before", "recent"):
+                    texts = " | ".join(_clip(t) for t in m.get(f"examples_{side}", [])) or "(none sampled)"
+                    out.print(f"    {side}: {escape(texts)}")
+
+
+def _clip(text: str, width: int = 70) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 @thesaurus_app.command("diff")

@@ -135,7 +135,8 @@ class Embedder:
         sample = [(claimant(r), _event_time(r, p), v) for (r, p), v in zip(kept, vectors, strict=True)]
         # The coherence sample (stream.coherence): a bottom-k sketch, so a redelivered tweet
         # writes the same member with the same score -- a no-op, like the means' watermark.
-        texts = [(p.hashtags, coherence_text(p.text)) for _, p in kept]
+        # With its event time: a mover's examples are split into before and after by it.
+        texts = [(p.hashtags, coherence_text(p.text), _event_time(r, p)) for r, p in kept]
 
         def write() -> tuple[ApplyResult, list[float]]:
             times = [time.perf_counter()]

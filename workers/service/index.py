@@ -13,13 +13,14 @@ import faust
 import numpy as np
 
 from stream.backtest import duration_text
-from stream.drift import RecentShift, ThesaurusDrift, recent_shift
+from stream.drift import TOP_NEIGHBOURS, RecentShift, ThesaurusDrift, recent_shift, with_context
 from stream.means import HashtagMeans, RunningMean
 from stream.mmd import MmdResult, mmd_test
 from stream.thesaurus import Thesaurus
 from workers.adapters.annoy_thesaurus import AnnoyThesaurus, build_from_means, thesaurus_drift
 from workers.adapters.exporter import Exporter
 from workers.adapters.redis_client import with_retry
+from workers.adapters.redis_reservoir import RedisReservoir
 from workers.adapters.store import ThesaurusStore, version_number
 from workers.service.runtime import Runtime
 from workers.service.stores import means_of, recent_windows, samples_of, thesauri_of
@@ -43,6 +44,7 @@ class Indexer:
         self.store = ThesaurusStore(Path(settings.index_dir), keep=settings.index_keep)
         self.thesauri = thesauri_of(client, settings)
         self.samples = samples_of(client, settings)
+        self.reservoir = RedisReservoir(client, settings.redis_prefix, settings.coherence_reservoir)
         self.audit = VersionAudit(settings, exporter, client)
         current = self.store.current_version()
         if current is not None and with_retry("thesaurus", self.thesauri.current_version) is None:
@@ -71,7 +73,7 @@ class Indexer:
         states, windows = with_retry("read all", lambda: self.means.read_all_with_windows(fold=True))
         if not states:
             return None
-        recent = self._recent_shift(states, windows)
+        recent, since = self._recent_shift(states, windows)
         means = HashtagMeans(next(iter(states.values())).dim, states)
         thesaurus = build_from_means(
             means,
@@ -91,6 +93,7 @@ class Indexer:
             if drift is not None and previous is not None:  # the movers travel with the version
                 annotation = {"from_version": previous.version, **drift.to_dict()}
             if recent is not None:
+                recent = self._with_context(recent, since, thesaurus, previous)
                 annotation["recent"] = recent.to_dict()
             if annotation:
                 thesaurus.annotate(drift=annotation)
@@ -133,13 +136,15 @@ class Indexer:
 
     def _recent_shift(
         self, states: dict[str, RunningMean], windows: dict[str, dict[int, RunningMean]]
-    ) -> RecentShift | None:
+    ) -> tuple[RecentShift | None, float]:
         """Each hashtag's recent use (its newest windows, up to the newest window of the whole
-        store, i.e. event time, not the clock: replays too) against its use before."""
+        store, i.e. event time, not the clock: replays too) against its use before; and when
+        (epoch seconds) the recent use begins."""
         n_recent = recent_windows(self.settings)
         if not n_recent or not windows:
-            return None
+            return None, 0.0
         newest = max(max(w) for w in windows.values())
+        since = float((newest - n_recent + 1) * (self.settings.means_window_s or 0))
         names = sorted(windows)
         dim = next(iter(states.values())).dim
         totals, counts = np.zeros((len(names), dim)), []
@@ -163,7 +168,26 @@ class Indexer:
                 shift.significant,
                 ", ".join(f"#{m.hashtag} ({m.effect:.2f}, {m.p:.1g})" for m in shift.movers[:5]),
             )
-        return shift
+        return shift, since
+
+    def _with_context(
+        self, shift: RecentShift, since: float, thesaurus: Thesaurus, previous: AnnoyThesaurus | None
+    ) -> RecentShift:
+        """The movers with their neighbours now and in the version before, and example
+        tweets first seen on each side of ``since`` (the reservoir's sample)."""
+        k = TOP_NEIGHBOURS
+
+        def before(hashtag: str) -> list[str]:
+            return previous.neighbours(hashtag, k) if previous is not None and hashtag in previous else []
+
+        samples = with_retry(
+            "reservoir", lambda: self.reservoir.dated_samples(m.hashtag for m in shift.movers)
+        )
+
+        def now(hashtag: str) -> list[str]:
+            return thesaurus.neighbours(hashtag, k) if hashtag in thesaurus else []
+
+        return with_context(shift, now, before, samples, since)
 
     def _embedding_drift(self) -> MmdResult | None:
         """Did the tweets change?  The MMD test (:mod:`stream.mmd`) between the embed
