@@ -352,7 +352,8 @@ def check_and_fit(
             fits.setdefault(phase, {})[what] = [mib, pct]
             # Bytes per hashtag the thesaurus gained over the same stretch (the growing phase).
             tags, _ = slope([(s["t"], s["hashtags"]) for s in fitted])
-            per_tag = f"{mib * 2**20 / tags:,.0f}" if tags > 100 else "-"
+            # Only for the workers that hold the thesaurus: Redis's slope is the event keys'.
+            per_tag = f"{mib * 2**20 / tags:,.0f}" if tags > 100 and what in ("index", "score") else "-"
             rows.append(
                 f"| {phase} | {what} | {series[0][1]:.0f} | {series[-1][1]:.0f} | {mib:+.1f} | {pct:+.1f} "
                 f"| {tags:+,.0f} | {per_tag} |"
