@@ -58,6 +58,7 @@ __all__ = [
     "alternative_of",
     "arl",
     "calibrate",
+    "centred_laws",
     "design",
     "exact_chart",
     "first_alarm",
@@ -190,6 +191,22 @@ def trailing_laws(counts: Ints, *, window: int, lag: int, start: Floats | None =
         short = (end - begin) < window
         laws[short] = start
     return np.asarray(laws, dtype=np.float64)
+
+
+def centred_laws(counts: Ints, *, half: int) -> Floats:
+    """Per event, the law of the ``2 half + 1`` events centred on it (+0.5 per cell): a
+    backtest's *counterfactual* reference -- applied to the control run, what the recommender
+    did around each event without the drift (a look ahead no live chart has).
+
+    >>> c = np.array([[1, 0, 0]] * 4 + [[0, 0, 1]] * 4)
+    >>> centred_laws(c, half=1).round(2)[[0, 3, 7]].tolist()
+    [[0.71, 0.14, 0.14], [0.56, 0.11, 0.33], [0.14, 0.14, 0.71]]
+    """
+    n = len(counts)
+    cum = np.vstack([np.zeros((1, 3)), np.cumsum(counts, axis=0, dtype=np.float64)])
+    at = np.arange(n)
+    totals = cum[np.minimum(at + half + 1, n)] - cum[np.maximum(at - half, 0)] + 0.5
+    return np.asarray(totals / totals.sum(axis=1, keepdims=True), dtype=np.float64)
 
 
 def increments(counts: Ints, llr: Floats) -> Floats:

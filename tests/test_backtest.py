@@ -273,6 +273,13 @@ def test_backtest_end_to_end(backtest_run: tuple[Path, Path, list[str]], tmp_pat
     vocab = diagnosis["vocab:1"]
     assert vocab["alternative"] == "quality_lost" and vocab["delay_events"] is not None
     assert vocab["delay_events"] <= vocab["exact_cusum_delay_events"] <= vocab["synonym_cusum_delay_events"]
+    # Against the counterfactual (the control run around each event) the respelling is quality
+    # lost too, and the control against itself is what the budget is about.
+    assert vocab["counterfactual_alternative"] == "quality_lost"
+    assert vocab["counterfactual_delay_events"] is not None
+    assert vocab["counterfactual_delay_events"] <= vocab["counterfactual_synonym_cusum_delay_events"]
+    assert detection["detector"]["counterfactual"]["half_window_events"] == 50
+    assert isinstance(detection["detector"]["counterfactual"]["control_false_alarms"], int)
     assert "## Change detector" in (out / "detection.md").read_text()
     series = json.loads((out / "series.json").read_text())
     assert len(series["t"]) == len(series["control"]["reval"]) == len(series["drifts"]["vocab:1"]["exact"])

@@ -1,6 +1,8 @@
 """The change detector of ``reval backtest`` (:mod:`stream.cusum`): calibrated on the control
 run before the first drift, run from each drift's start on the drifted run, beside the two
-single-signal charts at the same ARL0; the ``diagnosis`` rows of ``detection.json``."""
+single-signal charts at the same ARL0, on the trailing baseline (what a live chart has) and
+against the counterfactual (the control run around each event: the drift alone); the
+``diagnosis`` rows of ``detection.json``."""
 
 from __future__ import annotations
 
@@ -23,6 +25,13 @@ Laws = dict[str, Floats]
 #: leak into its own baseline; the first events take the reference law.
 BASELINE_WINDOW = 1000
 BASELINE_LAG = 300
+#: The counterfactual reference (a backtest has one, live has none): each event of a drifted
+#: run judged against the control run's outcomes on the PAIRED_HALF scored events either side
+#: of it (stream.cusum.centred_laws) -- what the same recommender did there without the drift.
+#: It takes the feed's own swings out of the comparison (a recommender gone stale when a new
+#: crisis starts is a real loss of quality, which the trailing baseline rightly alarms on,
+#: in the control run as well), so the delays measure the drift alone.
+PAIRED_HALF = 50
 
 
 def _outcomes(col: Scores, rows: npt.NDArray[np.bool_]) -> cusum.Outcomes:
@@ -62,13 +71,26 @@ def diagnose(
         name: cusum.calibrate(p0, units, {name: llr}, arl0)[0][name] for name, llr in singles.items()
     }
 
-    def delays(col: Scores, start: float) -> tuple[dict[str, int | None], npt.NDArray[np.int64], Ints, Laws]:
+    # The counterfactual law of every event of the feed (the reference law where the control
+    # scored nothing).
+    control_rows = ~np.isnan(control.reval) & (control.units > 0)
+    paired = np.tile(p0, (len(control.reval), 1))
+    paired[control_rows] = cusum.centred_laws(_outcomes(control, control_rows).counts, half=PAIRED_HALF)
+
+    def delays(
+        col: Scores, start: float, *, counterfactual: bool = False
+    ) -> tuple[dict[str, int | None], npt.NDArray[np.int64], Ints, Laws]:
         """Each chart's first alarm from ``start`` on, the scored events' indices from there,
-        their outcome counts and every chart's ratios per event (on the trailing baseline)."""
+        their outcome counts and every chart's ratios per event (on the trailing baseline, or
+        the counterfactual one)."""
         rows = ~np.isnan(col.reval) & (col.units > 0)
         counts = _outcomes(col, rows).counts
         at = np.flatnonzero(rows)
-        laws = cusum.trailing_laws(counts, window=BASELINE_WINDOW, lag=BASELINE_LAG, start=p0)
+        laws = (
+            paired[at]
+            if counterfactual
+            else cusum.trailing_laws(counts, window=BASELINE_WINDOW, lag=BASELINE_LAG, start=p0)
+        )
         after = t_events[at] >= start
         counts, laws = counts[after], laws[after]
         ratios = {
@@ -83,6 +105,22 @@ def diagnose(
         }
         return found, at[after], counts, ratios
 
+    def first_alternative(found: Mapping[str, int | None]) -> tuple[str | None, dict[str, int]]:
+        """The first alternative to cross (a tie pages: quality_lost first in ALTERNATIVES) and
+        each alternative's first alarm."""
+        by_alternative: dict[str, int] = {}
+        for name in charts:
+            index = found[name]
+            key = cusum.alternative_of(name)
+            if index is not None and (key not in by_alternative or index < by_alternative[key]):
+                by_alternative[key] = index
+        alternative = (
+            min(by_alternative, key=lambda n: (by_alternative[n], cusum.ALTERNATIVES.index(n)))
+            if by_alternative
+            else None
+        )
+        return alternative, by_alternative
+
     rows_out = []
     for label, col in runs.items():
         start = starts[label]
@@ -91,19 +129,10 @@ def diagnose(
         # change, not the drift's (the runs share every event before the start).
         own, _, _, _ = delays(control, start)
         own_first = [index for name in charts if (index := own[name]) is not None]
-        by_alternative: dict[str, int] = {}
-        for name in charts:
-            index = found[name]
-            key = cusum.alternative_of(name)
-            if index is not None and (key not in by_alternative or index < by_alternative[key]):
-                by_alternative[key] = index
-        # The first alternative to cross; a tie pages (quality_lost first in ALTERNATIVES).
-        alternative = (
-            min(by_alternative, key=lambda n: (by_alternative[n], cusum.ALTERNATIVES.index(n)))
-            if by_alternative
-            else None
-        )
+        alternative, by_alternative = first_alternative(found)
         hit = by_alternative[alternative] if alternative is not None else None
+        versus, _, _, _ = delays(col, start, counterfactual=True)
+        paired_alternative, paired_by = first_alternative(versus)
 
         rows_out.append(
             {
@@ -117,11 +146,18 @@ def diagnose(
                 "synonym_cusum_delay_events": _events(found["synonym"]),
                 "quality_lost_delay_events": _events(by_alternative.get("quality_lost")),
                 "wording_changed_delay_events": _events(by_alternative.get("wording_changed")),
+                "counterfactual_alternative": paired_alternative,
+                "counterfactual_delay_events": _events(paired_by.get(paired_alternative or "")),
+                "counterfactual_exact_cusum_delay_events": _events(versus["exact"]),
+                "counterfactual_synonym_cusum_delay_events": _events(versus["synonym"]),
             }
         )
-    # The control run from the earliest drift on, with restarts: its false alarms.
+    # The control run from the earliest drift on, with restarts: its false alarms -- on the
+    # trailing baseline, and against its own counterfactual (itself, around each event).
     _, at, counts, ratios = delays(control, first)
     alarms = _union_alarms({n: cusum.increments(counts, ratios[n]) for n in charts}, thresholds)
+    _, _, counts_cf, ratios_cf = delays(control, first, counterfactual=True)
+    alarms_cf = _union_alarms({n: cusum.increments(counts_cf, ratios_cf[n]) for n in charts}, thresholds)
     return {
         "detector": {
             "design": "multi-chart CUSUM on (exact, synonym-only, miss) per unit (stream.cusum)",
@@ -138,6 +174,7 @@ def diagnose(
             "baseline": {"window_events": BASELINE_WINDOW, "lag_events": BASELINE_LAG},
             "control_events_after_first_drift": len(at),
             "control_false_alarms": alarms,
+            "counterfactual": {"half_window_events": PAIRED_HALF, "control_false_alarms": alarms_cf},
         },
         "diagnosis": rows_out,
     }

@@ -208,6 +208,25 @@ def _diagnosis_lines(s: dict[str, Any]) -> list[str]:
             f"{ev(row['control_delay_events'])} | {ev(row['exact_cusum_delay_events'])} | "
             f"{ev(row['synonym_cusum_delay_events'])} |"
         )
+    cf = d.get("counterfactual")
+    if cf is not None and all("counterfactual_alternative" in row for row in s["diagnosis"]):
+        lines += [
+            "",
+            f"Against the counterfactual (each event judged by what the control run did on the "
+            f"{cf['half_window_events']} events either side of it: the drift alone, without the feed's own "
+            f"swings; a backtest's look ahead, not a live chart): the control run raises "
+            f"{cf['control_false_alarms']} alarms.",
+            "",
+            "| drift | alternative | delay (events) | exact-only CUSUM | synonym-only CUSUM |",
+            "|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {row['drift']} | {row['counterfactual_alternative'] or '—'} | "
+            f"{ev(row['counterfactual_delay_events'])} | "
+            f"{ev(row['counterfactual_exact_cusum_delay_events'])} | "
+            f"{ev(row['counterfactual_synonym_cusum_delay_events'])} |"
+            for row in s["diagnosis"]
+        ]
     return lines
 
 
