@@ -163,7 +163,9 @@ def test_the_brokers_disk_full_mid_stream_loses_nothing(
     applied once, every event settled, no dead letter, the worker never restarted."""
     logs = tmp_path / "kafka-logs"
     logs.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=160m", "tmpfs", str(logs)], capture_output=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=160m", "tmpfs", str(logs)], capture_output=True
+    )
     if done.returncode != 0:  # not root, or no CAP_SYS_ADMIN in this container
         pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
     filler = logs / "filler"
