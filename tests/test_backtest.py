@@ -288,6 +288,7 @@ def test_backtest_end_to_end(backtest_run: tuple[Path, Path, list[str]], tmp_pat
     assert shown.exit_code == 0, shown.output
     page = (out / "report.html").read_text()
     assert page.count('<figure class="plot"') >= 3 and "no slices in this run" not in page
+    assert "(g) Change detector" in page and "Against the counterfactual" in page  # both tables
     missing = runner.invoke(app, ["report", str(tmp_path)])
     assert missing.exit_code == 2 and "detection.json" in missing.output
     # A second run into the same directory needs --force; a foreign directory is refused.

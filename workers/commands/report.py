@@ -69,6 +69,7 @@ def render(d: dict[str, Any], series: dict[str, Any] | None, run_name: str = "")
             thesaurus=_thesaurus(d),
             slices=_slices(d),
             audit=_audit(d),
+            detector=_detector(d),
         )
         + "\n"
     )
@@ -384,3 +385,58 @@ def _audit(d: dict[str, Any]) -> dict[str, Any] | None:
         )
     header = ["refit", "hashtags", "synonyms", "random", "lift [95% CI]", "τ_w [95% CI]", "ρ_w [95% CI]"]
     return {"plot": plots.audit_plot(rows), "table": Table(header, body, [False, *([True] * 6)])}
+
+
+def _detector(d: dict[str, Any]) -> dict[str, Any] | None:
+    """(g): the change detector (stream.cusum) -- which alternative, after how many events,
+    beside exact-only and synonym-only CUSUMs at the same ARL0; on the trailing baseline (what
+    a live chart has) and against the counterfactual (the drift alone)."""
+    detector, rows = d.get("detector"), d.get("diagnosis")
+    if not isinstance(detector, dict) or not isinstance(rows, list) or not rows:
+        return None
+
+    def ev(value: Any) -> str:
+        return "—" if value is None else rv.count(value)
+
+    numeric = [False, False, True, True, True]
+    header = ["drift", "alternative", "delay (events)", "exact-only CUSUM", "synonym-only CUSUM"]
+    trailing = Table(
+        header,
+        [
+            [
+                rv.text(r.get("drift")),
+                rv.text(r.get("alternative") or "—"),
+                ev(r.get("delay_events")),
+                ev(r.get("exact_cusum_delay_events")),
+                ev(r.get("synonym_cusum_delay_events")),
+            ]
+            for r in rows
+        ],
+        numeric,
+    )
+    cf = detector.get("counterfactual")
+    paired = None
+    if isinstance(cf, dict) and all("counterfactual_alternative" in r for r in rows):
+        paired = Table(
+            header,
+            [
+                [
+                    rv.text(r.get("drift")),
+                    rv.text(r.get("counterfactual_alternative") or "—"),
+                    ev(r.get("counterfactual_delay_events")),
+                    ev(r.get("counterfactual_exact_cusum_delay_events")),
+                    ev(r.get("counterfactual_synonym_cusum_delay_events")),
+                ]
+                for r in rows
+            ],
+            numeric,
+        )
+    return {
+        "arl0": rv.count(detector.get("arl0_events")),
+        "false_alarms": rv.count(detector.get("control_false_alarms")),
+        "control_events": rv.count(detector.get("control_events_after_first_drift")),
+        "trailing": trailing,
+        "half": rv.count(rv.get_in(cf, "half_window_events")) if paired else None,
+        "paired_false_alarms": rv.count(rv.get_in(cf, "control_false_alarms")) if paired else None,
+        "paired": paired,
+    }
