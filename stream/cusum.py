@@ -47,6 +47,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -54,6 +55,8 @@ import numpy.typing as npt
 __all__ = [
     "ALTERNATIVES",
     "DEFAULT_ARL0",
+    "Alarm",
+    "Detector",
     "Outcomes",
     "alternative_of",
     "arl",
@@ -341,3 +344,165 @@ def simulate_run_lengths(
             if hit is not None:
                 lengths[i] = min(lengths[i], hit + 1)
     return lengths
+
+
+@dataclass(frozen=True)
+class Alarm:
+    """A chart crossed its threshold: which alternative, at the detector's ``event`` (its
+    count of events seen, the alarm's included)."""
+
+    alternative: str
+    chart: str
+    event: int
+
+
+class Detector:
+    """One recommender's change detector, live: the charts of :func:`design` over its scored
+    events in order, each event judged against its trailing law (:func:`trailing_laws`, as
+    ``reval backtest`` does), the thresholds calibrated to ``arl0`` (:func:`calibrate`) once
+    its first ``reference`` events are in -- their law is the in-control one until then.
+    After an alarm every chart restarts at zero.  The state is plain JSON
+    (:meth:`to_state`), so it can live outside the process: a detector rebuilt from it goes
+    on as if it had never stopped.
+
+    >>> rng = np.random.default_rng(0)
+    >>> d = Detector(arl0=5_000, reference=400, window=400, lag=100)
+    >>> calm = rng.multinomial(1, [0.4, 0.1, 0.5], size=600)
+    >>> d.update(calm, np.full(600, 0.1)), d.events, sorted(d.thresholds) == sorted(d.charts)
+    ([], 600, True)
+    >>> lost = rng.multinomial(1, [0.05, 0.05, 0.9], size=300)   # most hits gone
+    >>> d.update(lost, np.full(300, 0.1))[0]
+    Alarm(alternative='quality_lost', chart='quality_lost:miss', event=615)
+    >>> Detector.from_state(d.to_state()).to_state() == d.to_state()
+    True
+    """
+
+    def __init__(
+        self,
+        arl0: float = DEFAULT_ARL0,
+        *,
+        reference: int = 1000,
+        window: int = 1000,
+        lag: int = 300,
+        seed: int = 0,
+    ) -> None:
+        if reference < 20:
+            raise ValueError(f"the reference needs at least 20 events, got {reference}")
+        self.arl0, self.reference, self.window, self.lag, self.seed = arl0, reference, window, lag, seed
+        self.events = 0
+        #: The last ``window + lag`` events' outcome counts (the trailing laws' input); until
+        #: the thresholds are set, every event so far (the reference).
+        self.history = np.zeros((0, 3), dtype=np.int64)
+        #: The reference's chance of each event (until calibrated: averaged once, whatever the
+        #: batches were).
+        self.reference_chance: list[float] = []
+        self.p0: Floats | None = None
+        self.chance = 0.0
+        self.thresholds: dict[str, float] = {}
+        self.values: dict[str, float] = {}
+        self.alarms: dict[str, int] = {name: 0 for name in ALTERNATIVES}
+
+    @property
+    def charts(self) -> dict[str, Floats]:
+        """The charts' log-likelihood ratios per unit at the in-control law (none before it)."""
+        return {} if self.p0 is None else design(self.p0, chance_hit=self.chance)
+
+    def update(self, counts: Ints | npt.ArrayLike, chance: Floats | npt.ArrayLike) -> list[Alarm]:
+        """Add events in order: their outcome counts ``(exact, synonym-only, miss)`` and the
+        null model's hit chance of each (NaN: unknown).  Returns the alarms they raised."""
+        counts = np.asarray(counts, dtype=np.int64).reshape(-1, 3)
+        chance = np.asarray(chance, dtype=np.float64).reshape(-1)
+        alarms: list[Alarm] = []
+        if self.p0 is None:
+            take = min(len(counts), self.reference - self.events)
+            self.history = np.vstack([self.history, counts[:take]])
+            self.reference_chance += chance[:take].tolist()
+            self.events += take
+            counts, chance = counts[take:], chance[take:]
+            if self.events == self.reference:
+                self._calibrate()
+        if len(counts) and self.p0 is not None:
+            alarms = self._run(counts)
+        return alarms
+
+    def _calibrate(self) -> None:
+        outcomes = Outcomes(self.history)
+        self.p0 = in_control(outcomes)
+        known = [c for c in self.reference_chance if c == c]  # NaN: unknown
+        self.chance = float(np.mean(known)) if known else 0.0
+        self.reference_chance = []
+        units = outcomes.units
+        self.thresholds, _ = calibrate(self.p0, units[units > 0], self.charts, self.arl0, seed=self.seed)
+        self.values = {name: 0.0 for name in self.thresholds}
+
+    def _run(self, counts: Ints) -> list[Alarm]:
+        assert self.p0 is not None
+        start = len(self.history)
+        both = np.vstack([self.history, counts])
+        # The laws of the new events, each from the events before it (the same arithmetic as
+        # over a whole run: the history holds at least window + lag events, or all of them).
+        laws = trailing_laws(both, window=self.window, lag=self.lag, start=self.p0)[start:]
+        if self.events < self.window + self.lag:  # an event without a full window takes p0
+            short = np.arange(self.events, self.events + len(counts)) - self.lag < self.window
+            laws[short] = self.p0
+        ratios = design(laws, chance_hit=self.chance)
+        steps = {name: increments(counts, ratios[name]) for name in self.thresholds}
+        alarms: list[Alarm] = []
+        begin = 0
+        while begin < len(counts):
+            crossed = []
+            for name, inc in steps.items():
+                # S_0 = the chart's value: a first increment of that size from zero.
+                hit = first_alarm(np.concatenate([[self.values[name]], inc[begin:]]), self.thresholds[name])
+                if hit is not None:
+                    crossed.append((max(hit - 1, 0), ALTERNATIVES.index(alternative_of(name)), name))
+            if not crossed:
+                for name, inc in steps.items():
+                    c = np.cumsum(np.concatenate([[self.values[name]], inc[begin:]]))
+                    self.values[name] = float(c[-1] - min(0.0, float(c.min())))
+                break
+            at, _, name = min(crossed)
+            alarms.append(Alarm(alternative_of(name), name, self.events + begin + at + 1))
+            self.alarms[alternative_of(name)] += 1
+            self.values = {n: 0.0 for n in self.values}  # every chart restarts after an alarm
+            begin += at + 1
+        self.events += len(counts)
+        self.history = both[-(self.window + self.lag) :]
+        return alarms
+
+    def to_state(self) -> dict[str, Any]:
+        """The whole detector as JSON-able values."""
+        return {
+            "arl0": self.arl0,
+            "reference": self.reference,
+            "window": self.window,
+            "lag": self.lag,
+            "seed": self.seed,
+            "events": self.events,
+            "history": self.history.tolist(),
+            "reference_chance": [c if c == c else None for c in self.reference_chance],  # NaN: null
+            "p0": None if self.p0 is None else self.p0.tolist(),
+            "chance": self.chance,
+            "thresholds": dict(self.thresholds),
+            "values": dict(self.values),
+            "alarms": dict(self.alarms),
+        }
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, Any]) -> Detector:
+        d = cls(
+            state["arl0"],
+            reference=state["reference"],
+            window=state["window"],
+            lag=state["lag"],
+            seed=state["seed"],
+        )
+        d.events = int(state["events"])
+        d.history = np.asarray(state["history"], dtype=np.int64).reshape(-1, 3)
+        d.reference_chance = [float("nan") if c is None else float(c) for c in state["reference_chance"]]
+        d.p0 = None if state["p0"] is None else np.asarray(state["p0"], dtype=np.float64)
+        d.chance = float(state["chance"])
+        d.thresholds = {k: float(v) for k, v in state["thresholds"].items()}
+        d.values = {k: float(v) for k, v in state["values"].items()}
+        d.alarms = {k: int(v) for k, v in state["alarms"].items()}
+        return d
