@@ -47,10 +47,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
+
+from stream.metrics import ExactScores
+
+if TYPE_CHECKING:
+    from stream.scoring import ScoredBatch
 
 __all__ = [
     "ALTERNATIVES",
@@ -60,6 +65,7 @@ __all__ = [
     "Outcomes",
     "alternative_of",
     "arl",
+    "batch_outcomes",
     "calibrate",
     "centred_laws",
     "design",
@@ -72,6 +78,7 @@ __all__ = [
     "synonym_chart",
     "threshold_for",
     "trailing_laws",
+    "units_of",
 ]
 
 Floats = npt.NDArray[np.float64]
@@ -114,6 +121,32 @@ class Outcomes:
     @property
     def units(self) -> Ints:
         return np.asarray(self.counts.sum(axis=1), dtype=np.int64)
+
+
+def units_of(recommended: Sequence[str], truth: Sequence[str], r: int | None) -> int:
+    """An event's units at ``r``: ``min(|R_r|, |G|)`` over distinct hashtags (the denominator
+    of Eq. 3-4; ``r`` None: the whole list).
+
+    >>> units_of(["a", "b", "a", "c"], ["x", "y"], 5), units_of(["a", "b"], ["x", "y", "z"], 1)
+    (2, 1)
+    """
+    n = len(dict.fromkeys(recommended))
+    return min(n if r is None else min(n, r), len(dict.fromkeys(truth)))
+
+
+def batch_outcomes(batch: ScoredBatch, units: Sequence[int], *, k: int, r: str) -> tuple[Outcomes, Floats]:
+    """The outcomes at (k, r) of a scored batch's events (:func:`units_of` each), and the null
+    model's hit chance of each (NaN where the thesaurus has no null model); an unscorable
+    event has none (zero units), like an event with no unit."""
+    at_k, at_r = batch.ks.index(k), batch.rs.index(r)
+    n = np.where(batch.scorable, np.asarray(units, dtype=np.int64), 0)
+    outcomes = Outcomes.of(
+        units=n,
+        exact_ratio=batch.exact[:, at_r, ExactScores.NAMES.index("hit_ratio")],
+        reval_ratio=batch.values["reval_hit_ratio"][:, at_r, at_k],
+    )
+    chance = np.full(len(n), np.nan) if batch.expected is None else batch.expected[:, at_r, at_k]
+    return outcomes, np.asarray(chance, dtype=np.float64)
 
 
 def in_control(outcomes: Outcomes) -> Floats:

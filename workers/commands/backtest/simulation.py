@@ -21,7 +21,7 @@ from stream import backtest as bt
 from stream import drift_injection as di
 from stream.alert_params import EVALUATION_INTERVAL, Params, seconds
 from stream.cleaning import Prepared
-from stream.cusum import DEFAULT_ARL0
+from stream.cusum import DEFAULT_ARL0, units_of
 from stream.drift import Mover
 from stream.experiment import ProgressFactory, labelled, load_corpus
 from stream.hubness import DEFAULT_METHOD
@@ -437,9 +437,7 @@ class Walk:
         if batch.expected is not None:
             col.expected[rows[ok]] = batch.expected[ok, 0, at]
         col.exact[rows[ok]] = batch.exact[ok, 0, ExactScores.NAMES.index("hit_ratio")]
-        col.units[rows] = [
-            min(len(dict.fromkeys(e.recommended)), self.r, len(dict.fromkeys(truth))) for e, truth in events
-        ]
+        col.units[rows] = [units_of(e.recommended, truth, self.r) for e, truth in events]
 
 
 def embedding_test(
