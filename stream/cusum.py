@@ -45,6 +45,7 @@ in-control model; the price of two charts is at most ~log 2 on the threshold).
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -512,7 +513,8 @@ class Detector:
             "lag": self.lag,
             "seed": self.seed,
             "events": self.events,
-            "history": self.history.tolist(),
+            # int32 bytes, not a list: a score worker writes this after every batch
+            "history": base64.b64encode(self.history.astype("<i4").tobytes()).decode(),
             "reference_chance": [c if c == c else None for c in self.reference_chance],  # NaN: null
             "p0": None if self.p0 is None else self.p0.tolist(),
             "chance": self.chance,
@@ -531,7 +533,8 @@ class Detector:
             seed=state["seed"],
         )
         d.events = int(state["events"])
-        d.history = np.asarray(state["history"], dtype=np.int64).reshape(-1, 3)
+        raw = base64.b64decode(state["history"])
+        d.history = np.frombuffer(raw, dtype="<i4").astype(np.int64).reshape(-1, 3)
         d.reference_chance = [float("nan") if c is None else float(c) for c in state["reference_chance"]]
         d.p0 = None if state["p0"] is None else np.asarray(state["p0"], dtype=np.float64)
         d.chance = float(state["chance"])

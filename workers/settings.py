@@ -11,11 +11,11 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import unquote, urlsplit
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from stream.hubness import DEFAULT_METHOD, METHODS
-from stream.scoring import DEFAULT_KS, DEFAULT_RS, parse_ints
+from stream.scoring import DEFAULT_KS, DEFAULT_RS, parse_ints, r_label
 from workers import redaction
 
 
@@ -210,6 +210,21 @@ class Settings(BaseSettings):
     max_lateness_s: float | None = Field(
         None, ge=0, description="Events this far behind the newest stay out of the windows (default: largest)"
     )
+    detector_arl0: float = Field(
+        100_000.0,
+        ge=0,
+        description="The change detector's false-alarm budget: in-control events per false alarm, "
+        "per recommender (0: no detector)",
+    )
+    detector_k: int | None = Field(
+        None, ge=0, description="The change detector's k, one of REVAL_KS (default: 10, else the largest)"
+    )
+    detector_r: str | None = Field(
+        None, description="The change detector's r, one of REVAL_RS (default: 10, else the largest)"
+    )
+    detector_reference: int = Field(
+        1000, ge=20, description="A recommender's first events that set the detector's in-control law"
+    )
     reload_interval_s: float = Field(5.0, gt=0, description="How often to look for a new index")
     windows: str = Field("5m,1h,24h", description="Event-time rolling windows of the gauges")
     recommenders: str = Field("", description="Allowed recommender label values (comma list)")
@@ -269,6 +284,28 @@ class Settings(BaseSettings):
         else:
             parse_ints(value, allow_all=name == "rs")
         return value
+
+    @model_validator(mode="after")
+    def _check_detector(self) -> Settings:
+        if self.detector_k is not None and self.detector_k not in self.k_values:
+            raise ValueError(f"REVAL_DETECTOR_K={self.detector_k} is not one of REVAL_KS ({self.ks})")
+        if self.detector_r is not None and self.detector_r not in map(r_label, self.r_values):
+            raise ValueError(f"REVAL_DETECTOR_R={self.detector_r} is not one of REVAL_RS ({self.rs})")
+        return self
+
+    @property
+    def detector_at(self) -> tuple[int, str]:
+        """The (k, r label) the change detector watches."""
+        labels = [r_label(r) for r in self.r_values]
+        k = (
+            self.detector_k
+            if self.detector_k is not None
+            else 10
+            if 10 in self.k_values
+            else max(self.k_values)
+        )
+        r = self.detector_r if self.detector_r is not None else "10" if "10" in labels else labels[-1]
+        return k, r
 
     @property
     def k_values(self) -> tuple[int, ...]:

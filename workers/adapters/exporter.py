@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from prometheus_client import (
@@ -42,6 +42,7 @@ from prometheus_client import (
     start_http_server,
 )
 
+from stream.cusum import Detector
 from stream.drift import QUANTILES, RecentShift, ThesaurusDrift
 from stream.mmd import MmdResult
 
@@ -134,6 +135,7 @@ class Exporter:
         self._add_index(r)
         self._add_drift(r)
         self._add_thesaurus_checks(r)
+        self._add_detector(r)
 
     def _add_operations(self, r: CollectorRegistry) -> None:
         """Consumption, embedding, Redis, the join and the output: how the worker runs."""
@@ -292,6 +294,51 @@ class Exporter:
             registry=r,
         )
         self.set_recent_shift(None)
+
+    def _add_detector(self, r: CollectorRegistry) -> None:
+        """The change detector of each recommender (stream.cusum.Detector; its state is shared
+        in Redis, so every score worker that scored its events shows the same values)."""
+        self.detector_statistic = Gauge(
+            "reval_detector_statistic",
+            "The change detector's CUSUM chart value; the chart alarms at its threshold",
+            ["recommender", "chart"],
+            registry=r,
+        )
+        self.detector_threshold = Gauge(
+            "reval_detector_threshold",
+            "The chart's threshold, calibrated to REVAL_DETECTOR_ARL0 events per false alarm",
+            ["recommender", "chart"],
+            registry=r,
+        )
+        self.detector_alarms = Gauge(
+            "reval_detector_alarms",
+            "Alarms the recommender's detector raised so far, by alternative (quality_lost, wording_changed)",
+            ["recommender", "alternative"],
+            registry=r,
+        )
+        self.detector_last_alarm = Gauge(
+            "reval_detector_last_alarm_timestamp_seconds",
+            "When the alternative last alarmed (Unix time); absent until it has",
+            ["recommender", "alternative"],
+            registry=r,
+        )
+        self.detector_events = Gauge(
+            "reval_detector_events",
+            "Events the recommender's detector has taken, from every score worker",
+            ["recommender"],
+            registry=r,
+        )
+
+    def set_detector(self, recommender: str, detector: Detector, last_alarms: Mapping[str, float]) -> None:
+        """A recommender's detector gauges after an update."""
+        self.detector_events.labels(recommender).set(detector.events)
+        for chart, value in detector.values.items():
+            self.detector_statistic.labels(recommender, chart).set(value)
+            self.detector_threshold.labels(recommender, chart).set(detector.thresholds[chart])
+        for alternative, n in detector.alarms.items():
+            self.detector_alarms.labels(recommender, alternative).set(n)
+        for alternative, when in last_alarms.items():
+            self.detector_last_alarm.labels(recommender, alternative).set(when)
 
     def _add_thesaurus_checks(self, r: CollectorRegistry) -> None:
         """The audit of each version and what the scorer loaded (or refused), and the consumer lag."""

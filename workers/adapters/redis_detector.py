@@ -24,6 +24,7 @@ import json
 import time
 import uuid
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, cast
 
 import numpy as np
@@ -69,12 +70,11 @@ class RedisDetectors:
     def key(self, recommender: str) -> str:
         return f"{self.prefix}:{recommender}"
 
-    def update(
-        self, batches: Mapping[str, Batch], *, attempts: int = 20
-    ) -> dict[str, tuple[Detector, list[Alarm]]]:
+    def update(self, batches: Mapping[str, Batch], *, attempts: int = 20) -> dict[str, Updated]:
         """Feed each recommender's detector its events ``(outcome counts, chance)``, in order;
-        returns each detector after them and the alarms they raised."""
-        out: dict[str, tuple[Detector, list[Alarm]]] = {}
+        returns each detector after them, the alarms they raised and when each alternative
+        last alarmed."""
+        out: dict[str, Updated] = {}
         todo = dict(batches)
         for _ in range(attempts):
             if not todo:
@@ -82,34 +82,38 @@ class RedisDetectors:
             names = list(todo)
             pipe = self.client.pipeline(transaction=False)
             for name in names:
-                pipe.hmget(self.key(name), "v", "s")
+                pipe.hgetall(self.key(name))
             calls, staged = [], {}
-            for name, (version, raw) in zip(names, pipe.execute(), strict=True):
-                detector = Detector.from_state(json.loads(raw)) if raw else self.make()
+            for name, raw in zip(names, pipe.execute(), strict=True):
+                fields = {_text(k): v for k, v in raw.items()}
+                detector = Detector.from_state(json.loads(fields["s"])) if "s" in fields else self.make()
                 alarms = detector.update(*todo[name])
-                read = int(version or 0)
-                now = repr(self.clock())
-                args: list[Any] = [
-                    str(read),
-                    str(read + 1),
-                    json.dumps(detector.to_state()),
-                    uuid.uuid4().hex,
-                ]
+                read = int(fields.get("v") or 0)
+                now = self.clock()
+                last = {k[2:]: float(v) for k, v in fields.items() if k.startswith("t:")}
+                state = json.dumps(detector.to_state())
+                args: list[Any] = [str(read), str(read + 1), state, uuid.uuid4().hex]
                 for alternative in dict.fromkeys(a.alternative for a in alarms):
-                    args += [alternative, now]
+                    args += [alternative, repr(now)]
+                    last[alternative] = now
                 calls.append((self.key(name), args))
-                staged[name] = (detector, alarms)
+                staged[name] = Updated(detector, alarms, last)
             for name, written in zip(names, eval_many(self.client, self._cas, calls), strict=True):
                 if int(written):
                     out[name] = staged[name]
                     del todo[name]
         raise RuntimeError(f"detector state of {sorted(todo)} kept changing under {attempts} attempts")
 
-    def last_alarms(self, recommender: str) -> dict[str, float]:
-        """When each alternative last alarmed (Unix seconds), for the ones that did."""
-        fields = self.client.hgetall(self.key(recommender))
-        return {
-            (k.decode() if isinstance(k, bytes) else k)[2:]: float(v)
-            for k, v in fields.items()
-            if (k.decode() if isinstance(k, bytes) else k).startswith("t:")
-        }
+
+@dataclass(frozen=True)
+class Updated:
+    """A recommender's detector after a batch, the alarms the batch raised, and when each
+    alternative last alarmed (Unix seconds)."""
+
+    detector: Detector
+    alarms: list[Alarm]
+    last_alarms: dict[str, float]
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

@@ -36,6 +36,7 @@ from typing import Any
 
 import faust
 
+from stream.cusum import Detector, batch_outcomes, units_of
 from stream.neighbours import NeighbourCache
 from stream.records import Coordinates, Recommendation, Tweet, parse_recommendation, parse_tweet
 from stream.scoring import ScoredBatch, score_batch
@@ -45,6 +46,7 @@ from workers.adapters.exporter import Exporter, LabelGuard
 from workers.adapters.kafka_client import TopicIdentity
 from workers.adapters.quality_metrics import QualityMetrics
 from workers.adapters.redis_client import Client, with_retry
+from workers.adapters.redis_detector import RedisDetectors
 from workers.adapters.redis_state import RedisClaims, RedisJoin, Waiting
 from workers.adapters.store import ThesaurusStore, version_number
 from workers.service.consumer import BatchConsumer, host
@@ -105,6 +107,22 @@ class Scorer:
             max_future_skew=settings.max_future_skew_s,
             max_lateness=settings.max_lateness_s,
         )
+        # The change detector (stream.cusum.Detector) of each recommender, shared in Redis; its
+        # label values bounded as the quality metrics' are (a guard of its own: the same values).
+        self.detectors = (
+            RedisDetectors(
+                client,
+                settings.redis_prefix,
+                partial(Detector, settings.detector_arl0, reference=settings.detector_reference),
+            )
+            if settings.detector_arl0
+            else None
+        )
+        self.detector_names = LabelGuard(
+            settings.recommender_allowlist, settings.max_recommenders, max_length=settings.max_label_length
+        )
+        detector_r = settings.detector_at[1]
+        self.detector_r = None if detector_r == "all" else int(detector_r)
         self.exactly_once = settings.processing_guarantee == "exactly_once"
         #: The consumer group's committed offset of a partition (exactly once: whether the
         #: record holding a claim is settled); set by the consumer.
@@ -198,6 +216,7 @@ class Scorer:
         if not jobs:
             return
         batch = score_batch([(event, truth) for event, truth, _, _ in jobs], self.cache, self.ks, self.rs)
+        units = [units_of(event.recommended, truth, self.detector_r) for event, truth, _, _ in jobs]
         times, outputs = [], []
         for (event, truth, source, via), value in zip(jobs, batch.records(), strict=True):
             event_time = event.ts.timestamp() if event.ts else source.time
@@ -207,15 +226,51 @@ class Scorer:
             outputs.append(Output("scores", event.tweet_id.encode(), value, source, via=via))
             times.append(event_time)
         outcome.outputs += outputs
-        outcome.after.append(partial(self._observe, outputs, batch, times))
+        outcome.after.append(partial(self._observe, outputs, batch, times, units))
 
-    def _observe(self, outputs: Sequence[Output], batch: ScoredBatch, times: Sequence[float]) -> None:
-        """The quality metrics of the scores delivered as scores (one the broker refused went
-        as a dead letter, and is counted as that)."""
+    def _observe(
+        self, outputs: Sequence[Output], batch: ScoredBatch, times: Sequence[float], units: Sequence[int]
+    ) -> None:
+        """The quality metrics and the change detector of the scores delivered as scores (one
+        the broker refused went as a dead letter, and is counted as that)."""
         if any(o.dead_lettered for o in outputs):
             kept = [i for i, o in enumerate(outputs) if not o.dead_lettered]
-            batch, times = batch.take(kept), [times[i] for i in kept]
+            batch, times, units = batch.take(kept), [times[i] for i in kept], [units[i] for i in kept]
         self.quality.observe_batch(batch, times)
+        self._detect(batch, units)
+
+    def _detect(self, batch: ScoredBatch, units: Sequence[int]) -> None:
+        """Each recommender's events of the batch into its change detector (shared in Redis:
+        :mod:`workers.adapters.redis_detector`); its gauges; a log line per alarm."""
+        if self.detectors is None:
+            return
+        k, r = self.settings.detector_at
+        outcomes, chance = batch_outcomes(batch, units, k=k, r=r)
+        groups: dict[str, list[int]] = {}
+        for i, (name, n) in enumerate(
+            zip(map(self.detector_names, batch.recommenders), outcomes.units, strict=True)
+        ):
+            if n > 0:  # scorable, with a unit to judge
+                groups.setdefault(name, []).append(i)
+        if not groups:
+            return
+        batches = {name: (outcomes.counts[rows], chance[rows]) for name, rows in groups.items()}
+        detectors = self.detectors
+        try:
+            updated = with_retry("detector", lambda: detectors.update(batches))
+        except RuntimeError as exc:  # the state kept changing under this worker: skip a batch
+            log.warning("detector: batch left out (%s)", exc)
+            return
+        for name, result in updated.items():
+            self.x.set_detector(name, result.detector, result.last_alarms)
+            for alarm in result.alarms:
+                log.warning(
+                    "detector: recommender %s %s (chart %s crossed its threshold at its event %d)",
+                    name,
+                    alarm.alternative.replace("_", " "),
+                    alarm.chart,
+                    alarm.event,
+                )
 
     def _event_ids(self, records: Sequence[Record]) -> list[str]:
         """``incarnation:partition:offset`` per record; the incarnation is asked once per
