@@ -134,6 +134,10 @@ class Params:
     coherence_baseline_window: str = "1d"
     coherence_baseline_offset: str = "1h"
     coherence_for: str = "15m"
+    # The change detector (stream.cusum.Detector, in the score workers): its alarms, kept
+    # firing for `detector_alarm_window` after the last one -- quality lost pages, wording
+    # changed is information (the recommender says the same with other words).
+    detector_alarm_window: str = "1h"
     runbook: str = RUNBOOK
 
     def check(self) -> Params:

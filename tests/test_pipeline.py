@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +72,10 @@ def assert_scores_equal_offline(
         assert got["thesaurus_version"] == thesaurus.version  # the content hash, as `reval score` prints
 
 
+def detector_took(score: Worker, recommender: str, events: int) -> bool:
+    return score.metric("reval_detector_events", recommender=recommender) == events
+
+
 def assert_score_metrics(score: Worker, results: list[dict[str, Any]], events: list[dict[str, Any]]) -> None:
     """The scorer's /metrics add up what its scores say, per recommender."""
     scorable = [r for r in results if r["scorable"]]
@@ -80,6 +85,14 @@ def assert_score_metrics(score: Worker, results: list[dict[str, Any]], events: l
         total = sum(r["reval_hit_ratio"]["5"]["5"] for r in mine)
         assert score.metric("reval_hit_ratio_sum", recommender=rec, k="5", r="5") == pytest.approx(total)
         assert score.metric("reval_exact_match_count", recommender=rec, metric="f1", r="1") == len(mine)
+        # the change detector (its state in Redis; updated just after the quality sums) took
+        # every scorable event once
+        wait_for(
+            f"the detector of {rec} to take its events",
+            partial(detector_took, score, rec, len(mine)),
+            10,
+            0.2,
+        )
         # The chance-corrected score's sums: what each event's score and expectation add up to.
         corrected = [r for r in mine if r["reval_hit_ratio_expected"]]
         assert corrected, "a published thesaurus has a null model: every event has an expectation"

@@ -338,6 +338,47 @@ def _coherence_fell(p: Params) -> Rule:
     )
 
 
+def _detector(
+    alternative: str, name: str, severity: str, summary: str, meaning: str
+) -> Callable[[Params], Rule]:
+    """The alert of one of the change detector's alternatives (stream.cusum.ALTERNATIVES)."""
+
+    def rule(p: Params) -> Rule:
+        series = "reval_detector_last_alarm_timestamp_seconds"
+        last = f'{series}{{job="{JOBS["score"]}", alternative="{alternative}"}}'
+        window = fmt(seconds(p.detector_alarm_window))
+        return _alert(
+            p,
+            name,
+            f"time() - max by (recommender) ({last}) < {window}",
+            "0m",
+            severity,
+            f"{summary} ({RECOMMENDER})",
+            f"The change detector of recommender {RECOMMENDER} (CUSUM charts of its exact, synonym-only "
+            f"and missed recommendations, calibrated to REVAL_DETECTOR_ARL0 in-control events per false "
+            f"alarm) alarmed {printed_value('%.0f')} s ago: {meaning}",
+        )
+
+    return rule
+
+
+_quality_lost = _detector(
+    "quality_lost",
+    "RevalRecommenderQualityLost",
+    "critical",
+    "A recommender lost quality",
+    "its recommendations moved to misses -- towards chance, or away from the hashtags people use.",
+)
+_wording_changed = _detector(
+    "wording_changed",
+    "RevalRecommenderWordingChanged",
+    "info",
+    "A recommender changed its wording",
+    "its exact hits turned into synonym-only hits while its synonym-aware hits held -- it says the "
+    "same with other hashtags; exact-match metrics fall, the meaning does not.",
+)
+
+
 _ALERTS: tuple[Callable[[Params], Rule], ...] = (
     _quality_drop,
     _at_chance,
@@ -354,6 +395,8 @@ _ALERTS: tuple[Callable[[Params], Rule], ...] = (
     _redis_unavailable,
     _redis_lost_writes,
     _coherence_fell,
+    _quality_lost,
+    _wording_changed,
 )
 
 #: The alerts' names, in the order of the rules file.
