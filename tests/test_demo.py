@@ -24,6 +24,7 @@ import pytest
 from prometheus_client import generate_latest
 
 from stream.chance import corrected_of_sums
+from stream.cusum import Detector
 from stream.neighbour_table import build_neighbour_table
 from stream.records import Recommendation
 from stream.scoring import score_event
@@ -59,6 +60,9 @@ def test_one_refresh_is_the_json_contract_and_an_80_column_table() -> None:
             event = Recommendation(f"{name}-{i}", recommended, truth, name, None)
             scores.append(score_event(event, truth, cache, KS, (5, 10)))
     quality.observe_many(scores, [1_350_000_000.0] * len(scores))
+    detector = Detector(reference=20)  # the live change detector's gauges, as a worker sets them
+    detector.events, detector.alarms["quality_lost"] = 40, 2
+    exporter.set_detector("popular", detector, {"quality_lost": 1_350_000_000.0})
     score = Scrape.parse(generate_latest(exporter.registry).decode())
     embed = Scrape({("reval_tweets_embedded_total", ()): 1234.0})
     snap = snapshot(embed, score, "v000003", 60, 12.345)
@@ -67,7 +71,9 @@ def test_one_refresh_is_the_json_contract_and_an_80_column_table() -> None:
     assert (snap["elapsed_s"], snap["embedded"], snap["scored"]) == (12.3, 1234, 120)
     assert list(snap["recommenders"]) == ["least-popular", "popular", "random"]
     for name, row in snap["recommenders"].items():
-        assert set(row) == {"events", "exact_hit_ratio", "reval", "corrected"}
+        assert set(row) == {"events", "exact_hit_ratio", "reval", "corrected", "detector"}
+        alarms = {"quality_lost": 2 if name == "popular" else 0, "wording_changed": 0}
+        assert row["detector"] == {"events": 40 if name == "popular" else 0, "alarms": alarms}
         assert list(row["reval"]) == [str(k) for k in KS] and list(row["corrected"]) == ["10"]
         mine = [s for s in scores if s.recommender == name]
         observed = sum(s.reval["5"][10] for s in mine)
@@ -83,6 +89,7 @@ def test_one_refresh_is_the_json_contract_and_an_80_column_table() -> None:
     text = piped.getvalue()
     assert "\x1b[" not in text and max(len(line) for line in text.splitlines()) <= 80
     assert "thesaurus v000003 (60 hashtags)" in text
+    assert "change detector alarms: popular quality lost x2" in text
     for name, row in snap["recommenders"].items():
         cells = next(line for line in text.splitlines() if line.startswith(f" {name} ")).split()
         assert cells[0] == name and cells[-1] == f"{row['corrected']['10']:.3f}", text

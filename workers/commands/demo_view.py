@@ -21,6 +21,7 @@ from rich.table import Table
 from rich.text import Text
 
 from stream.chance import corrected_of_sums
+from stream.cusum import ALTERNATIVES
 
 #: The table's cut-off, its k columns and the k of its chance-corrected column.
 R = "5"
@@ -87,14 +88,16 @@ def snapshot(
 
         {"elapsed_s", "thesaurus": {"version", "hashtags"}, "embedded", "scored",
          "recommenders": {NAME: {"events", "exact_hit_ratio", "reval": {"0": x, "5": x, ...},
-                                 "corrected": {"10": x}}}}
+                                 "corrected": {"10": x},
+                                 "detector": {"events", "alarms": {"quality_lost", "wording_changed"}}}}}
 
     ``elapsed_s``: seconds since the first scored event; ``thesaurus``: the newest published
     version and its hashtag count; ``embedded``: tweets embedded; ``scored``: events scored
     (all recommenders); per recommender, over its scorable events so far at the top-5:
     ``events``, the mean exact hit ratio, the mean #REval-hit-ratio per k, and the
     chance-corrected #REval at k=10 as the kappa of the sums (null while no event has a null
-    model).  Values are rounded to 4 decimals.
+    model), and the change detector's events taken and alarms so far (its charts calibrate on a
+    recommender's first REVAL_DETECTOR_REFERENCE events).  Values are rounded to 4 decimals.
     """
     recommenders: dict[str, Any] = {}
     for name in sorted(score.labels("reval_hit_ratio_count", "recommender", r=R)):
@@ -115,6 +118,16 @@ def snapshot(
                 str(k): _rounded(_mean(score, "reval_hit_ratio", recommender=name, k=str(k), r=R)) for k in ks
             },
             "corrected": {K_CORRECTED: _rounded(corrected)},
+            # the live change detector (stream.cusum.Detector): events taken, alarms so far
+            "detector": {
+                "events": int(score.get("reval_detector_events", recommender=name) or 0),
+                "alarms": {
+                    alternative: int(
+                        score.get("reval_detector_alarms", recommender=name, alternative=alternative) or 0
+                    )
+                    for alternative in ALTERNATIVES
+                },
+            },
         }
     return {
         "elapsed_s": round(elapsed_s, 1),
@@ -158,6 +171,13 @@ def render(snap: dict[str, Any], rates: dict[str, float] | None = None) -> Rende
         f"({rates.get('embedded', 0):.0f}/s), "
         f"scored {snap['scored']:,} events ({rates.get('scored', 0):.0f}/s)"
     )
+    alarms = [
+        f"{name} {alternative.replace('_', ' ')} x{n}"
+        for name, row in snap["recommenders"].items()
+        for alternative, n in row.get("detector", {}).get("alarms", {}).items()
+        if n
+    ]
+    status.append("\nchange detector alarms: " + ("; ".join(alarms) if alarms else "none"))
     legend = Text(
         "corrected: 0 = a popularity-weighted random recommender, 1 = perfect; "
         "least-popular is the canary (lowest), random the null (about 0)",
