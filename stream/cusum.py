@@ -462,8 +462,11 @@ class Detector:
     def _calibrate(self) -> None:
         outcomes = Outcomes(self.history)
         self.p0 = in_control(outcomes)
-        known = [c for c in self.reference_chance if c == c]  # NaN: unknown
-        self.chance = float(np.mean(known)) if known else 0.0
+        # The null recommender's hit chance per unit: the events' chances weighted by units.
+        chance = np.asarray(self.reference_chance, dtype=np.float64)
+        weights = outcomes.units.astype(np.float64)
+        known = ~np.isnan(chance) & (weights > 0)
+        self.chance = float(np.average(chance[known], weights=weights[known])) if known.any() else 0.0
         self.reference_chance = []
         units = outcomes.units
         self.thresholds, _ = calibrate(self.p0, units[units > 0], self.charts, self.arl0, seed=self.seed)

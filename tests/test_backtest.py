@@ -279,6 +279,13 @@ def test_backtest_end_to_end(backtest_run: tuple[Path, Path, list[str]], tmp_pat
     assert vocab["counterfactual_delay_events"] is not None
     assert vocab["counterfactual_delay_events"] <= vocab["counterfactual_synonym_cusum_delay_events"]
     assert detection["detector"]["counterfactual"]["half_window_events"] == 50
+    # The live detector (as the score workers run it) on the same reference: the same
+    # thresholds as the backtest's charts, and the respelling is quality lost there too.
+    live = detection["detector"]["live"]
+    assert live["thresholds"] == {
+        name: h for name, h in detection["detector"]["thresholds"].items() if name not in ("exact", "synonym")
+    }
+    assert vocab["live_alternative"] == "quality_lost" and vocab["live_delay_events"] is not None
     assert isinstance(detection["detector"]["counterfactual"]["control_false_alarms"], int)
     assert "## Change detector" in (out / "detection.md").read_text()
     series = json.loads((out / "series.json").read_text())

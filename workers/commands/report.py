@@ -400,8 +400,16 @@ def _detector(d: dict[str, Any]) -> dict[str, Any] | None:
 
     numeric = [False, False, True, True, True]
     header = ["drift", "alternative", "delay (events)", "exact-only CUSUM", "synonym-only CUSUM"]
+
+    def live(r: dict[str, Any]) -> str:
+        return (
+            f"{r['live_alternative']} after {ev(r.get('live_delay_events'))}"
+            if r.get("live_alternative")
+            else "—"
+        )
+
     trailing = Table(
-        header,
+        [*header, "the live detector"],
         [
             [
                 rv.text(r.get("drift")),
@@ -409,10 +417,11 @@ def _detector(d: dict[str, Any]) -> dict[str, Any] | None:
                 ev(r.get("delay_events")),
                 ev(r.get("exact_cusum_delay_events")),
                 ev(r.get("synonym_cusum_delay_events")),
+                rv.text(live(r)),
             ]
             for r in rows
         ],
-        numeric,
+        [*numeric, False],
     )
     cf = detector.get("counterfactual")
     paired = None

@@ -152,6 +152,9 @@ def diagnose(
                 "counterfactual_synonym_cusum_delay_events": _events(versus["synonym"]),
             }
         )
+    live = _live(control, runs, starts, t_events, arl0, int(np.count_nonzero(reference)))
+    for row in rows_out:
+        row.update(live["rows"][row["drift"]])
     # The control run from the earliest drift on, with restarts: its false alarms -- on the
     # trailing baseline, and against its own counterfactual (itself, around each event).
     _, at, counts, ratios = delays(control, first)
@@ -175,8 +178,68 @@ def diagnose(
             "control_events_after_first_drift": len(at),
             "control_false_alarms": alarms,
             "counterfactual": {"half_window_events": PAIRED_HALF, "control_false_alarms": alarms_cf},
+            "live": live["detector"],
         },
         "diagnosis": rows_out,
+    }
+
+
+#: The score worker's batch (the live detector is fed batch by batch; its alarms do not depend
+#: on the batches, only on the order of the events).
+LIVE_BATCH = 256
+
+
+def _live(
+    control: Scores,
+    runs: Mapping[str, Scores],
+    starts: Mapping[str, float],
+    t_events: Floats,
+    arl0: float,
+    reference: int,
+) -> dict[str, Any]:
+    """What the live detector (:class:`stream.cusum.Detector`, as the score workers run it)
+    raises on each run: calibrated on the control's scored events before the first drift
+    (the runs share them), then fed each run's scored events in order, never restarted at a
+    drift's start.  Per drift: the first alarm at or after its start, its alternative and its
+    delay in scored events; for the control: its alarms after the first drift."""
+
+    def scored(col: Scores) -> tuple[npt.NDArray[np.int64], Ints, Floats]:
+        rows = ~np.isnan(col.reval) & (col.units > 0)
+        return np.flatnonzero(rows), _outcomes(col, rows).counts, col.expected[rows]
+
+    _, counts, chance = scored(control)
+    base = cusum.Detector(arl0, reference=reference)
+    base.update(counts[:reference], chance[:reference])
+    state = base.to_state()
+
+    def alarms(col: Scores) -> tuple[npt.NDArray[np.int64], list[cusum.Alarm]]:
+        where, c, q = scored(col)
+        d = cusum.Detector.from_state(state)
+        found = [
+            a
+            for lo in range(reference, len(c), LIVE_BATCH)
+            for a in d.update(c[lo : lo + LIVE_BATCH], q[lo : lo + LIVE_BATCH])
+        ]
+        return where, found
+
+    rows: dict[str, dict[str, Any]] = {}
+    for label, col in runs.items():
+        where, found = alarms(col)
+        after = int(np.searchsorted(t_events[where], starts[label], side="left"))  # first scored at/after
+        first = next((a for a in found if a.event - 1 >= after), None)
+        rows[label] = {
+            "live_alternative": None if first is None else first.alternative,
+            "live_delay_events": None if first is None else first.event - after,
+        }
+    where, found = alarms(control)
+    after = int(np.searchsorted(t_events[where], min(starts.values()), side="left"))
+    return {
+        "rows": rows,
+        "detector": {
+            "reference_events": reference,
+            "thresholds": {n: round(h, 4) for n, h in base.thresholds.items()},
+            "control_alarms": sum(1 for a in found if a.event - 1 >= after),
+        },
     }
 
 

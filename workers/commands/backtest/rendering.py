@@ -198,16 +198,30 @@ def _diagnosis_lines(s: dict[str, Any]) -> list[str]:
         "after the first drift.",
         "",
         "| drift | alternative | delay (events) | delay | the control's own alarm | exact-only CUSUM | "
-        "synonym-only CUSUM |",
-        "|---|---|---|---|---|---|---|",
+        "synonym-only CUSUM | the live detector |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for row in s["diagnosis"]:
         when = "—" if row["delay_s"] is None else bt.duration_text(row["delay_s"])
+        live = (
+            f"{row['live_alternative']} after {ev(row['live_delay_events'])}"
+            if row.get("live_alternative")
+            else "—"
+        )
         lines.append(
             f"| {row['drift']} | {row['alternative'] or '—'} | {ev(row['delay_events'])} | {when} | "
             f"{ev(row['control_delay_events'])} | {ev(row['exact_cusum_delay_events'])} | "
-            f"{ev(row['synonym_cusum_delay_events'])} |"
+            f"{ev(row['synonym_cusum_delay_events'])} | {live} |"
         )
+    live_block = d.get("live")
+    if live_block is not None:
+        lines += [
+            "",
+            "The live detector (`stream.cusum.Detector`, as the score workers run it: calibrated on the "
+            f"same {live_block['reference_events']:,} events, fed the worker's batches, never restarted at a "
+            f"drift's start) raised {live_block['control_alarms']} alarms on the control run after the first "
+            "drift.",
+        ]
     cf = d.get("counterfactual")
     if cf is not None and all("counterfactual_alternative" in row for row in s["diagnosis"]):
         lines += [
