@@ -230,6 +230,7 @@ def main() -> None:
             thesaurus_source="dir",  # the version published above
             redis_prefix=f"bench-{uuid.uuid4().hex[:8]}",  # no Redis call: events carry truth
             event_dedup_window_s=0,  # and no dedup claims (bench_score_worker measures those)
+            detector_arl0=0,  # nor the change detector's shared state (it is in Redis)
             ks=",".join(map(str, KS)),
             rs=",".join(r_label(r) for r in RS),
         )
