@@ -27,6 +27,8 @@ from __future__ import annotations
 import gc
 import hashlib
 import logging
+import queue
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -46,7 +48,7 @@ from workers.adapters.exporter import Exporter, LabelGuard
 from workers.adapters.kafka_client import TopicIdentity
 from workers.adapters.quality_metrics import QualityMetrics
 from workers.adapters.redis_client import Client, with_retry
-from workers.adapters.redis_detector import RedisDetectors
+from workers.adapters.redis_detector import Batch, RedisDetectors
 from workers.adapters.redis_state import RedisClaims, RedisJoin, Waiting
 from workers.adapters.store import ThesaurusStore, version_number
 from workers.service.consumer import BatchConsumer, host
@@ -65,6 +67,48 @@ SCORE_BATCH = 256
 EMPTY = JsonThesaurus({}, source="no index yet", built_at="1970-01-01T00:00:00Z")
 EventItem = tuple[Record, Recommendation]
 TweetItem = tuple[Record, Tweet]
+
+
+class Detection:
+    """Feeds the recommenders' change detectors (shared in Redis:
+    :mod:`workers.adapters.redis_detector`) off the scoring path: one thread, batches in the
+    order they were scored, so that scoring never waits for the detector's Redis round trips
+    or for a recommender's one-time calibration (~1.7 s).  Sets the detector gauges and logs
+    each alarm.  A batch it cannot apply (the queue full, an error) is left out and logged:
+    the detector is not part of the exactly-once guarantees."""
+
+    def __init__(self, detectors: RedisDetectors, exporter: Exporter, *, backlog: int = 1000) -> None:
+        self.detectors, self.x = detectors, exporter
+        self.queue: queue.Queue[dict[str, Batch]] = queue.Queue(maxsize=backlog)
+        self._thread: threading.Thread | None = None
+
+    def put(self, batches: dict[str, Batch]) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="reval-detector", daemon=True)
+            self._thread.start()
+        try:
+            self.queue.put_nowait(batches)
+        except queue.Full:
+            log.warning("detector: %d batches behind; this one left out", self.queue.maxsize)
+
+    def _run(self) -> None:
+        while True:
+            batches = self.queue.get()
+            try:
+                updated = with_retry("detector", partial(self.detectors.update, batches))
+            except Exception as exc:  # the thread must outlive any one batch
+                log.warning("detector: batch left out (%s: %s)", type(exc).__name__, exc)
+                continue
+            for name, result in updated.items():
+                self.x.set_detector(name, result.detector, result.last_alarms)
+                for alarm in result.alarms:
+                    log.warning(
+                        "detector: recommender %s %s (chart %s crossed its threshold at its event %d)",
+                        name,
+                        alarm.alternative.replace("_", " "),
+                        alarm.chart,
+                        alarm.event,
+                    )
 
 
 class Scorer:
@@ -109,11 +153,14 @@ class Scorer:
         )
         # The change detector (stream.cusum.Detector) of each recommender, shared in Redis; its
         # label values bounded as the quality metrics' are (a guard of its own: the same values).
-        self.detectors = (
-            RedisDetectors(
-                client,
-                settings.redis_prefix,
-                partial(Detector, settings.detector_arl0, reference=settings.detector_reference),
+        self.detection = (
+            Detection(
+                RedisDetectors(
+                    client,
+                    settings.redis_prefix,
+                    partial(Detector, settings.detector_arl0, reference=settings.detector_reference),
+                ),
+                exporter,
             )
             if settings.detector_arl0
             else None
@@ -240,9 +287,8 @@ class Scorer:
         self._detect(batch, units)
 
     def _detect(self, batch: ScoredBatch, units: Sequence[int]) -> None:
-        """Each recommender's events of the batch into its change detector (shared in Redis:
-        :mod:`workers.adapters.redis_detector`); its gauges; a log line per alarm."""
-        if self.detectors is None:
+        """Each recommender's events of the batch, for its change detector (:class:`Detection`)."""
+        if self.detection is None:
             return
         k, r = self.settings.detector_at
         outcomes, chance = batch_outcomes(batch, units, k=k, r=r)
@@ -254,23 +300,7 @@ class Scorer:
                 groups.setdefault(name, []).append(i)
         if not groups:
             return
-        batches = {name: (outcomes.counts[rows], chance[rows]) for name, rows in groups.items()}
-        detectors = self.detectors
-        try:
-            updated = with_retry("detector", lambda: detectors.update(batches))
-        except RuntimeError as exc:  # the state kept changing under this worker: skip a batch
-            log.warning("detector: batch left out (%s)", exc)
-            return
-        for name, result in updated.items():
-            self.x.set_detector(name, result.detector, result.last_alarms)
-            for alarm in result.alarms:
-                log.warning(
-                    "detector: recommender %s %s (chart %s crossed its threshold at its event %d)",
-                    name,
-                    alarm.alternative.replace("_", " "),
-                    alarm.chart,
-                    alarm.event,
-                )
+        self.detection.put({name: (outcomes.counts[rows], chance[rows]) for name, rows in groups.items()})
 
     def _event_ids(self, records: Sequence[Record]) -> list[str]:
         """``incarnation:partition:offset`` per record; the incarnation is asked once per
