@@ -6,6 +6,7 @@ batch recomputation exactly, and every event must be scored."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -55,11 +56,15 @@ def test_two_workers_per_role_share_partitions_and_survive_kills(stack4: Stack) 
     index = stack.start("index")
     stack.wait_ready(*embeds, *scores, index, timeout=180)
 
+    topic = stack.topics["tweets"]
+    # Both embed workers hold partitions of the tweets before any comes: else the first to join
+    # may take every record in the moment before the group spreads the partitions (seen in CI).
+    assigned = re.compile(rf"\| {re.escape(topic)}\s+\| \{{")
+    wait_for("both embed workers assigned", lambda: all(assigned.search(w.text()) for w in embeds), 60)
     half = len(lines) // 2
     stack.send("tweets", keyed(lines[:half]))
     store = ThesaurusStore(stack.index_dir)
     wait_for("a first index version", store.current_version, timeout=120)
-    topic = stack.topics["tweets"]
     # Both embed workers got partitions: the group spread the work.
     wait_for(
         "both embed workers consuming",
