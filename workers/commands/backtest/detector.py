@@ -34,6 +34,11 @@ BASELINE_LAG = 300
 PAIRED_HALF = 50
 
 
+def _scored(col: Scores) -> npt.NDArray[np.bool_]:
+    """The events a chart reads: scored, with at least one unit."""
+    return ~np.isnan(col.reval) & (col.units > 0)
+
+
 def _outcomes(col: Scores, rows: npt.NDArray[np.bool_]) -> cusum.Outcomes:
     return cusum.Outcomes.of(units=col.units[rows], exact_ratio=col.exact[rows], reval_ratio=col.reval[rows])
 
@@ -53,7 +58,7 @@ def diagnose(
     ``delay_events`` counts scored events from the start to the alarm, the alarm's included.
     """
     first = min(starts.values())
-    scorable = ~np.isnan(control.reval) & (control.units > 0)
+    scorable = _scored(control)
     reference = scorable & (t_events < first)
     if np.count_nonzero(reference) < 20:
         raise ValueError(f"only {np.count_nonzero(reference)} scored events before the first drift")
@@ -73,7 +78,7 @@ def diagnose(
 
     # The counterfactual law of every event of the feed (the reference law where the control
     # scored nothing).
-    control_rows = ~np.isnan(control.reval) & (control.units > 0)
+    control_rows = scorable  # the same rows: the control's scored events
     paired = np.tile(p0, (len(control.reval), 1))
     paired[control_rows] = cusum.centred_laws(_outcomes(control, control_rows).counts, half=PAIRED_HALF)
 
@@ -83,7 +88,7 @@ def diagnose(
         """Each chart's first alarm from ``start`` on, the scored events' indices from there,
         their outcome counts and every chart's ratios per event (on the trailing baseline, or
         the counterfactual one)."""
-        rows = ~np.isnan(col.reval) & (col.units > 0)
+        rows = _scored(col)
         counts = _outcomes(col, rows).counts
         at = np.flatnonzero(rows)
         laws = (
@@ -204,7 +209,7 @@ def _live(
     delay in scored events; for the control: its alarms after the first drift."""
 
     def scored(col: Scores) -> tuple[npt.NDArray[np.int64], Ints, Floats]:
-        rows = ~np.isnan(col.reval) & (col.units > 0)
+        rows = _scored(col)
         return np.flatnonzero(rows), _outcomes(col, rows).counts, col.expected[rows]
 
     _, counts, chance = scored(control)
