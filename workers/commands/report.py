@@ -38,8 +38,9 @@ def write_report(run_dir: Path, out: Path | None = None) -> Path:
     run_dir = Path(run_dir)
     detection = _load_detection(run_dir / "detection.json")
     series = _load_series(run_dir / "series.json")
+    grid = _read_json(run_dir / "grid.json") if (run_dir / "grid.json").exists() else None
     out = run_dir / "report.html" if out is None else Path(out)
-    out.write_text(render(detection, series, run_name=str(run_dir)), encoding="utf-8")
+    out.write_text(render(detection, series, run_name=str(run_dir), grid=grid), encoding="utf-8")
     return out
 
 
@@ -53,8 +54,9 @@ def _template() -> jinja2.Template:
     return env.get_template("report.html.j2")
 
 
-def render(d: dict[str, Any], series: dict[str, Any] | None, run_name: str = "") -> str:
-    """The whole HTML page for a loaded ``detection.json`` and ``series.json``."""
+def render(d: dict[str, Any], series: dict[str, Any] | None, run_name: str = "", grid: Any = None) -> str:
+    """The whole HTML page for a loaded ``detection.json`` and ``series.json`` (and the
+    detector benchmark's ``grid.json`` where it sits beside them)."""
     heading = (
         f"Drift-detection backtest: {rv.text(d.get('recommender'))}, "
         f"alert k={rv.text(d.get('alert_k'))}, r={rv.text(d.get('alert_r'))}"
@@ -70,6 +72,7 @@ def render(d: dict[str, Any], series: dict[str, Any] | None, run_name: str = "")
             slices=_slices(d),
             audit=_audit(d),
             detector=_detector(d),
+            grid=_grid(grid),
         )
         + "\n"
     )
@@ -448,4 +451,57 @@ def _detector(d: dict[str, Any]) -> dict[str, Any] | None:
         "half": rv.count(rv.get_in(cf, "half_window_events")) if paired else None,
         "paired_false_alarms": rv.count(rv.get_in(cf, "control_false_alarms")) if paired else None,
         "paired": paired,
+    }
+
+
+def _grid(g: Any) -> dict[str, Any] | None:
+    """(h): the detector benchmark (``python -m workers.commands.backtest.grid``): every
+    detector at one calibrated budget on production-rate streams, and the checks."""
+    sim = rv.get_in(g, "streams")
+    rows = rv.get_in(sim, "rows")
+    if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) for r in rows):
+        return None
+    detectors = [str(n) for n in (rv.get_in(sim, "in_control_run_length") or {})]
+
+    def cell(v: Any) -> str:
+        median, share = rv.num(rv.get_in(v, "median_delay_events")), rv.num(rv.get_in(v, "detected"))
+        share_text = "—" if share is None else f"{share:.0%}"
+        return f"— [{share_text}]" if median is None else f"{median:,.0f} [{share_text}]"
+
+    delays = Table(
+        ["drift", *detectors, "isolation error"],
+        [
+            [
+                rv.text(r.get("drift")),
+                *(cell(r.get(n)) for n in detectors),
+                rv.text(
+                    None if (e := rv.num(rv.get_in(r, "joint", "isolation_error"))) is None else f"{e:.1%}"
+                ),
+            ]
+            for r in rows
+        ],
+        [False, *([True] * (len(detectors) + 1))],
+    )
+    arl = rv.get_in(sim, "in_control_run_length") or {}
+    runs = Table(
+        ["detector", "mean run length", "95% interval"],
+        [
+            [
+                n,
+                rv.count(rv.get_in(arl, n, "mean")),
+                f"{rv.count(rv.get_in(arl, n, 'low'))}–{rv.count(rv.get_in(arl, n, 'high'))}",
+            ]
+            for n in detectors
+        ],
+        [False, True, True],
+    )
+    checks = rv.get_in(sim, "checks") or {}
+    return {
+        "arl0": rv.count(rv.get_in(sim, "arl0_events")),
+        "rate": rv.count(rv.get_in(sim, "rate_per_hour")),
+        "reps": rv.count(rv.get_in(sim, "reps")),
+        "plot": plots.grid_plot(rows, detectors),
+        "delays": delays,
+        "runs": runs,
+        "checks": [(str(name), bool(rv.get_in(c, "ok"))) for name, c in checks.items()],
     }
