@@ -70,7 +70,7 @@ def diagnose(
     # The null recommender's hit chance per unit: its expected hit ratios, weighted by units.
     chance = float(np.average(expected[known], weights=units[known])) if known.any() else 0.0
     charts = cusum.design(p0, chance_hit=chance)
-    thresholds, overlap = cusum.calibrate(p0, units, charts, arl0)
+    thresholds, overlap = cusum.calibrate(p0, units, charts, arl0, chance_hit=chance)
     singles = {"exact": cusum.exact_chart(p0), "synonym": cusum.synonym_chart(p0, chance_hit=chance)}
     single_thresholds = {
         name: cusum.calibrate(p0, units, {name: llr}, arl0)[0][name] for name, llr in singles.items()
@@ -84,10 +84,10 @@ def diagnose(
 
     def delays(
         col: Scores, start: float, *, counterfactual: bool = False
-    ) -> tuple[dict[str, int | None], npt.NDArray[np.int64], Ints, Laws]:
-        """Each chart's first alarm from ``start`` on, the scored events' indices from there,
-        their outcome counts and every chart's ratios per event (on the trailing baseline, or
-        the counterfactual one)."""
+    ) -> tuple[dict[str, int | None], list[tuple[int, str]], npt.NDArray[np.int64]]:
+        """From ``start`` on (on the trailing baseline, or the counterfactual one): each
+        single-signal chart's first alarm, the detector's alarms (index, alternative; the
+        charts restarting after each) and the scored events' indices."""
         rows = _scored(col)
         counts = _outcomes(col, rows).counts
         at = np.flatnonzero(rows)
@@ -98,61 +98,52 @@ def diagnose(
         )
         after = t_events[at] >= start
         counts, laws = counts[after], laws[after]
-        ratios = {
-            **cusum.design(laws, chance_hit=chance),
-            "exact": cusum.exact_chart(laws),
-            "synonym": cusum.synonym_chart(laws, chance_hit=chance),
+        ratios = cusum.design(laws, chance_hit=chance)
+        steps = {name: cusum.increments(counts, ratios[name]) for name in charts}
+        singles_found = {
+            "exact": cusum.first_alarm(
+                cusum.increments(counts, cusum.exact_chart(laws)), single_thresholds["exact"]
+            ),
+            "synonym": cusum.first_alarm(
+                cusum.increments(counts, cusum.synonym_chart(laws, chance_hit=chance)),
+                single_thresholds["synonym"],
+            ),
         }
-        limits = {**thresholds, **single_thresholds}
-        found = {
-            name: cusum.first_alarm(cusum.increments(counts, llr), limits[name])
-            for name, llr in ratios.items()
-        }
-        return found, at[after], counts, ratios
+        return singles_found, cusum.run_alarms(counts, steps, thresholds, laws, chance), at[after]
 
-    def first_alternative(found: Mapping[str, int | None]) -> tuple[str | None, dict[str, int]]:
-        """The first alternative to cross (a tie pages: quality_lost first in ALTERNATIVES) and
-        each alternative's first alarm."""
-        by_alternative: dict[str, int] = {}
-        for name in charts:
-            index = found[name]
-            key = cusum.alternative_of(name)
-            if index is not None and (key not in by_alternative or index < by_alternative[key]):
-                by_alternative[key] = index
-        alternative = (
-            min(by_alternative, key=lambda n: (by_alternative[n], cusum.ALTERNATIVES.index(n)))
-            if by_alternative
-            else None
-        )
-        return alternative, by_alternative
+    def first_of(alarms: list[tuple[int, str]]) -> dict[str, int]:
+        """Each alternative's first alarm."""
+        out: dict[str, int] = {}
+        for index, alternative in alarms:
+            out.setdefault(alternative, index)
+        return out
 
     rows_out = []
     for label, col in runs.items():
         start = starts[label]
-        found, at, _, _ = delays(col, start)
+        found, alarms, at = delays(col, start)
         # The control run from the same start: an alarm it raises as early is the feed's own
         # change, not the drift's (the runs share every event before the start).
-        own, _, _, _ = delays(control, start)
-        own_first = [index for name in charts if (index := own[name]) is not None]
-        alternative, by_alternative = first_alternative(found)
-        hit = by_alternative[alternative] if alternative is not None else None
-        versus, _, _, _ = delays(col, start, counterfactual=True)
-        paired_alternative, paired_by = first_alternative(versus)
+        _, own, _ = delays(control, start)
+        by_alternative = first_of(alarms)
+        hit, alternative = alarms[0] if alarms else (None, None)
+        versus, versus_alarms, _ = delays(col, start, counterfactual=True)
+        paired_hit, paired_alternative = versus_alarms[0] if versus_alarms else (None, None)
 
         rows_out.append(
             {
                 "drift": label,
                 "arl0_events": arl0,
                 "alternative": alternative,
-                "delay_events": None if hit is None else hit + 1,
+                "delay_events": _events(hit),
                 "delay_s": None if hit is None else round(float(t_events[at[hit]] - start), 1),
-                "control_delay_events": _events(min(own_first)) if own_first else None,
+                "control_delay_events": _events(own[0][0]) if own else None,
                 "exact_cusum_delay_events": _events(found["exact"]),
                 "synonym_cusum_delay_events": _events(found["synonym"]),
                 "quality_lost_delay_events": _events(by_alternative.get("quality_lost")),
                 "wording_changed_delay_events": _events(by_alternative.get("wording_changed")),
                 "counterfactual_alternative": paired_alternative,
-                "counterfactual_delay_events": _events(paired_by.get(paired_alternative or "")),
+                "counterfactual_delay_events": _events(paired_hit),
                 "counterfactual_exact_cusum_delay_events": _events(versus["exact"]),
                 "counterfactual_synonym_cusum_delay_events": _events(versus["synonym"]),
             }
@@ -162,10 +153,8 @@ def diagnose(
         row.update(live["rows"][row["drift"]])
     # The control run from the earliest drift on, with restarts: its false alarms -- on the
     # trailing baseline, and against its own counterfactual (itself, around each event).
-    _, at, counts, ratios = delays(control, first)
-    alarms = _union_alarms({n: cusum.increments(counts, ratios[n]) for n in charts}, thresholds)
-    _, _, counts_cf, ratios_cf = delays(control, first, counterfactual=True)
-    alarms_cf = _union_alarms({n: cusum.increments(counts_cf, ratios_cf[n]) for n in charts}, thresholds)
+    _, control_alarms, at = delays(control, first)
+    _, control_alarms_cf, _ = delays(control, first, counterfactual=True)
     return {
         "detector": {
             "design": "multi-chart CUSUM on (exact, synonym-only, miss) per unit (stream.cusum)",
@@ -181,8 +170,11 @@ def diagnose(
             "overlap": round(overlap, 4),
             "baseline": {"window_events": BASELINE_WINDOW, "lag_events": BASELINE_LAG},
             "control_events_after_first_drift": len(at),
-            "control_false_alarms": alarms,
-            "counterfactual": {"half_window_events": PAIRED_HALF, "control_false_alarms": alarms_cf},
+            "control_false_alarms": len(control_alarms),
+            "counterfactual": {
+                "half_window_events": PAIRED_HALF,
+                "control_false_alarms": len(control_alarms_cf),
+            },
             "live": live["detector"],
         },
         "diagnosis": rows_out,
@@ -251,20 +243,3 @@ def _live(
 def _events(index: int | None) -> int | None:
     """Scored events until the alarm, the alarm's included."""
     return None if index is None else index + 1
-
-
-def _union_alarms(increments: Mapping[str, Floats], thresholds: Mapping[str, float]) -> int:
-    """How many times the union of charts alarms over a run, every chart restarting at zero
-    after each alarm."""
-    alarms, begin, n = 0, 0, len(next(iter(increments.values()), np.zeros(0)))
-    while begin < n:
-        hits = [
-            h
-            for name, inc in increments.items()
-            if (h := cusum.first_alarm(inc[begin:], thresholds[name])) is not None
-        ]
-        if not hits:
-            break
-        alarms += 1
-        begin += min(hits) + 1
-    return alarms

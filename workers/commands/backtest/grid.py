@@ -166,13 +166,13 @@ class Calibrated:
         self.model, self.arl0, self.window = model, arl0, window
         p0, units = model.p0, model.units
         self.charts = cusum.design(p0, chance_hit=model.chance)
-        self.thresholds, _ = cusum.calibrate(p0, units, self.charts, arl0, seed=seed)
+        self.thresholds, _ = cusum.calibrate(p0, units, self.charts, arl0, seed=seed, chance_hit=model.chance)
         self.singles = {
-            "exact_cusum": {"exact": cusum.exact_chart(p0)},
-            "synonym_cusum": {"synonym": cusum.synonym_chart(p0, chance_hit=model.chance)},
+            "exact_cusum": cusum.exact_chart(p0),
+            "synonym_cusum": cusum.synonym_chart(p0, chance_hit=model.chance),
         }
         self.single_thresholds = {
-            name: cusum.calibrate(p0, units, charts, arl0)[0] for name, charts in self.singles.items()
+            name: cusum.calibrate(p0, units, {name: llr}, arl0)[0][name] for name, llr in self.singles.items()
         }
         rng = np.random.default_rng(seed)
         streams = [model.sample(rng, int(HORIZON * arl0)) for _ in range(reps)]
@@ -189,8 +189,8 @@ class Calibrated:
     def settings(self) -> dict[str, Any]:
         return {
             "joint": {n: round(h, 4) for n, h in self.thresholds.items()},
-            "exact_cusum": round(self.single_thresholds["exact_cusum"]["exact"], 4),
-            "synonym_cusum": round(self.single_thresholds["synonym_cusum"]["synonym"], 4),
+            "exact_cusum": round(self.single_thresholds["exact_cusum"], 4),
+            "synonym_cusum": round(self.single_thresholds["synonym_cusum"], 4),
             "window_exact": {"window_events": self.window, "line": round(self.lines["exact"], 5)},
             "window_synonym": {"window_events": self.window, "line": round(self.lines["synonym"], 5)},
             "adwin_exact": {"delta": self.deltas["exact"]},
@@ -200,17 +200,13 @@ class Calibrated:
 
     def detectors(self, counts: Ints, rng: np.random.Generator) -> dict[str, NextAlarm]:
         """Every detector of :data:`DETECTORS` on one stream of outcome counts."""
-        joint = {n: cusum.increments(counts, llr) for n, llr in self.charts.items()}
         phase = int(rng.integers(int(self.arl0)))
         every = int(self.arl0)
         return {
-            "joint": _cusum(joint, self.thresholds, named=True),
+            "joint": _joint(counts, self.charts, self.thresholds, self.model),
             **{
-                name: _cusum(
-                    {n: cusum.increments(counts, llr) for n, llr in charts.items()},
-                    self.single_thresholds[name],
-                )
-                for name, charts in self.singles.items()
+                name: _single(cusum.increments(counts, llr), self.single_thresholds[name])
+                for name, llr in self.singles.items()
             },
             "window_exact": _window(counts, "exact", self.window, self.lines["exact"]),
             "window_synonym": _window(counts, "synonym", self.window, self.lines["synonym"]),
@@ -225,21 +221,27 @@ def _hits(counts: Ints, signal: str) -> Ints:
     return counts[:, 0] if signal == "exact" else counts[:, 0] + counts[:, 1]
 
 
-def _cusum(
-    increments: Mapping[str, Floats], thresholds: Mapping[str, float], *, named: bool = False
+def _joint(
+    counts: Ints, charts: Mapping[str, Floats], thresholds: Mapping[str, float], model: Model
 ) -> NextAlarm:
-    """Charts run together (the first to cross alarms); ``named``: it names its alternative."""
+    """The detector as the score workers run it (:func:`stream.cusum.scan`: a crossing,
+    then the alternative isolated), the in-control law known."""
+    steps = {n: cusum.increments(counts, llr) for n, llr in charts.items()}
 
     def next_alarm(begin: int) -> tuple[int, str | None] | None:
-        found = [
-            (begin + at, cusum.alternative_of(name) if named else None)
-            for name, inc in increments.items()
-            if (at := cusum.first_alarm(inc[begin:], thresholds[name])) is not None
-        ]
-        # a tie pages: quality_lost first, as the live detector reports it
-        return (
-            min(found, key=lambda f: (f[0], cusum.ALTERNATIVES.index(f[1]) if f[1] else 0)) if found else None
-        )
+        tail = {n: x[begin:] for n, x in steps.items()}
+        found = cusum.scan(counts[begin:], tail, thresholds, model.p0, model.chance)
+        return None if found.alarm is None else (begin + found.alarm, found.alternative)
+
+    return next_alarm
+
+
+def _single(increments: Floats, threshold: float) -> NextAlarm:
+    """One CUSUM on one signal: it detects, it names nothing."""
+
+    def next_alarm(begin: int) -> tuple[int, str | None] | None:
+        at = cusum.first_alarm(increments[begin:], threshold)
+        return None if at is None else (begin + at, None)
 
     return next_alarm
 
