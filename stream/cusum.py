@@ -339,6 +339,8 @@ def threshold_for(values: Floats, probs: Floats, target_arl: float, *, cells: in
 #: past the small run lengths where the Markov chain's discretisation shows.  A run costs
 #: its length: 300 of them, ~3 million events.
 PROBE_ARL = 10_000.0
+#: In-control runs per measurement of the union (each mean within ~4.5%).
+CALIBRATION_RUNS = 500
 
 
 def calibrate(
@@ -373,7 +375,14 @@ def calibrate(
         streams each time: common random numbers, a less noisy ratio)."""
         trial = {name: threshold_for(*law, per_chart) for name, law in laws.items()}
         runs = simulate_run_lengths(
-            p0, units, charts, trial, runs=300, horizon=int(probe * 12), seed=seed, chance_hit=chance_hit
+            p0,
+            units,
+            charts,
+            trial,
+            runs=CALIBRATION_RUNS,
+            horizon=int(probe * 12),
+            seed=seed,
+            chance_hit=chance_hit,
         )
         return float(runs.mean())
 
@@ -385,6 +394,8 @@ def calibrate(
     m0 = union(x1 / 4)
     slope = float(np.clip(np.log(m1 / m0) / np.log(4.0), 0.5, 1.5)) if m1 > m0 else 1.0
     per_chart = float(x1 * (arl0 / m1) ** (1 / slope))
+    if per_chart <= x1:  # the budget is within reach of the probe: check it there, correct once
+        per_chart *= (arl0 / union(per_chart)) ** (1 / slope)
     overlap = arl0 * len(charts) / per_chart
     return {name: threshold_for(*law, per_chart) for name, law in laws.items()}, overlap
 
@@ -616,7 +627,7 @@ class Detector:
     ([], 600, True)
     >>> lost = rng.multinomial(1, [0.05, 0.05, 0.9], size=300)   # most hits gone
     >>> d.update(lost, np.full(300, 0.1))[0]
-    Alarm(alternative='quality_lost', chart='quality_lost:miss', event=615)
+    Alarm(alternative='quality_lost', chart='quality_lost:miss', event=614)
     >>> Detector.from_state(d.to_state()).to_state() == d.to_state()
     True
     """
