@@ -444,14 +444,19 @@ def isolate(segments: Ints | Floats, laws: Floats, chance_hit: float) -> tuple[l
 class Scan:
     """What :func:`scan` found on a stretch of events: the first alarm (its index in the
     stretch, the chart that crossed, the alternative named) or none, and the charts' values
-    and segments (outcome counts since each last stood at zero) after the stretch, or after
-    the alarm's event when there was one (then every chart restarts)."""
+    and segments after the stretch (zero and empty after an alarm: every chart restarts).
+    A segment is six numbers: the outcome counts since the chart last stood at zero, and
+    the sum of those events' in-control laws weighted by their units (the families of the
+    isolation are fitted against the segment's mean law)."""
 
     alarm: int | None
     chart: str | None
     alternative: str | None
     values: dict[str, float]
-    segments: dict[str, list[int]]
+    segments: dict[str, list[float]]
+
+
+EMPTY_SEGMENT = (0.0,) * 6
 
 
 def scan(
@@ -462,7 +467,7 @@ def scan(
     chance_hit: float,
     *,
     values: Mapping[str, float] | None = None,
-    segments: Mapping[str, Sequence[int]] | None = None,
+    segments: Mapping[str, Sequence[float]] | None = None,
     margin: float = ISOLATION_NATS,
 ) -> Scan:
     """The charts over ``counts`` (n, 3) with their per-event ``steps``, from ``values`` (zero)
@@ -481,28 +486,36 @@ def scan(
     counts = np.asarray(counts, dtype=np.int64).reshape(-1, 3)
     n = len(counts)
     laws = np.broadcast_to(np.asarray(laws, dtype=np.float64), (n, 3)) if n else np.zeros((0, 3))
-    cum = np.vstack([np.zeros((1, 3), dtype=np.int64), np.cumsum(counts, axis=0)])
+    # per position (after that many events): the outcome counts and unit-weighted laws so far
+    cum = np.vstack(
+        [np.zeros((1, 6)), np.cumsum(np.hstack([counts, laws * counts.sum(axis=1)[:, None]]), axis=0)]
+    )
     first: tuple[int, int, str, str] | None = None  # (index, alternative's rank, chart, alternative)
     paths: dict[str, tuple[Floats, Ints]] = {}
+
+    def segment(name: str, position: Ints, start: Ints) -> Floats:
+        carried = np.asarray((segments or {}).get(name, EMPTY_SEGMENT), dtype=np.float64)
+        return np.asarray(
+            cum[position] - cum[np.maximum(start, 0)] + np.where(start[:, None] < 0, carried, 0.0)
+        )
+
     for name, inc in steps.items():
         v0 = 0.0 if values is None else float(values.get(name, 0.0))
         c = np.concatenate([[v0], v0 + np.cumsum(inc)])
-        floor = np.minimum(np.minimum.accumulate(c), 0.0)
-        s = c - floor
-        # the last position (0..n: after that many events) where the chart stood at zero; -1:
-        # not in this stretch (the segment began before it, or the chart starts at v0 > 0)
-        zero = np.where(s <= 0.0, np.arange(n + 1), -1)
-        last = np.maximum.accumulate(zero)
+        s = c - np.minimum(np.minimum.accumulate(c), 0.0)
+        # the last position where the chart stood at zero; -1: not in this stretch (the
+        # segment began before it: the chart starts at v0 > 0)
+        last = np.maximum.accumulate(np.where(s <= 0.0, np.arange(n + 1), -1))
         paths[name] = (s, last)
         over = np.flatnonzero(s[1:] >= thresholds[name]) + 1  # positions after the crossing event
         if first is not None:
             over = over[over <= first[0] + 1]
         if not len(over):
             continue
-        carried = np.asarray((segments or {}).get(name, (0, 0, 0)), dtype=np.int64)
-        start = last[over]
-        seg = cum[over] - cum[np.maximum(start, 0)] + np.where(start[:, None] < 0, carried, 0)
-        named, gap = isolate(seg, laws[over - 1], chance_hit)
+        seg = segment(name, over, last[over])
+        units = seg[:, :3].sum(axis=1, keepdims=True)
+        mean_law = np.where(units > 0, seg[:, 3:] / np.maximum(units, 1e-12), laws[over - 1])
+        named, gap = isolate(seg[:, :3], mean_law, chance_hit)
         ok = np.flatnonzero(gap >= margin)
         if len(ok):
             at, alternative = int(over[ok[0]]) - 1, named[ok[0]]
@@ -510,15 +523,17 @@ def scan(
             if first is None or key < first:
                 first = key
     if first is not None:
-        return Scan(first[0], first[2], first[3], dict.fromkeys(steps, 0.0), {k: [0, 0, 0] for k in steps})
-    out_values, out_segments = {}, {}
-    for name, (s, last) in paths.items():
-        out_values[name] = float(s[n])
-        carried = np.asarray((segments or {}).get(name, (0, 0, 0)), dtype=np.int64)
-        z = int(last[n])
-        seg = cum[n] - cum[max(z, 0)] + (carried if z < 0 else 0)
-        out_segments[name] = [int(x) for x in seg]
-    return Scan(None, None, None, out_values, out_segments)
+        return Scan(
+            first[0], first[2], first[3], dict.fromkeys(steps, 0.0), {k: list(EMPTY_SEGMENT) for k in steps}
+        )
+    ends = np.array([n])
+    return Scan(
+        None,
+        None,
+        None,
+        {name: float(s[n]) for name, (s, _) in paths.items()},
+        {name: segment(name, ends, last[ends])[0].tolist() for name, (_, last) in paths.items()},
+    )
 
 
 def run_alarms(
@@ -655,8 +670,8 @@ class Detector:
         self.chance = 0.0
         self.thresholds: dict[str, float] = {}
         self.values: dict[str, float] = {}
-        #: Each chart's outcome counts since it last stood at zero (what names an alarm).
-        self.segments: dict[str, list[int]] = {}
+        #: Each chart's segment since it last stood at zero (what names an alarm; :class:`Scan`).
+        self.segments: dict[str, list[float]] = {}
         self.alarms: dict[str, int] = {name: 0 for name in ALTERNATIVES}
 
     @property
@@ -696,7 +711,7 @@ class Detector:
             self.p0, units[units > 0], self.charts, self.arl0, seed=self.seed, chance_hit=self.chance
         )
         self.values = {name: 0.0 for name in self.thresholds}
-        self.segments = {name: [0, 0, 0] for name in self.thresholds}
+        self.segments = {name: list(EMPTY_SEGMENT) for name in self.thresholds}
 
     def _run(self, counts: Ints) -> list[Alarm]:
         assert self.p0 is not None
@@ -770,6 +785,6 @@ class Detector:
         d.thresholds = {k: float(v) for k, v in state["thresholds"].items()}
         d.values = {k: float(v) for k, v in state["values"].items()}
         # a state written before alarms were isolated has none: the charts' segments start now
-        d.segments = {k: [int(x) for x in v] for k, v in state.get("segments", {}).items()}
+        d.segments = {k: [float(x) for x in v] for k, v in state.get("segments", {}).items()}
         d.alarms = {k: int(v) for k, v in state["alarms"].items()}
         return d

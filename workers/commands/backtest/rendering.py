@@ -19,7 +19,11 @@ from workers.commands.backtest.analysis import Backtest
 from workers.commands.backtest.simulation import EMBEDDING_ALPHA, EMBEDDING_SIGNAL, iso
 from workers.commands.evaluate_outputs import check_results_dir
 
-RESULT_FILES = frozenset({"detection.json", "detection.md", "series.json", "report.html"})
+#: A run directory's files; the detector benchmark's (``python -m workers.commands.backtest.grid
+#: FEED --out DIR``) may sit beside them, for ``reval report`` to show.
+RESULT_FILES = frozenset(
+    {"detection.json", "detection.md", "series.json", "report.html", "grid.json", "grid.md"}
+)
 
 
 def markdown(result: Backtest) -> str:

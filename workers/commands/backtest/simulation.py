@@ -45,7 +45,6 @@ from workers.commands.coherence import RefitAudit
 from workers.commands.evaluate import bertag_vectors
 
 DEFAULT_INJECTIONS = ("random:0.5", "swap:least-popular", "synonyms:1", "stale:60", "vocab:0.5")
-RESULT_FILES = frozenset({"detection.json", "detection.md", "series.json", "report.html"})
 DAY = 86_400.0
 #: The embedding drift test (stream.mmd) between the tweets of the last refit interval and
 #: of the one before, at every refit: an alarm is a p-value at or below this.
