@@ -30,6 +30,7 @@ EXAMPLE_PLOTS = [
     "curves",
     "thesaurus",
     "audit",
+    "grid",
 ]
 FIGURE = re.compile(r'<figure class="plot" data-plot="([^"]*)">(.*?)</figure>', re.S)
 HOSTILE = "random:<b>&amp;$x$"  # HTML markup, an entity and mathtext in a drift's name
@@ -206,7 +207,7 @@ def small_run(tmp_path: Path, *, slices: bool = True) -> Path:
 def example_report(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The docs example's report, written once into a copy of its run directory."""
     run = tmp_path_factory.mktemp("backtest")
-    for name in ("detection.json", "series.json"):
+    for name in ("detection.json", "series.json", "grid.json"):
         shutil.copy(EXAMPLE / name, run / name)
     return write_report(run)
 
