@@ -101,3 +101,26 @@ def test_the_report_shows_the_benchmark_beside_a_backtest(tmp_path: Path, result
     assert 'data-plot="grid"' in page
     assert "(h) Detector benchmark" in page and "adwin_synonym" in page
     assert 'isolation_error: <span class="met">met</span>' in page
+
+
+@pytest.mark.parametrize(
+    ("argv", "problem"),
+    [
+        (["--arl0", "50"], "--arl0 is a run length in events (>= 100)"),
+        (["--window", "5000"], "--window: 10 to 2000 events"),
+        (["--inject", "nonsense:1"], "unknown kind 'nonsense'"),
+    ],
+)
+def test_bad_options_are_one_line_and_exit_2(
+    argv: list[str], problem: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert grid.main(["feed.jsonl", *argv]) == 2
+    err = capsys.readouterr().err
+    assert problem in err and err.count("\n") == 1
+
+
+def test_the_markdown_names_every_detector_and_the_checks(result: dict) -> None:
+    text = grid.markdown({"feed": "f.jsonl", "feed_events": 0, "feed_rows": [], "streams": result})
+    assert "ARL0 = 2,000 events" in text
+    assert all(f"| {name} |" in text for name in grid.DETECTORS)  # the run-length table
+    assert "- isolation_error:" in text and "| random:1 |" in text
