@@ -34,12 +34,12 @@ BASELINE_LAG = 300
 PAIRED_HALF = 50
 
 
-def _scored(col: Scores) -> npt.NDArray[np.bool_]:
+def scored(col: Scores) -> npt.NDArray[np.bool_]:
     """The events a chart reads: scored, with at least one unit."""
     return ~np.isnan(col.reval) & (col.units > 0)
 
 
-def _outcomes(col: Scores, rows: npt.NDArray[np.bool_]) -> cusum.Outcomes:
+def outcomes(col: Scores, rows: npt.NDArray[np.bool_]) -> cusum.Outcomes:
     return cusum.Outcomes.of(units=col.units[rows], exact_ratio=col.exact[rows], reval_ratio=col.reval[rows])
 
 
@@ -58,13 +58,13 @@ def diagnose(
     ``delay_events`` counts scored events from the start to the alarm, the alarm's included.
     """
     first = min(starts.values())
-    scorable = _scored(control)
+    scorable = scored(control)
     reference = scorable & (t_events < first)
     if np.count_nonzero(reference) < 20:
         raise ValueError(f"only {np.count_nonzero(reference)} scored events before the first drift")
-    outcomes = _outcomes(control, reference)
-    p0 = cusum.in_control(outcomes)
-    units = outcomes.units
+    base = outcomes(control, reference)
+    p0 = cusum.in_control(base)
+    units = base.units
     expected = control.expected[reference]
     known = ~np.isnan(expected)
     # The null recommender's hit chance per unit: its expected hit ratios, weighted by units.
@@ -80,7 +80,7 @@ def diagnose(
     # scored nothing).
     control_rows = scorable  # the same rows: the control's scored events
     paired = np.tile(p0, (len(control.reval), 1))
-    paired[control_rows] = cusum.centred_laws(_outcomes(control, control_rows).counts, half=PAIRED_HALF)
+    paired[control_rows] = cusum.centred_laws(outcomes(control, control_rows).counts, half=PAIRED_HALF)
 
     def delays(
         col: Scores, start: float, *, counterfactual: bool = False
@@ -88,8 +88,8 @@ def diagnose(
         """From ``start`` on (on the trailing baseline, or the counterfactual one): each
         single-signal chart's first alarm, the detector's alarms (index, alternative; the
         charts restarting after each) and the scored events' indices."""
-        rows = _scored(col)
-        counts = _outcomes(col, rows).counts
+        rows = scored(col)
+        counts = outcomes(col, rows).counts
         at = np.flatnonzero(rows)
         laws = (
             paired[at]
@@ -200,17 +200,17 @@ def _live(
     drift's start.  Per drift: the first alarm at or after its start, its alternative and its
     delay in scored events; for the control: its alarms after the first drift."""
 
-    def scored(col: Scores) -> tuple[npt.NDArray[np.int64], Ints, Floats]:
-        rows = _scored(col)
-        return np.flatnonzero(rows), _outcomes(col, rows).counts, col.expected[rows]
+    def scored_of(col: Scores) -> tuple[npt.NDArray[np.int64], Ints, Floats]:
+        rows = scored(col)
+        return np.flatnonzero(rows), outcomes(col, rows).counts, col.expected[rows]
 
-    _, counts, chance = scored(control)
+    _, counts, chance = scored_of(control)
     base = cusum.Detector(arl0, reference=reference)
     base.update(counts[:reference], chance[:reference])
     state = base.to_state()
 
     def alarms(col: Scores) -> tuple[npt.NDArray[np.int64], list[cusum.Alarm]]:
-        where, c, q = scored(col)
+        where, c, q = scored_of(col)
         d = cusum.Detector.from_state(state)
         found = [
             a

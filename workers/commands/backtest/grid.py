@@ -57,7 +57,7 @@ from river.drift import ADWIN
 
 from stream import cusum
 from stream.experiment import ProgressFactory, no_progress
-from workers.commands.backtest.detector import diagnose
+from workers.commands.backtest.detector import diagnose, outcomes, scored
 from workers.commands.backtest.simulation import BacktestConfig, Feed, Scores, Walk, load_feed
 
 Floats = npt.NDArray[np.float64]
@@ -134,13 +134,7 @@ def _law(counts: Ints) -> Floats:
 
 
 def _rows(col: Scores, t_events: Floats, start: float) -> npt.NDArray[np.bool_]:
-    return ~np.isnan(col.reval) & (col.units > 0) & (t_events >= start)
-
-
-def _counts(col: Scores, rows: npt.NDArray[np.bool_]) -> Ints:
-    return cusum.Outcomes.of(
-        units=col.units[rows], exact_ratio=col.exact[rows], reval_ratio=col.reval[rows]
-    ).counts
+    return scored(col) & (t_events >= start)
 
 
 def model_of(
@@ -150,7 +144,7 @@ def model_of(
     each drift's law: the model's law times the drifted run's outcome shares over the control's
     on the events after its start (the drift's effect, without the feed's own change)."""
     rows = _rows(control, t, min(starts.values()))
-    p0 = _law(_counts(control, rows))
+    p0 = _law(outcomes(control, rows).counts)
     expected = control.expected[rows]
     units = control.units[rows]
     known = ~np.isnan(expected)
@@ -158,7 +152,7 @@ def model_of(
     laws: dict[str, Floats] = {}
     for label, col in runs.items():
         after = _rows(control, t, starts[label]) & _rows(col, t, starts[label])
-        ratio = _law(_counts(col, after)) / _law(_counts(control, after))
+        ratio = _law(outcomes(col, after).counts) / _law(outcomes(control, after).counts)
         law = p0 * ratio
         laws[label] = law / law.sum()
     return Model(p0=p0, units=np.asarray(units, dtype=np.int64), chance=chance), laws
