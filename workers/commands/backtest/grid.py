@@ -128,11 +128,6 @@ class Model:
         return np.asarray(rng.multinomial(sizes, self.p0 if law is None else law), dtype=np.int64)
 
 
-def _law(counts: Ints) -> Floats:
-    totals = counts.sum(axis=0).astype(np.float64) + 0.5
-    return np.asarray(totals / totals.sum(), dtype=np.float64)
-
-
 def _rows(col: Scores, t_events: Floats, start: float) -> npt.NDArray[np.bool_]:
     return scored(col) & (t_events >= start)
 
@@ -144,7 +139,7 @@ def model_of(
     each drift's law: the model's law times the drifted run's outcome shares over the control's
     on the events after its start (the drift's effect, without the feed's own change)."""
     rows = _rows(control, t, min(starts.values()))
-    p0 = _law(outcomes(control, rows).counts)
+    p0 = cusum.in_control(outcomes(control, rows))
     expected = control.expected[rows]
     units = control.units[rows]
     known = ~np.isnan(expected)
@@ -152,7 +147,7 @@ def model_of(
     laws: dict[str, Floats] = {}
     for label, col in runs.items():
         after = _rows(control, t, starts[label]) & _rows(col, t, starts[label])
-        ratio = _law(outcomes(col, after).counts) / _law(outcomes(control, after).counts)
+        ratio = cusum.in_control(outcomes(col, after)) / cusum.in_control(outcomes(control, after))
         law = p0 * ratio
         laws[label] = law / law.sum()
     return Model(p0=p0, units=np.asarray(units, dtype=np.int64), chance=chance), laws
