@@ -109,8 +109,9 @@ QUALITY_SHARE = 0.5
 WORDING_SHARE = 0.8
 #: An alarm names the alternative whose family's profile likelihood beats the other's by this
 #: many nats on the crossing chart's segment (a likelihood ratio of e^4, about 55).  On the
-#: detector benchmark's streams (``python -m workers.commands.backtest.grid``) 0 (name at
-#: the crossing) misnames 17% of the detections, 4 about 9%, at 5-40% more delay.
+#: detector benchmark's streams at the bundled feed's law (``python -m
+#: workers.commands.backtest.grid``) it misnames 9.6% of the detections, against 22% named
+#: by the first chart to cross, at up to ~1.5x the delay where the two families are close.
 ISOLATION_NATS = 4.0
 #: The shares each family is fitted over.
 _SHARES = np.linspace(0.0, 1.0, 101)
@@ -334,10 +335,9 @@ def threshold_for(values: Floats, probs: Floats, target_arl: float, *, cells: in
 
 
 #: Where the union's overlap is measured by simulation (module doc): at the budget itself up
-#: to this (the overlap grows with the thresholds: measured lower, it leaves the union
-#: conservative -- 13,100 events for a budget of 10,000 when it was measured at 2,000), and
-#: past the small run lengths where the Markov chain's discretisation shows.  A run costs
-#: its length: 300 of them, ~3 million events.
+#: to this (the overlap changes with the thresholds: measured at 2,000 it left the union at
+#: 13,100 events for a budget of 10,000), and past the small run lengths where the Markov
+#: chain's discretisation shows.  A run costs its length: 500 of them, ~5 million events.
 PROBE_ARL = 10_000.0
 #: In-control runs per measurement of the union (each mean within ~4.5%).
 CALIBRATION_RUNS = 500
@@ -361,9 +361,8 @@ def calibrate(
     factor ``ρ`` (union ARL over the independent charts' ``arl0``) is measured by simulating
     the in-control model at :data:`PROBE_ARL` events -- twice, to follow how it changes with
     the thresholds -- and each chart is set to ``len(charts) * arl0 / ρ``.  With
-    ``chance_hit`` the union is the detector's (a crossing
-    raises an alarm once its alternative is isolated: rarer than a crossing, so ``ρ`` may
-    pass ``len(charts)``).
+    ``chance_hit`` the union is the detector's (a crossing raises an alarm once its
+    alternative is isolated: rarer than a crossing, so ``ρ`` may pass ``len(charts)``).
     """
     laws = {name: increment_law(p0, units, llr) for name, llr in charts.items()}
     if len(charts) == 1:
