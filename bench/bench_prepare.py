@@ -9,17 +9,30 @@ trees prepared the same texts, hashtags and keys.
 
     git archive 0123abc | tar -x -C /tmp/before     # the tree to compare with
     python -m bench.bench_prepare --baseline /tmp/before --rounds 4
+
+The issue's other route -- "N processes scaling >= 0.8 N" -- is timed by ``--processes``: this
+tree's :class:`~workers.service.preparing.Preparer` (what the embed worker runs with
+``REVAL_PREPARE_WORKERS``) over the feed's raw records in batches of ``--batch``, the next batch
+submitted while the current one is collected (the worker's lookahead), for each process count
+in alternating order; the pool's start and a warm-up batch are outside the timing.  The rate
+per process count is compared with one process (the scaling), and every count's output with
+the role's thread (0 processes).
+
+    python -m bench.bench_prepare --processes 0,1,2 --rounds 3
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import hashlib
 import json
 import os
 import statistics
 import subprocess
 import sys
+import time
+from collections.abc import Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,14 +73,81 @@ def run(tree: Path, feed: Path) -> dict[str, float | str]:
     return result
 
 
+def _digest(admitted: Sequence[object]) -> str:
+    from stream.cleaning import Prepared
+
+    digest = hashlib.sha256()
+    for p in admitted:
+        key = (p.text, p.hashtags, p.dedup_keys) if isinstance(p, Prepared) else getattr(p, "reason", p)
+        digest.update(repr(key).encode())
+    return digest.hexdigest()
+
+
+def time_processes(values: list[bytes], processes: int, batch: int) -> tuple[float, str]:
+    """Prepared records/s of a :class:`Preparer` with ``processes`` over ``values``, and the
+    digest of its output."""
+    from workers.service.preparing import Preparer
+
+    preparer = Preparer(processes, language_filter=True)
+    try:
+        preparer(values[: 4 * batch])  # the processes' start and imports, untimed
+        chunks = [values[i : i + batch] for i in range(0, len(values), batch)]
+        out = []
+        start = time.perf_counter()
+        pending = preparer.submit(chunks[0])
+        for i, chunk in enumerate(chunks):
+            current = pending
+            pending = preparer.submit(chunks[i + 1]) if i + 1 < len(chunks) else None
+            out += preparer.collect(current) if current is not None else preparer(chunk)
+        seconds = time.perf_counter() - start
+    finally:
+        preparer.close()
+    return len(values) / seconds, _digest(out)
+
+
+def scaling(feed: Path, counts: list[int], rounds: int, batch: int) -> None:
+    with gzip.open(feed, "rb") as src:
+        values = [line.rstrip(b"\n") for line in src if line.strip()]
+    rates: dict[int, list[float]] = {n: [] for n in counts}
+    digests: dict[int, set[str]] = {n: set() for n in counts}
+    for i in range(rounds):
+        for n in counts if i % 2 == 0 else list(reversed(counts)):
+            rate, digest = time_processes(values, n, batch)
+            rates[n].append(rate)
+            digests[n].add(digest)
+    reference = digests[counts[0]]
+    same = all(d == reference and len(d) == 1 for d in digests.values())
+    one = statistics.median(rates[1]) if 1 in rates else None
+    print(
+        f"feed: {feed.name}, {len(values):,} records, batches of {batch}, {rounds} rounds, "
+        f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}; same output for every count: {same}"
+    )
+    print("| preparing processes | prepared records/s (median) | rounds | x one process | per process |")
+    print("|---:|---:|---|---:|---:|")
+    for n, values_ in rates.items():
+        median = statistics.median(values_)
+        ratio = f"{median / one:.2f}x" if one and n > 0 else ""
+        per = f"{median / n:,.0f}" if n > 0 else ""
+        print(f"| {n} | {median:,.0f} | {', '.join(f'{v:,.0f}' for v in values_)} | {ratio} | {per} |")
+    if not same:
+        raise SystemExit("the process counts prepared different outputs")
+
+
 def main() -> None:
     from workers.adapters.feeds import sample_feed
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--baseline", type=Path, required=True, help="a tree of the code to compare with")
+    p.add_argument("--baseline", type=Path, help="a tree of the code to compare with")
+    p.add_argument("--processes", help="comma-separated process counts to time instead, e.g. 0,1,2")
+    p.add_argument("--batch", type=int, default=4096, help="records per batch (--processes)")
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--feed", type=Path, default=sample_feed())
     args = p.parse_args()
+    if args.processes:
+        scaling(args.feed, [int(n) for n in args.processes.split(",")], args.rounds, args.batch)
+        return
+    if args.baseline is None:
+        p.error("give --baseline TREE or --processes COUNTS")
     trees = {"baseline": args.baseline.resolve(), "this tree": ROOT}
     rates: dict[str, list[float]] = {name: [] for name in trees}
     digests: dict[str, set[str]] = {name: set() for name in trees}
