@@ -38,7 +38,7 @@ from bench.results import (
     run_cells,
     run_fresh,
 )
-from workers.adapters.annoy_thesaurus import DEFAULT_DEPTH
+from workers.adapters.files.annoy_thesaurus import DEFAULT_DEPTH
 
 # One build in a fresh process with the code of the source tree given (sys.argv[1]).
 BUILD_ONCE = """
@@ -46,7 +46,7 @@ import hashlib, json, os, resource, sys, time
 import numpy as np
 tree, data, trees, depth, queries = sys.argv[1:6]
 sys.path.insert(0, tree)
-from workers.adapters.annoy_thesaurus import AnnoyThesaurus
+from workers.adapters.files.annoy_thesaurus import AnnoyThesaurus
 with np.load(data) as stored:
     vectors, counts = stored["vectors"], stored["counts"].tolist()
 names = [f"tag{i}" for i in range(len(vectors))]
@@ -64,8 +64,8 @@ for array in (table.neighbour_ids, table.distances, *(table.stats[k] for k in so
 recall = {}
 if int(queries):  # this tree only: rows other than the build's own sample, against all pairs
     from bench.bench_index import exact_top
-    from stream.neighbour_table import ranking_space
-    from stream.thesaurus import kept_unit_rows
+    from stream.synonyms.neighbour_table import ranking_space
+    from stream.synonyms.thesaurus import kept_unit_rows
     space, _ = ranking_space(kept_unit_rows(names, vectors, counts, 1), True)
     picked = np.random.default_rng(7).choice(len(names), size=int(queries), replace=False)
     shared = {10: 0, int(depth): 0}

@@ -27,10 +27,10 @@ import numpy as np
 
 from bench.bench_index import vocabulary
 from bench.results import bench_command, machine, publish
-from stream.hubness import DEFAULT_METHOD
-from stream.records import Recommendation
-from stream.scoring import DEFAULT_KS, DEFAULT_RS, score_batch
-from workers.adapters.annoy_thesaurus import AnnoyThesaurus, neighbour_cache
+from stream.evaluation.scoring import DEFAULT_KS, DEFAULT_RS, score_batch
+from stream.feeds.records import Recommendation
+from stream.synonyms.hubness import DEFAULT_METHOD
+from workers.adapters.files.annoy_thesaurus import AnnoyThesaurus, neighbour_cache
 
 DEPTH = 100
 GRIDS: tuple[tuple[int, ...], ...] = (

@@ -40,11 +40,11 @@ import numpy as np
 import torch
 
 from bench.results import publish
-from stream.cleaning import Prepared, prepare
-from stream.records import RecordError, parse_tweet
-from workers.adapters.cpu_fast import cpu_supports_bf16, cpu_supports_int8
-from workers.adapters.encoder import Encoder
-from workers.adapters.tokenizer_loading import MINILM
+from stream.feeds.records import RecordError, parse_tweet
+from stream.text.cleaning import Prepared, prepare
+from workers.adapters.encoding.cpu_fast import cpu_supports_bf16, cpu_supports_int8
+from workers.adapters.encoding.encoder import Encoder
+from workers.adapters.encoding.tokenizer_loading import MINILM
 from workers.dev.tiny_models import build_bertweet_like, build_tiny_bertweet
 
 REPO = Path(__file__).resolve().parents[1]

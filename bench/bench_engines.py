@@ -43,8 +43,8 @@ from bench.bench_encoder import embeddable_tweets
 from bench.bench_score_worker import cpu_seconds, scored, time_scoring, to_kafka
 from bench.bench_scoring import clustered_vectors, make_events
 from bench.results import bench_command
-from workers.adapters.annoy_thesaurus import AnnoyThesaurus
-from workers.adapters.redis_client import clear_prefix
+from workers.adapters.files.annoy_thesaurus import AnnoyThesaurus
+from workers.adapters.redis.redis_client import clear_prefix
 from workers.dev.broker import LocalBroker, local_broker
 from workers.dev.stack import Stack, Worker, wait_for
 from workers.dev.tiny_models import build_tiny_bertweet

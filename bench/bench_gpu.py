@@ -6,9 +6,9 @@ tweets/s). This measures, in one run:
 
 (a) the encoder alone, on the feed's tweets cleaned as the embed worker cleans them
     (``bench.bench_pipeline.embeddable_tweets``: English, hashtagged, no repeated
-    retweet keys; ``stream.cleaning.prepare``'s text): the token-budget path
+    retweet keys; ``stream.text.cleaning.prepare``'s text): the token-budget path
     (``Encoder(model, device=..., token_budget=...)``: bf16 on CUDA, packed tweets,
-    tokenising processes feeding the GPU; ``workers/adapters/gpu_batching.py``)
+    tokenising processes feeding the GPU; ``workers/adapters/encoding/gpu_batching.py``)
     against a naive transformers baseline (fp32, fixed batches of 32 tweets in arrival
     order, padded, transformers' own slow BertweetTokenizer, one call after the other),
     taking turns round by round (AB BA ...). Rates include tokenisation. MFU: the model's
@@ -58,11 +58,11 @@ import torch
 # part (b)'s imports are in bench_worker.
 from bench.bench_encoder import build_base_model, embeddable_tweets, load_texts
 from bench.results import bench_command, cpu_model, publish
-from stream.records import parse_tweet
-from workers.adapters.bertweet_tokenizer import FastBertweetTokenizer, fast_for
-from workers.adapters.encoder import Encoder
-from workers.adapters.gpu_batching import DEFAULT_TOKEN_BUDGET
-from workers.adapters.model_loading import resolve_device
+from stream.feeds.records import parse_tweet
+from workers.adapters.encoding.bertweet_tokenizer import FastBertweetTokenizer, fast_for
+from workers.adapters.encoding.encoder import Encoder
+from workers.adapters.encoding.gpu_batching import DEFAULT_TOKEN_BUDGET
+from workers.adapters.encoding.model_loading import resolve_device
 from workers.dev.tiny_models import build_tiny_bertweet
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -309,8 +309,8 @@ def bench_worker(
     from kafka import KafkaProducer
 
     from bench.bench_pipeline import Setting, send_and_wait, start_worker, worker_summary
-    from workers.adapters.kafka_client import create_topics
-    from workers.adapters.redis_means import RedisMeans
+    from workers.adapters.kafka.kafka_client import create_topics
+    from workers.adapters.redis.redis_means import RedisMeans
     from workers.dev.stack import wait_for
     from workers.dev.tansu import TansuBroker
 
@@ -405,8 +405,8 @@ def bench_drain(
     from kafka import KafkaProducer
 
     from bench.bench_pipeline import Setting, process_cpu, start_worker, worker_summary
-    from workers.adapters.kafka_client import create_topics
-    from workers.adapters.redis_means import RedisMeans
+    from workers.adapters.kafka.kafka_client import create_topics
+    from workers.adapters.redis.redis_means import RedisMeans
     from workers.dev.stack import wait_for
     from workers.dev.tansu import TansuBroker
 

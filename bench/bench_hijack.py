@@ -22,11 +22,11 @@ AUC of hijacked (and gradual) against stable probes, how many hijacked probes ar
 * ``versions, cosine`` -- what ``reval thesaurus diff`` ranked until now: the cosine between the
   all-time mean at the cut and the all-time mean at the end (the later tweets diluted by the
   earlier);
-* ``versions, effect`` -- what it ranks now (:func:`stream.drift.compare` on two versions that
+* ``versions, effect`` -- what it ranks now (:func:`stream.synonyms.drift.compare` on two versions that
   record their raw means): the shift test of the tweets since the older version;
 * ``recent, cosine`` -- the cosine of the mean after the cut against the mean before (the
   index job's ranking until now);
-* ``recent, effect`` -- the spread-aware test (:mod:`stream.shift_test`): the shift of the
+* ``recent, effect`` -- the spread-aware test (:mod:`stream.synonyms.shift_test`): the shift of the
   mean in units of the hashtag's own spread.
 
     python -m bench.bench_hijack                           # prints a markdown section
@@ -46,10 +46,10 @@ import numpy as np
 import numpy.typing as npt
 
 from bench.results import bench_command, publish
-from stream.cleaning import Prepared, prepare
-from stream.drift import DEFAULT_MIN_SUPPORT, Snapshot, compare, recent_shift
-from stream.shift_test import effective_dimension
-from workers.adapters.feeds import read_tweets, sample_feed
+from stream.synonyms.drift import DEFAULT_MIN_SUPPORT, Snapshot, compare, recent_shift
+from stream.synonyms.shift_test import effective_dimension
+from stream.text.cleaning import Prepared, prepare
+from workers.adapters.files.feeds import read_tweets, sample_feed
 
 # Tweets of one crisis: the first of its signature hashtags a tweet carries (CrisisLexT26).
 CRISES: dict[str, tuple[str, ...]] = {
@@ -233,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     command = bench_command("bench_hijack", argv)
     sizes = [int(s) for s in args.sizes.split(",")]
-    from workers.adapters.encoder import Encoder  # torch: only when the benchmark runs
+    from workers.adapters.encoding.encoder import Encoder  # torch: only when the benchmark runs
 
     started = time.perf_counter()
     kept, times = load(args.feed or sample_feed())

@@ -53,13 +53,13 @@ import numpy as np
 import redis
 
 from bench.results import bench_command, cpu_model, publish, spread
-from stream.hubness import DEFAULT_METHOD, candidate_count, centred, exact_candidates, scores
-from stream.neighbours import NeighbourCache
-from stream.records import Recommendation
-from stream.scoring import DEFAULT_KS, score_event
-from workers.adapters.annoy_thesaurus import AnnoyThesaurus, neighbour_cache
-from workers.adapters.redis_thesaurus import RedisThesauri
-from workers.adapters.store import ThesaurusStore
+from stream.evaluation.scoring import DEFAULT_KS, score_event
+from stream.feeds.records import Recommendation
+from stream.synonyms.hubness import DEFAULT_METHOD, candidate_count, centred, exact_candidates, scores
+from stream.synonyms.neighbours import NeighbourCache
+from workers.adapters.files.annoy_thesaurus import AnnoyThesaurus, neighbour_cache
+from workers.adapters.files.store import ThesaurusStore
+from workers.adapters.redis.redis_thesaurus import RedisThesauri
 
 
 def vocabulary(n: int, dim: int, seed: int = 0) -> tuple[list[str], np.ndarray, np.ndarray]:
@@ -96,9 +96,9 @@ import numpy as np
 tree, data, out, trees, depth, method = sys.argv[1:7]
 sys.path.insert(0, tree)
 try:  # the module the Annoy thesaurus lives in moved (issue 25); a baseline tree may be older
-    from workers.adapters import annoy_thesaurus as store
+    from workers.adapters.files import annoy_thesaurus as store
 except ImportError:
-    from workers.adapters import store
+    from workers.adapters.files import store
 d = np.load(data)
 names = [f"tag{i}" for i in range(len(d["vectors"]))]
 load = os.getloadavg()[0]

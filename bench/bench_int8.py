@@ -1,6 +1,6 @@
 """Benchmark the CPU int8 encoder paths: the project's own against public-API int8 alternatives.
 
-Why: the default CPU path (``Encoder(..., dtype="int8")``, workers/adapters/cpu_fast.py)
+Why: the default CPU path (``Encoder(..., dtype="int8")``, workers/adapters/encoding/cpu_fast.py)
 multiplies with ``torch._int_mm``, a private torch op. The question is whether a
 public, versioned API gets the same speed and the same embeddings: torchao's
 int8 dynamic-activation / int8-weight quantisation, ONNX Runtime's dynamic int8
@@ -60,8 +60,8 @@ import torch
 
 from bench.bench_encoder import build_base_model, load_texts
 from bench.results import bench_command, cpu_model, publish
-from workers.adapters.cpu_fast import cpu_supports_int8, int8_available
-from workers.adapters.encoder import Encoder
+from workers.adapters.encoding.cpu_fast import cpu_supports_int8, int8_available
+from workers.adapters.encoding.encoder import Encoder
 
 Batch = list[list[int]]
 Embed = Callable[[Batch], np.ndarray]

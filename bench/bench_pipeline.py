@@ -12,7 +12,7 @@ Model: randomly initialised, BERTweet-base-sized (12 layers, hidden 768,
 vocab 64001; speed depends on the shapes, not the weights), with a
 BertweetTokenizer whose BPE codes are learned from the feed, as in
 ``bench/bench_encoder.py``.  Tweets: English, hashtagged tweets of
-``stream/data/crisislex-t26.jsonl.gz`` that ``stream.cleaning.prepare``
+``stream/data/crisislex-t26.jsonl.gz`` that ``stream.text.cleaning.prepare``
 keeps and whose retweet keys are new, so every produced tweet is embedded.
 
 One worker per setting (dtype x embed batch size), each with its own topics,
@@ -54,9 +54,9 @@ import redis
 from kafka import KafkaProducer
 
 from bench.bench_encoder import build_base_model, embeddable_tweets, load_texts
-from workers.adapters.encoder import Encoder
-from workers.adapters.kafka_client import create_topics
-from workers.adapters.redis_means import RedisMeans
+from workers.adapters.encoding.encoder import Encoder
+from workers.adapters.kafka.kafka_client import create_topics
+from workers.adapters.redis.redis_means import RedisMeans
 from workers.dev.broker import ENGINES, local_broker
 from workers.dev.ports import find_free_port
 from workers.dev.stack import REVAL, Worker, wait_for

@@ -45,8 +45,8 @@ import numpy as np
 import redis
 
 from bench.results import bench_command, publish, spread
-from stream.records import Coordinates
-from workers.adapters.redis_means import Contribution, RedisMeans
+from stream.feeds.records import Coordinates
+from workers.adapters.redis.redis_means import Contribution, RedisMeans
 from workers.service.stores import means_of
 from workers.settings import Settings
 
@@ -458,7 +458,7 @@ def main(argv: list[str] | None = None) -> str:
     with_read = (round1["write_cpu"] + round1["read_cpu"]) / (now["write_cpu"] + now["read_cpu"])
     report = "\n".join(
         [
-            "## Redis running-mean store (`workers/adapters/redis_means.py`)",
+            "## Redis running-mean store (`workers/adapters/redis/redis_means.py`)",
             "",
             f"Command: `{command.strip()}`",
             "",

@@ -5,7 +5,7 @@ An embed worker's Redis work per batch -- the retweet claims, the running means
 run against the same servers, alternating ABC CBA over equal time slices (the machine is
 shared and noisy):
 
-* ``before``     -- no :class:`~workers.adapters.redis_client.Replication`: what the write
+* ``before``     -- no :class:`~workers.adapters.redis.redis_client.Replication`: what the write
                     path cost before the failover work (acknowledged on the master's word);
 * ``check``      -- the rollback check alone (``REVAL_REDIS_REPLICAS=0``, the default on a
                     single Redis): after each call, one ``INCR`` + ``PEXPIRE`` of this
@@ -40,9 +40,9 @@ from redis.cluster import RedisCluster
 
 from bench.bench_redis import batched, server_cpu, workload_parser
 from bench.results import bench_command, publish, spread
-from workers.adapters.redis_client import Client, Replication, clear_prefix, connect
-from workers.adapters.redis_means import Contribution, RedisMeans
-from workers.adapters.redis_state import RedisSamples, RedisSeen
+from workers.adapters.redis.redis_client import Client, Replication, clear_prefix, connect
+from workers.adapters.redis.redis_means import Contribution, RedisMeans
+from workers.adapters.redis.redis_state import RedisSamples, RedisSeen
 from workers.dev.redis_cluster import LocalRedisCluster
 
 

@@ -66,9 +66,9 @@ import redis
 
 from bench.bench_scoring import as_records, clustered_vectors, make_events
 from bench.results import bench_command
-from workers.adapters.annoy_thesaurus import AnnoyThesaurus
-from workers.adapters.exporter import Exporter
-from workers.adapters.redis_client import clear_prefix
+from workers.adapters.files.annoy_thesaurus import AnnoyThesaurus
+from workers.adapters.prometheus.exporter import Exporter
+from workers.adapters.redis.redis_client import clear_prefix
 from workers.dev.broker import ENGINES, local_broker
 from workers.dev.kafka_cluster import KafkaCluster
 from workers.dev.stack import Stack, Worker, wait_for

@@ -28,7 +28,7 @@ import numpy as np
 
 from bench import results
 from bench.results import Run
-from workers.adapters.annoy_thesaurus import DEFAULT_DEPTH
+from workers.adapters.files.annoy_thesaurus import DEFAULT_DEPTH
 
 # One set-up in a fresh process with the code of the source tree given (sys.argv[1]).
 SETUP_ONCE = """
@@ -36,10 +36,10 @@ import hashlib, json, os, resource, sys, time
 import numpy as np
 tree, data, queries = sys.argv[1:4]
 sys.path.insert(0, tree)
-from stream.neighbour_table import NeighbourTable
-from stream.scoring import DEFAULT_KS
-from stream.thesaurus import ThesaurusMetadata
-from workers.adapters.annoy_thesaurus import neighbour_cache
+from stream.synonyms.neighbour_table import NeighbourTable
+from stream.evaluation.scoring import DEFAULT_KS
+from stream.synonyms.thesaurus import ThesaurusMetadata
+from workers.adapters.files.annoy_thesaurus import neighbour_cache
 with np.load(data) as stored:
     ids, counts = stored["ids"], stored["counts"]
 n, depth = ids.shape

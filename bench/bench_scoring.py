@@ -2,7 +2,7 @@
 
 Why: one scoring worker should keep up with a busy recommender (target:
 >= 5,000 events/s), scoring every event for the full grid the worker
-exports by default (k in 0,5,10,20,...,70: ``stream.scoring.DEFAULT_KS``,
+exports by default (k in 0,5,10,20,...,70: ``stream.evaluation.scoring.DEFAULT_KS``,
 r in 1,5,10) and feeding the Prometheus metrics.
 
 Workload: an Annoy thesaurus (``AnnoyThesaurus.build``, 50 trees, published
@@ -55,15 +55,15 @@ from typing import Any
 import numpy as np
 
 from bench.results import publish
-from stream.metrics import exact_scores, reval_hit_ratio
-from stream.neighbours import NeighbourCache
-from stream.records import Recommendation
-from stream.scoring import DEFAULT_KS, DEFAULT_RS, r_label, score_event
-from stream.thesaurus import Thesaurus
-from workers.adapters.annoy_thesaurus import AnnoyThesaurus
-from workers.adapters.exporter import Exporter, LabelGuard
-from workers.adapters.quality_metrics import QualityMetrics
-from workers.adapters.store import ThesaurusStore
+from stream.evaluation.metrics import exact_scores, reval_hit_ratio
+from stream.evaluation.scoring import DEFAULT_KS, DEFAULT_RS, r_label, score_event
+from stream.feeds.records import Recommendation
+from stream.synonyms.neighbours import NeighbourCache
+from stream.synonyms.thesaurus import Thesaurus
+from workers.adapters.files.annoy_thesaurus import AnnoyThesaurus
+from workers.adapters.files.store import ThesaurusStore
+from workers.adapters.prometheus.exporter import Exporter, LabelGuard
+from workers.adapters.prometheus.quality_metrics import QualityMetrics
 from workers.service.records import Record
 from workers.service.score import SCORE_BATCH, Scorer, collect_less_often
 from workers.settings import Settings, window_label
@@ -305,7 +305,7 @@ def main() -> None:
     n_unknown = sum(s.unknown_recommended for s in reference)
     n_rec = sum(s.n_recommended for s in reference)
     lines = [
-        "## Scoring throughput (stream/scoring.py, workers/service/score.py Scorer)",
+        "## Scoring throughput (stream/evaluation/scoring.py, workers/service/score.py Scorer)",
         "",
         f"Command: `{command}` (from the repository root; {total_s:.0f} s in all).",
         "",

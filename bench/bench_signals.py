@@ -10,8 +10,8 @@ over rounds, in the same process:
 
 * ``A base`` -- #REval, exact match and rank-aware #REval only (a cache without null model
   and without bands);
-* ``B + corrected`` -- with the null model (``stream.chance``);
-* ``C + slices`` -- with the popularity bands (``stream.slices``);
+* ``B + corrected`` -- with the null model (``stream.evaluation.chance``);
+* ``C + slices`` -- with the popularity bands (``stream.evaluation.slices``);
 * ``D + both`` -- what the worker runs.
 
 Per index build (``--vocab`` hashtags x ``--dim``, center+csls, depth 100): the build
@@ -20,7 +20,7 @@ the bands (``Bands``), the drift from the previous version (``thesaurus_drift``)
 recent shift from the window means (``recent_shift``; their Redis cost per tweet is in
 ``bench_redis.py``).
 
-Per backtest: ``stream.backtest.signals`` (every rule) over a day of evaluation instants.
+Per backtest: ``stream.monitoring.backtest.signals`` (every rule) over a day of evaluation instants.
 
     python -m bench.bench_signals                     # prints a markdown section
     python -m bench.bench_signals --vocab 20000 --out /tmp/signals.md
@@ -38,13 +38,13 @@ import numpy as np
 
 from bench.bench_scoring import clustered_vectors, make_events, time_it, workload_parser
 from bench.results import bench_command, publish
-from stream import backtest as bt
-from stream.chance import ChanceModel
-from stream.drift import recent_shift
-from stream.neighbours import NeighbourCache
-from stream.scoring import DEFAULT_KS, DEFAULT_RS, score_event
-from stream.slices import Bands
-from workers.adapters.annoy_thesaurus import AnnoyThesaurus, thesaurus_drift
+from stream.evaluation.chance import ChanceModel
+from stream.evaluation.scoring import DEFAULT_KS, DEFAULT_RS, score_event
+from stream.evaluation.slices import Bands
+from stream.monitoring import backtest as bt
+from stream.synonyms.drift import recent_shift
+from stream.synonyms.neighbours import NeighbourCache
+from workers.adapters.files.annoy_thesaurus import AnnoyThesaurus, thesaurus_drift
 
 
 def main() -> None:
@@ -125,7 +125,7 @@ def main() -> None:
         lines.append(f"| {name} | {seconds:.3f} | {seconds / baseline:.3f}x |")
     lines += [
         "",
-        f"Backtest rules (`stream.backtest.signals`, every rule): {len(at):,} evaluation instants "
+        f"Backtest rules (`stream.monitoring.backtest.signals`, every rule): {len(at):,} evaluation instants "
         f"(30 days at 15 s) over {n:,} events in {rule_s:.2f} s = "
         f"{rule_s / len(at) * 1e6:.1f} µs per instant.",
         "",

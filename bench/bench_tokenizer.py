@@ -54,7 +54,7 @@ def measure(model: str | None, limit: int | None, max_length: int, repeat: int =
     from transformers import BertweetTokenizer
 
     from bench.bench_encoder import load_texts  # the child runs with PYTHONPATH = the repository
-    from workers.adapters.bertweet_tokenizer import FastBertweetTokenizer
+    from workers.adapters.encoding.bertweet_tokenizer import FastBertweetTokenizer
     from workers.dev.tiny_models import write_bertweet_tokenizer_files
 
     texts = load_texts(limit)

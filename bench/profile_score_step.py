@@ -36,10 +36,10 @@ import redis
 from bench.bench_score_worker import REDIS_URL, FixedIncarnations
 from bench.bench_scoring import as_records, clustered_vectors, make_events, workload_parser
 from bench.results import bench_command, cpu_model, publish
-from workers.adapters.annoy_thesaurus import AnnoyThesaurus
-from workers.adapters.exporter import Exporter
-from workers.adapters.redis_client import clear_prefix
-from workers.adapters.store import ThesaurusStore
+from workers.adapters.files.annoy_thesaurus import AnnoyThesaurus
+from workers.adapters.files.store import ThesaurusStore
+from workers.adapters.prometheus.exporter import Exporter
+from workers.adapters.redis.redis_client import clear_prefix
 from workers.service.runtime import encode_json
 from workers.service.score import SCORE_BATCH, Scorer, collect_less_often
 from workers.settings import Settings
@@ -48,17 +48,29 @@ from workers.settings import Settings
 # are the step; "other" is what the batch loop itself and the metrics' follow-ups add.
 PARTS = [
     ("parse and admit (bytes -> events)", "workers/service/score.py", "admit_events"),
-    ("dedup claims in Redis (redis-py pipeline + Lua)", "workers/adapters/redis_state.py", "claim_many"),
-    ("scoring the grid (stream.scoring.score_batch)", "stream/scoring.py", "score_batch"),
-    ("  of which: chance expectations", "stream/chance.py", "expected_many"),
-    ("  of which: rank matrices (the neighbour rows' gather)", "stream/neighbours.py", "matrices"),
     (
-        "  of which: the signals (stream.rank_grid)",
-        "stream/rank_grid.py",
+        "dedup claims in Redis (redis-py pipeline + Lua)",
+        "workers/adapters/redis/redis_state.py",
+        "claim_many",
+    ),
+    (
+        "scoring the grid (stream.evaluation.scoring.score_batch)",
+        "stream/evaluation/scoring.py",
+        "score_batch",
+    ),
+    ("  of which: chance expectations", "stream/evaluation/chance.py", "expected_many"),
+    ("  of which: rank matrices (the neighbour rows' gather)", "stream/synonyms/neighbours.py", "matrices"),
+    (
+        "  of which: the signals (stream.evaluation.rank_grid)",
+        "stream/evaluation/rank_grid.py",
         "__init__ reval ranked precision reciprocal_rank exact slice_reval",
     ),
-    ("records from the columns (the outputs' dicts)", "stream/scoring.py", "records"),
-    ("quality aggregation (stream.quality, the metrics' sums)", "workers/service/score.py", "_observe"),
+    ("records from the columns (the outputs' dicts)", "stream/evaluation/scoring.py", "records"),
+    (
+        "quality aggregation (stream.evaluation.quality, the metrics' sums)",
+        "workers/service/score.py",
+        "_observe",
+    ),
     ("JSON encoding of each output (orjson)", "workers/service/runtime.py", "encode_json"),
 ]
 
@@ -66,6 +78,7 @@ PARTS = [
 def main() -> None:
     p = workload_parser(__doc__, events=5000, per="profiled pass", rounds=2)
     p.add_argument("--redis-url", default=REDIS_URL, help="the Redis of the dedup claims")
+    p.add_argument("--top", type=int, default=0, help="also print the N functions with the most own time")
     args = p.parse_args()
     command = bench_command("profile_score_step")
     load_before = os.getloadavg()
@@ -135,6 +148,8 @@ def main() -> None:
         *lines,
     ]
     publish(section, args.out)
+    if args.top:
+        stats.sort_stats("tottime").print_stats(args.top)
 
 
 def cumulative(stats: pstats.Stats, path: str, names: str) -> float:

@@ -34,11 +34,11 @@ import redis
 from bench.bench_score_worker import FixedIncarnations
 from bench.bench_scoring import as_records, clustered_vectors, make_events
 from bench.results import bench_command, cpu_model, publish
-from workers.adapters.annoy_thesaurus import AnnoyThesaurus
-from workers.adapters.exporter import Exporter
-from workers.adapters.feeds import sample_feed
-from workers.adapters.redis_client import clear_prefix
-from workers.adapters.store import ThesaurusStore
+from workers.adapters.files.annoy_thesaurus import AnnoyThesaurus
+from workers.adapters.files.feeds import sample_feed
+from workers.adapters.files.store import ThesaurusStore
+from workers.adapters.prometheus.exporter import Exporter
+from workers.adapters.redis.redis_client import clear_prefix
 from workers.dev.tiny_models import build_tiny_bertweet
 from workers.service.embed import Embedder, load_encoder
 from workers.service.records import Record

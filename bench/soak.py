@@ -42,10 +42,10 @@ import numpy as np
 import redis
 from kafka import KafkaConsumer, TopicPartition
 
-from stream.thesaurus import ThesaurusMetadata
-from workers.adapters.feeds import sample_feed
-from workers.adapters.redis_thesaurus import RedisThesauri
-from workers.adapters.thesaurus_files import METADATA_FILE
+from stream.synonyms.thesaurus import ThesaurusMetadata
+from workers.adapters.files.feeds import sample_feed
+from workers.adapters.files.thesaurus_files import METADATA_FILE
+from workers.adapters.redis.redis_thesaurus import RedisThesauri
 from workers.dev.broker import local_broker
 from workers.dev.stack import Stack, Worker, wait_for
 from workers.dev.tiny_models import build_tiny_bertweet

@@ -12,14 +12,14 @@ from typing import Any
 import numpy as np
 import redis
 
-from stream.cleaning import Cleaner, Prepared
-from stream.coherence import bottom_k, coherence_text
-from stream.means import HashtagMeans
-from stream.records import parse_tweet
-from workers.adapters.encoder import Encoder
-from workers.adapters.feeds import sample_feed
-from workers.adapters.redis_means import RedisMeans
-from workers.adapters.redis_reservoir import RedisReservoir
+from stream.auditing.coherence import bottom_k, coherence_text
+from stream.feeds.records import parse_tweet
+from stream.synonyms.means import HashtagMeans
+from stream.text.cleaning import Cleaner, Prepared
+from workers.adapters.encoding.encoder import Encoder
+from workers.adapters.files.feeds import sample_feed
+from workers.adapters.redis.redis_means import RedisMeans
+from workers.adapters.redis.redis_reservoir import RedisReservoir
 from workers.dev.stack import REVAL, Stack, tweet_lines
 
 

@@ -1,6 +1,6 @@
 """The per-event reference of the scorer: one event at a time, by the definitions of
-:mod:`stream.metrics`, :mod:`stream.rank`, :mod:`stream.slices` and :mod:`stream.chance`, in
-plain Python -- the oracle that :func:`stream.scoring.score_batch` (numpy passes over a whole
+:mod:`stream.evaluation.metrics`, :mod:`stream.evaluation.rank`, :mod:`stream.evaluation.slices` and :mod:`stream.evaluation.chance`, in
+plain Python -- the oracle that :func:`stream.evaluation.scoring.score_batch` (numpy passes over a whole
 batch) must equal to the last bit, record for record.
 """
 
@@ -10,14 +10,14 @@ from collections.abc import Sequence
 from itertools import chain
 from typing import Any
 
-from stream.chance import corrected_of_sums
-from stream.metrics import FAR, exact_from_ranks, reval_by_k, reval_precision_by_k
-from stream.neighbours import NeighbourCache
-from stream.rank import DCG, RankWeights, ranked_by_k
-from stream.records import Recommendation
-from stream.scoring import ALL, r_label
-from stream.signals import RECORD_KEYS
-from stream.slices import columns_by_slice, slice_scores
+from stream.evaluation.chance import corrected_of_sums
+from stream.evaluation.metrics import FAR, exact_from_ranks, reval_by_k, reval_precision_by_k
+from stream.evaluation.rank import DCG, RankWeights, ranked_by_k
+from stream.evaluation.scoring import ALL, r_label
+from stream.evaluation.signals import RECORD_KEYS
+from stream.evaluation.slices import columns_by_slice, slice_scores
+from stream.feeds.records import Recommendation
+from stream.synonyms.neighbours import NeighbourCache
 
 
 def reciprocal_rank_by_k(matrix: Sequence[Sequence[int]], ks: Sequence[int]) -> list[float]:
@@ -46,7 +46,7 @@ def oracle_record(
     rs: Sequence[int | None] = (ALL,),
     weights: RankWeights = DCG,
 ) -> dict[str, Any]:
-    """The scores record of one event (:meth:`stream.scoring.ScoredBatch.records`), by the
+    """The scores record of one event (:meth:`stream.evaluation.scoring.ScoredBatch.records`), by the
     definitions."""
     ks = list(dict.fromkeys(ks))
     keys = [str(k) for k in ks]

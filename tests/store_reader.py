@@ -9,7 +9,7 @@ import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from workers.adapters.store import ThesaurusStore
+from workers.adapters.files.store import ThesaurusStore
 
 
 def read_until(

@@ -22,10 +22,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from stream.audit import replay
+from stream.auditing.audit import replay
 from tests.test_report import chromium
-from workers.adapters.annoy_thesaurus import AnnoyThesaurus
-from workers.adapters.kafka_client import read_topic
+from workers.adapters.files.annoy_thesaurus import AnnoyThesaurus
+from workers.adapters.kafka.kafka_client import read_topic
 from workers.dev.ports import find_free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -291,7 +291,7 @@ def test_a_non_loopback_address_needs_a_token(thesaurus: Path) -> None:
 def test_report_ranks_the_pairs_against_the_votes(thesaurus: Path, broker: str) -> None:
     """Votes that follow the thesaurus's own ranking agree with it; the report says so per area,
     overall and against chance, from the log alone (the server is gone by then)."""
-    from workers.adapters.annoy_thesaurus import AnnoyThesaurus
+    from workers.adapters.files.annoy_thesaurus import AnnoyThesaurus
 
     audit = f"report-{uuid.uuid4().hex[:8]}"
     index = AnnoyThesaurus.load(thesaurus)

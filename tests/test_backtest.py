@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from stream import backtest as bt
-from stream import drift_injection as di
-from stream.alert_params import rule_params
+from stream.monitoring import backtest as bt
+from stream.monitoring import drift_injection as di
+from stream.monitoring.alert_params import rule_params
 from tests.test_deploy import require_binary
 from tests.test_prometheus import Prometheus
-from workers.adapters.feeds import sample_feed
+from workers.adapters.files.feeds import sample_feed
 from workers.commands.backtest import EMBEDDING_SIGNAL, rules_for
 from workers.commands.cli import app
 
@@ -73,7 +73,7 @@ def test_the_steady_run_raises_no_alarm(rules: bt.Rules) -> None:
 def reference_llr(m0: float, v0: float, p1: float, x: float, n: int, shift: float) -> float:
     """The #REval alert's log-likelihood ratio, written out for a window of ``n`` events of
     which a share ``x`` has the precision form ``p1`` and the rest the baseline's mean ``m0``,
-    against a baseline of mean ``m0`` and variance ``v0`` (stream.backtest.skill_loss, docstring)."""
+    against a baseline of mean ``m0`` and variance ``v0`` (stream.monitoring.backtest.skill_loss, docstring)."""
     total = n * ((1 - x) * m0 + x * p1)
     delta = shift * m0
     return delta / v0 * ((m0 - delta / 2) * n - total)

@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from stream.audit import Area, AuditState, Plan, agreement, make_areas, replay
-from stream.ballots import (
+from stream.auditing.audit import Area, AuditState, Plan, agreement, make_areas, replay
+from stream.auditing.ballots import (
     LEFT,
     RIGHT,
     TIE,
@@ -21,7 +21,7 @@ from stream.ballots import (
     running_means,
     tally,
 )
-from stream.voters import Voters, exponential_similarity, simulate
+from stream.auditing.voters import Voters, exponential_similarity, simulate
 
 
 def test_sizes_budget_and_top_comparisons_follow_eqs_2_to_4() -> None:

@@ -13,9 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import BertweetTokenizer
 
-from workers.adapters.bertweet_tokenizer import _SHORTCUT, FastBertweetTokenizer, is_bertweet_dir
-from workers.adapters.encoder import Encoder
-from workers.adapters.feeds import sample_feed
+from workers.adapters.encoding.bertweet_tokenizer import _SHORTCUT, FastBertweetTokenizer, is_bertweet_dir
+from workers.adapters.encoding.encoder import Encoder
+from workers.adapters.files.feeds import sample_feed
 from workers.commands.tokenize import tokenize_stream
 from workers.dev.tiny_models import write_bertweet_tokenizer_files
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from workers.adapters.kafka_client import TopicPartitionMismatchError, create_topics, topic_partitions
+from workers.adapters.kafka.kafka_client import TopicPartitionMismatchError, create_topics, topic_partitions
 from workers.dev.tansu import BrokerStartError, TansuBroker
 
 pytestmark = pytest.mark.integration

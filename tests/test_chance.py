@@ -8,13 +8,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stream.chance import ChanceModel, CorrectedSum, corrected_of_sums
-from stream.metrics import rank_matrix, reval_by_k
-from stream.neighbour_table import NeighbourTable, build_neighbour_table
-from stream.neighbours import NeighbourCache
-from stream.records import Recommendation
-from stream.scoring import score_event
-from stream.thesaurus import ThesaurusMetadata
+from stream.evaluation.chance import ChanceModel, CorrectedSum, corrected_of_sums
+from stream.evaluation.metrics import rank_matrix, reval_by_k
+from stream.evaluation.scoring import score_event
+from stream.feeds.records import Recommendation
+from stream.synonyms.neighbour_table import NeighbourTable, build_neighbour_table
+from stream.synonyms.neighbours import NeighbourCache
+from stream.synonyms.thesaurus import ThesaurusMetadata
 
 from .oracle import oracle_record
 
@@ -221,8 +221,8 @@ def test_a_prepared_model_gives_the_same_expectations(table: NeighbourTable) -> 
 
 
 def test_batched_scores_are_the_scores_one_event_at_a_time(table: NeighbourTable) -> None:
-    from stream.scoring import score_batch
-    from stream.slices import Bands
+    from stream.evaluation.scoring import score_batch
+    from stream.evaluation.slices import Bands
 
     rng = np.random.default_rng(3)
     names = list(table.hashtags)
@@ -319,7 +319,7 @@ def test_masses_by_rank_are_the_per_hashtag_sums(case: SmallTable) -> None:
 
 @pytest.mark.slow
 def test_the_null_is_unbiased_at_real_thesaurus_sizes() -> None:
-    """Successive sampling's approximation (stream.chance's docstring) against the null
+    """Successive sampling's approximation (stream.evaluation.chance's docstring) against the null
     recommender itself, simulated, on a thesaurus of real size: 3,000 hashtags with the
     long-tailed popularity of a crisis feed, 70 neighbours each (hubs included: A_g(70) holds
     hundreds of hashtags for some g), m up to 10, ground truths drawn by popularity as a

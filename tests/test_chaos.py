@@ -27,14 +27,14 @@ from typing import Any
 import pytest
 import redis
 
-from stream.records import parse_tweet
+from stream.feeds.records import parse_tweet
 from tests.live import assert_means_equal, batch_means, counts_reach, means_of, plain_tweets, run_reval
-from workers.adapters.annoy_thesaurus import AnnoyThesaurus
-from workers.adapters.feeds import sample_feed
-from workers.adapters.kafka_client import _admin, create_topics
-from workers.adapters.redis_thesaurus import RedisThesauri
-from workers.adapters.store import ThesaurusStore
-from workers.adapters.thesaurus_files import TABLE_FILE
+from workers.adapters.files.annoy_thesaurus import AnnoyThesaurus
+from workers.adapters.files.feeds import sample_feed
+from workers.adapters.files.store import ThesaurusStore
+from workers.adapters.files.thesaurus_files import TABLE_FILE
+from workers.adapters.kafka.kafka_client import _admin, create_topics
+from workers.adapters.redis.redis_thesaurus import RedisThesauri
 from workers.dev.kafka_cluster import KafkaCluster
 from workers.dev.ports import find_free_port
 from workers.dev.stack import REVAL, Stack, keyed, tweet_lines, wait_for

@@ -100,9 +100,9 @@ def produced_size(key: bytes, value: bytes) -> int:
 
 def score_output(tweet_id: str, body: dict[str, Any]) -> tuple[bytes, bytes]:
     """The score record a worker without a thesaurus writes for ``body`` (its key and value)."""
-    from stream.neighbours import NeighbourCache
-    from stream.records import parse_recommendation
-    from stream.scoring import DEFAULT_KS, DEFAULT_RS, score_batch
+    from stream.evaluation.scoring import DEFAULT_KS, DEFAULT_RS, score_batch
+    from stream.feeds.records import parse_recommendation
+    from stream.synonyms.neighbours import NeighbourCache
     from workers.service.runtime import encode_json
     from workers.service.score import EMPTY
 
@@ -204,9 +204,9 @@ def publish_damaged(stack: Stack, thesaurus: Any) -> str:
     job publishes (directory store, then Redis, whose copy the scorers load)."""
     import redis
 
-    from workers.adapters.redis_thesaurus import RedisThesauri
-    from workers.adapters.store import ThesaurusStore
-    from workers.adapters.thesaurus_files import TABLE_FILE
+    from workers.adapters.files.store import ThesaurusStore
+    from workers.adapters.files.thesaurus_files import TABLE_FILE
+    from workers.adapters.redis.redis_thesaurus import RedisThesauri
 
     version = ThesaurusStore(stack.index_dir).publish(thesaurus)
     path = stack.index_dir / version / TABLE_FILE
@@ -342,7 +342,7 @@ def test_no_secret_setting_in_any_log_at_debug_level(tiny_bertweet: Path, tmp_pa
     import subprocess
     from urllib.parse import quote
 
-    from workers.adapters.kafka_client import create_topics
+    from workers.adapters.kafka.kafka_client import create_topics
     from workers.dev.kafka_cluster import KafkaCluster, Security
     from workers.dev.ports import find_free_port
     from workers.dev.stack import REVAL

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
-from stream.cleaning import (
+from stream.feeds.records import Tweet, parse_tweet
+from stream.text.cleaning import (
     Cleaner,
     Dropped,
     MemorySeen,
@@ -10,7 +11,6 @@ from stream.cleaning import (
     detect_language,
     prepare,
 )
-from stream.records import Tweet, parse_tweet
 
 
 def test_clean_text_steps() -> None:
@@ -82,7 +82,7 @@ def _plain_steps(text: str) -> str:
     from nltk.tokenize import TweetTokenizer
     from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
 
-    from stream.cleaning import _NOT_KEPT_RE, _REPEAT_RE, _URL_RE
+    from stream.text.cleaning import _NOT_KEPT_RE, _REPEAT_RE, _URL_RE
 
     stop_words = frozenset(ENGLISH_STOP_WORDS) | {"rt", "amp", "via"}
     tokenizer = TweetTokenizer(preserve_case=False, reduce_len=True, strip_handles=True)
@@ -118,7 +118,7 @@ def test_clean_text_equals_the_plain_steps_on_every_feed_tweet() -> None:
     import gzip
     import json
 
-    from workers.adapters.feeds import sample_feed
+    from workers.adapters.files.feeds import sample_feed
     from workers.dev.synthetic import FeedShape, synthetic_tweets
 
     with gzip.open(sample_feed(), "rt", encoding="utf-8") as src:

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from workers.adapters.annoy_thesaurus import AnnoyThesaurus
-from workers.adapters.feeds import sample_feed
-from workers.adapters.store import load_thesaurus
+from workers.adapters.files.annoy_thesaurus import AnnoyThesaurus
+from workers.adapters.files.feeds import sample_feed
+from workers.adapters.files.store import load_thesaurus
 from workers.commands.cli import app
 
 runner = CliRunner()
@@ -163,7 +163,7 @@ def test_score_corrects_for_chance_from_the_sums(tmp_path: Path) -> None:
     sums with its interval, and the table prints it."""
     import numpy as np
 
-    from stream.chance import CorrectedSum
+    from stream.evaluation.chance import CorrectedSum
 
     rng = np.random.default_rng(2)
     names = [f"h{i}" for i in range(30)]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from workers.adapters.feeds import sample_feed
+from workers.adapters.files.feeds import sample_feed
 
 REVAL = str(Path(sys.executable).with_name("reval"))
 

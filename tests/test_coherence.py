@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sklearn.feature_extraction.text import TfidfVectorizer
 
-from stream.coherence import (
+from stream.auditing.coherence import (
     PopularityIndex,
     bertscore_coherence,
     bottom_k,

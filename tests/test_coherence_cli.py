@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from workers.adapters.encoder import Encoder
-from workers.adapters.feeds import sample_feed
+from workers.adapters.encoding.encoder import Encoder
+from workers.adapters.files.feeds import sample_feed
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.slow]

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stream.cores import Flip, flips, p_core, ranking
+from stream.evaluation.cores import Flip, flips, p_core, ranking
 
 TAGS = st.sampled_from("abcdefgh")
 TWEETS = st.lists(st.lists(TAGS, max_size=4), max_size=40)

@@ -7,13 +7,13 @@ import numpy as np
 import pytest
 from prometheus_client import generate_latest
 
-from stream.chance import CorrectedSum
-from stream.neighbour_table import build_neighbour_table
-from stream.records import Recommendation
-from stream.scoring import score_event
-from workers.adapters.annoy_thesaurus import neighbour_cache
-from workers.adapters.exporter import Exporter, LabelGuard
-from workers.adapters.quality_metrics import QualityMetrics
+from stream.evaluation.chance import CorrectedSum
+from stream.evaluation.scoring import score_event
+from stream.feeds.records import Recommendation
+from stream.synonyms.neighbour_table import build_neighbour_table
+from workers.adapters.files.annoy_thesaurus import neighbour_cache
+from workers.adapters.prometheus.exporter import Exporter, LabelGuard
+from workers.adapters.prometheus.quality_metrics import QualityMetrics
 
 NAMES = [f"h{i}" for i in range(40)]
 

@@ -1,4 +1,4 @@
-"""The change detector (stream.cusum): calibrated to its budget, and it tells the two changes apart."""
+"""The change detector (stream.monitoring.cusum): calibrated to its budget, and it tells the two changes apart."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import functools
 import numpy as np
 import pytest
 
-from stream import cusum
+from stream.monitoring import cusum
 
 P0 = np.array([0.15, 0.25, 0.60])  # exact, synonym-only, miss per unit
 UNITS = np.array([1, 1, 1, 2, 2, 3, 5, 10])

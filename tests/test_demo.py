@@ -23,14 +23,14 @@ import pyte
 import pytest
 from prometheus_client import generate_latest
 
-from stream.chance import corrected_of_sums
-from stream.cusum import Detector
-from stream.neighbour_table import build_neighbour_table
-from stream.records import Recommendation
-from stream.scoring import score_event
-from workers.adapters.annoy_thesaurus import neighbour_cache
-from workers.adapters.exporter import Exporter, LabelGuard
-from workers.adapters.quality_metrics import QualityMetrics
+from stream.evaluation.chance import corrected_of_sums
+from stream.evaluation.scoring import score_event
+from stream.feeds.records import Recommendation
+from stream.monitoring.cusum import Detector
+from stream.synonyms.neighbour_table import build_neighbour_table
+from workers.adapters.files.annoy_thesaurus import neighbour_cache
+from workers.adapters.prometheus.exporter import Exporter, LabelGuard
+from workers.adapters.prometheus.quality_metrics import QualityMetrics
 from workers.commands.demo_view import Output, Scrape, snapshot
 from workers.dev.stack import REVAL
 

@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 import yaml
 
-from stream.alert_params import DEFAULTS, TEST, parse_set
-from workers.adapters.prometheus_alerts import ALERTS, JOBS
-from workers.adapters.prometheus_rules import render_config, render_rules, render_signal_tests
+from stream.monitoring.alert_params import DEFAULTS, TEST, parse_set
+from workers.adapters.prometheus.prometheus_alerts import ALERTS, JOBS
+from workers.adapters.prometheus.prometheus_rules import render_config, render_rules, render_signal_tests
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"

@@ -1,5 +1,5 @@
-"""Tests for meaning drift between thesaurus versions: the core (stream.drift), the store
-adapter (workers.adapters.annoy_thesaurus.thesaurus_drift) and ``reval thesaurus diff`` (its function)."""
+"""Tests for meaning drift between thesaurus versions: the core (stream.synonyms.drift), the store
+adapter (workers.adapters.files.annoy_thesaurus.thesaurus_drift) and ``reval thesaurus diff`` (its function)."""
 
 from __future__ import annotations
 
@@ -14,15 +14,22 @@ import pytest
 import redis
 from typer.testing import CliRunner
 
-from stream.drift import IncomparableVersionsError, Snapshot, compare, hashtag_shifts, jaccard, recent_shift
-from stream.hubness import DEFAULT_METHOD
-from stream.means import HashtagMeans
-from stream.records import Coordinates
-from workers.adapters.annoy_thesaurus import AnnoyThesaurus, build_from_means, thesaurus_drift
-from workers.adapters.exporter import Exporter
-from workers.adapters.redis_means import Contribution, RedisMeans
-from workers.adapters.redis_reservoir import RedisReservoir
-from workers.adapters.store import ThesaurusStore
+from stream.feeds.records import Coordinates
+from stream.synonyms.drift import (
+    IncomparableVersionsError,
+    Snapshot,
+    compare,
+    hashtag_shifts,
+    jaccard,
+    recent_shift,
+)
+from stream.synonyms.hubness import DEFAULT_METHOD
+from stream.synonyms.means import HashtagMeans
+from workers.adapters.files.annoy_thesaurus import AnnoyThesaurus, build_from_means, thesaurus_drift
+from workers.adapters.files.store import ThesaurusStore
+from workers.adapters.prometheus.exporter import Exporter
+from workers.adapters.redis.redis_means import Contribution, RedisMeans
+from workers.adapters.redis.redis_reservoir import RedisReservoir
 from workers.commands.cli import app
 from workers.commands.drift import thesaurus_diff
 from workers.service.index import Indexer
@@ -276,7 +283,7 @@ def test_hashtags_that_got_no_tweets_and_kept_their_neighbours_are_no_movers() -
 def test_a_version_recovers_each_raw_mean_from_its_centred_index(tmp_path: Path) -> None:
     """What the shift test between versions stands on: the raw mean (its length is the
     tweets' spread) from the index's centred unit vector, after a save and a load."""
-    from workers.adapters.annoy_thesaurus import AnnoyThesaurus, raw_means
+    from workers.adapters.files.annoy_thesaurus import AnnoyThesaurus, raw_means
 
     means = _means(True)
     built = build_from_means(means, model_id="test-model", method=DEFAULT_METHOD, depth=10, n_trees=10)

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import redis
 
-from workers.adapters.exporter import Exporter
-from workers.adapters.redis_means import RedisMeans
-from workers.adapters.redis_state import RedisSamples
+from workers.adapters.prometheus.exporter import Exporter
+from workers.adapters.redis.redis_means import RedisMeans
+from workers.adapters.redis.redis_state import RedisSamples
 from workers.service.index import Indexer
 from workers.settings import Settings
 

@@ -22,8 +22,8 @@ from transformers import (
     RobertaModel,
 )
 
-from workers.adapters.bert_forward import packable_layers
-from workers.adapters.cpu_fast import (
+from workers.adapters.encoding.bert_forward import packable_layers
+from workers.adapters.encoding.cpu_fast import (
     CALIBRATION_TEXTS,
     Int8Linear,
     Int8QKVSlice,
@@ -33,8 +33,8 @@ from workers.adapters.cpu_fast import (
     quantize_linear_layers,
     record_linear_input_absmax,
 )
-from workers.adapters.encoder import DEFAULT_MODEL, Encoder
-from workers.adapters.gpu_batching import (
+from workers.adapters.encoding.encoder import DEFAULT_MODEL, Encoder
+from workers.adapters.encoding.gpu_batching import (
     Window,
     batches_from_windows,
     build_batch,
@@ -42,9 +42,9 @@ from workers.adapters.gpu_batching import (
     restore_order,
     token_budget_batches,
 )
-from workers.adapters.model_loading import resolve_dtype
-from workers.adapters.prefetch import chunked, prefetch
-from workers.adapters.tokenizer_loading import MINILM, resolve_model
+from workers.adapters.encoding.model_loading import resolve_dtype
+from workers.adapters.encoding.prefetch import chunked, prefetch
+from workers.adapters.encoding.tokenizer_loading import MINILM, resolve_model
 from workers.dev.tiny_models import build_tiny_bertweet
 
 TWEETS = [
@@ -452,7 +452,7 @@ def test_minilm_related_tweets_are_closer(minilm32: Encoder) -> None:
 
 # -- the token-budget path (the GPU path), run on CPU ----------------------------------
 #
-# workers.adapters.gpu_batching: the batcher and packer are pure functions; the packed
+# workers.adapters.encoding.gpu_batching: the batcher and packer are pure functions; the packed
 # forward runs the real transformers modules (no mocks) and must give what the padded
 # path gives, to float rounding, in every layout.
 
@@ -660,7 +660,7 @@ def test_packing_falls_back_when_a_layout_cannot_run(
     tiny_dir: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     # Flash varlen needs CUDA: asked for on CPU, the load-time check moves on to "rows".
-    with caplog.at_level("WARNING", logger="workers.adapters.encoder"):
+    with caplog.at_level("WARNING", logger="workers.adapters.encoding.encoder"):
         enc = Encoder(str(tiny_dir), dtype="float32", token_budget=512, attention="flash")
     assert enc.packing == "rows"
     assert "varlen/flash" in caplog.text

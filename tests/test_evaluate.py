@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from stream.cleaning import Prepared, prepare
-from stream.experiment import ExperimentConfig, split_corpus
-from stream.records import parse_tweet
-from workers.adapters.feeds import sample_feed
+from stream.evaluation.experiment import ExperimentConfig, split_corpus
+from stream.feeds.records import parse_tweet
+from stream.text.cleaning import Prepared, prepare
+from workers.adapters.files.feeds import sample_feed
 from workers.commands.cli import app
 
 runner = CliRunner()

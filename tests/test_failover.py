@@ -28,10 +28,10 @@ from typing import Any
 import pytest
 from kafka.errors import KafkaError
 
-from stream.means import HashtagMeans
-from stream.records import parse_tweet
+from stream.feeds.records import parse_tweet
+from stream.synonyms.means import HashtagMeans
 from tests.live import assert_means_equal, batch_means, counts_reach, plain_tweets
-from workers.adapters.kafka_client import BrokerError
+from workers.adapters.kafka.kafka_client import BrokerError
 from workers.dev.kafka_cluster import KafkaCluster
 from workers.dev.stack import Stack, Worker, keyed, wait_for
 
@@ -270,7 +270,7 @@ def test_three_score_workers_on_six_partitions_survive_a_kill(
         scores = [stack.start("score") for _ in range(3)]
         stack.wait_ready(embed_index, *scores, timeout=240)
         stack.send("tweets", keyed(lines))
-        from workers.adapters.store import ThesaurusStore
+        from workers.adapters.files.store import ThesaurusStore
 
         wait_for("a first index version", ThesaurusStore(stack.index_dir).current_version, 120)
         events = events_for(plain_tweets(1800, start=3000), recommenders=3)

@@ -23,7 +23,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from stream.alert_params import RUNBOOK
+from stream.monitoring.alert_params import RUNBOOK
 from workers.service.app import DEFAULT_PORTS
 from workers.service.incarnation import batch_group
 from workers.settings import Settings

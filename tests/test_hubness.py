@@ -11,20 +11,27 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import stream.neighbour_table as thesaurus_module
-import workers.adapters.annoy_thesaurus as annoy_module
-from stream.hubness import METHODS, best_first, centred, exact_candidates, hubness_report, k_occurrence
-from stream.neighbour_table import (
+import stream.synonyms.neighbour_table as thesaurus_module
+import workers.adapters.files.annoy_thesaurus as annoy_module
+from stream.synonyms.hubness import (
+    METHODS,
+    best_first,
+    centred,
+    exact_candidates,
+    hubness_report,
+    k_occurrence,
+)
+from stream.synonyms.neighbour_table import (
     Centring,
     NeighbourTable,
     build_neighbour_table,
     embedding_cosines,
     ranking_space,
 )
-from stream.thesaurus import ExactThesaurus, kept_unit_rows
-from workers.adapters.annoy_thesaurus import AnnoyThesaurus
-from workers.adapters.store import ThesaurusStore, load_thesaurus
-from workers.adapters.thesaurus_files import INDEX_FILE, TABLE_FILE, ThesaurusCorruptError
+from stream.synonyms.thesaurus import ExactThesaurus, kept_unit_rows
+from workers.adapters.files.annoy_thesaurus import AnnoyThesaurus
+from workers.adapters.files.store import ThesaurusStore, load_thesaurus
+from workers.adapters.files.thesaurus_files import INDEX_FILE, TABLE_FILE, ThesaurusCorruptError
 
 
 def hub_space(n: int = 400, dim: int = 32, seed: int = 0) -> tuple[list[str], np.ndarray, list[int]]:

@@ -23,7 +23,7 @@ import pytest
 import yaml
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
-from workers.adapters.kafka_client import create_topics, topic_partitions
+from workers.adapters.kafka.kafka_client import create_topics, topic_partitions
 from workers.dev.kafka_cluster import KafkaCluster, kafka_jars, pinned_version
 from workers.dev.ports import free_run
 from workers.dev.stack import REVAL, wait_for

@@ -7,7 +7,7 @@ import numpy.typing as npt
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stream.means import HashtagMeans, RunningMean, unit
+from stream.synonyms.means import HashtagMeans, RunningMean, unit
 
 
 def batch_definition(vectors: list[np.ndarray]) -> np.ndarray:

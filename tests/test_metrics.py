@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stream.metrics import Mean, exact_scores, reval_hit_ratio
+from stream.evaluation.metrics import Mean, exact_scores, reval_hit_ratio
 
 TABLE2_SYN = {
     "hockey": ["hockey", "bowling", "golf", "sport"],

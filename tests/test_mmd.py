@@ -1,11 +1,11 @@
-"""The embedding drift test (stream.mmd): calibrated under no drift, powerful under drift."""
+"""The embedding drift test (stream.monitoring.mmd): calibrated under no drift, powerful under drift."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from stream.mmd import mmd_test
+from stream.monitoring.mmd import mmd_test
 
 
 def test_false_alarms_match_alpha_when_nothing_drifts() -> None:

@@ -13,9 +13,9 @@ from datetime import UTC, datetime
 import pytest
 import redis
 
-from stream.records import Coordinates, Recommendation, Tweet
-from workers.adapters.exporter import Exporter
-from workers.adapters.redis_client import clear_prefix
+from stream.feeds.records import Coordinates, Recommendation, Tweet
+from workers.adapters.prometheus.exporter import Exporter
+from workers.adapters.redis.redis_client import clear_prefix
 from workers.service.incarnation import Incarnations
 from workers.service.parked import Parked
 from workers.service.records import Record

@@ -12,13 +12,13 @@ from typing import Any
 
 import pytest
 
-from stream.neighbours import NeighbourCache
-from stream.records import Tweet, parse_recommendation, parse_tweet
-from stream.scoring import score_event
+from stream.evaluation.scoring import score_event
+from stream.feeds.records import Tweet, parse_recommendation, parse_tweet
+from stream.synonyms.neighbours import NeighbourCache
 from tests.live import assert_means_equal, assert_reservoir_equal, batch_means, counts_reach, plain_tweets
-from workers.adapters.feeds import sample_feed
-from workers.adapters.redis_means import RedisMeans
-from workers.adapters.store import ThesaurusStore
+from workers.adapters.files.feeds import sample_feed
+from workers.adapters.files.store import ThesaurusStore
+from workers.adapters.redis.redis_means import RedisMeans
 from workers.dev.stack import Stack, Worker, keyed, tweet_lines, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

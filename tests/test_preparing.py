@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from stream.cleaning import Dropped, Prepared, prepare
-from stream.records import parse_tweet
-from workers.adapters.feeds import sample_feed
+from stream.feeds.records import parse_tweet
+from stream.text.cleaning import Dropped, Prepared, prepare
+from workers.adapters.files.feeds import sample_feed
 from workers.dev.synthetic import FeedShape, synthetic_tweets
 from workers.service.preparing import Preparer, Rejected, prepare_values
 from workers.service.runtime import FailStop

@@ -4,7 +4,7 @@ a recommender that degrades mid-run while the steady one stays quiet, Alertmanag
 receives it, and every query of the Grafana dashboard returns data.
 
 Prometheus scrapes and evaluates every second with the rules rendered from the ``test``
-profile of ``stream/alert_params.py`` (10 s quality window, baseline = the same
+profile of ``stream/monitoring/alert_params.py`` (10 s quality window, baseline = the same
 window 30/40/50 s earlier, 3 s hold), so the whole run takes a few minutes.
 """
 
@@ -26,13 +26,13 @@ from typing import Any
 
 import pytest
 
-from stream.alert_params import TEST
-from stream.records import parse_tweet
+from stream.feeds.records import parse_tweet
+from stream.monitoring.alert_params import TEST
 from tests.live import run_reval
 from tests.test_deploy import DEPLOY, dashboard, panel_queries, require_binary
-from workers.adapters.feeds import sample_feed
-from workers.adapters.prometheus_rules import render_config, render_rules
-from workers.adapters.store import ThesaurusStore
+from workers.adapters.files.feeds import sample_feed
+from workers.adapters.files.store import ThesaurusStore
+from workers.adapters.prometheus.prometheus_rules import render_config, render_rules
 from workers.dev.ports import find_free_port
 from workers.dev.processes import terminate
 from workers.dev.stack import Stack, Worker, tweet_lines, wait_for

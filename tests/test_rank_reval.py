@@ -1,4 +1,4 @@
-"""Rank-aware #REval-hit-ratio (stream/rank.py): README's worked example, the reduction to
+"""Rank-aware #REval-hit-ratio (stream/evaluation/rank.py): README's worked example, the reduction to
 Eq. 4 under flat weights, bounds, monotonicity, and its export (scores, /metrics, evaluate)."""
 
 from __future__ import annotations
@@ -13,15 +13,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import generate_latest
 
-from stream.experiment import ExperimentConfig
-from stream.metrics import FAR, reval_by_k, reval_hit_ratio
-from stream.neighbours import NeighbourCache
-from stream.rank import DCG, FLAT, TOP, RankWeights, ranked_by_k, reval_ranked
-from stream.records import Recommendation
-from stream.scoring import r_label, score_event
-from stream.thesaurus import JsonThesaurus
-from workers.adapters.exporter import Exporter, LabelGuard
-from workers.adapters.quality_metrics import QualityMetrics
+from stream.evaluation.experiment import ExperimentConfig
+from stream.evaluation.metrics import FAR, reval_by_k, reval_hit_ratio
+from stream.evaluation.rank import DCG, FLAT, TOP, RankWeights, ranked_by_k, reval_ranked
+from stream.evaluation.scoring import r_label, score_event
+from stream.feeds.records import Recommendation
+from stream.synonyms.neighbours import NeighbourCache
+from stream.synonyms.thesaurus import JsonThesaurus
+from workers.adapters.prometheus.exporter import Exporter, LabelGuard
+from workers.adapters.prometheus.quality_metrics import QualityMetrics
 from workers.commands.evaluate_summary import Run, Scored, summarise
 
 from .test_metrics import TABLE2_SYN, syn
@@ -269,8 +269,8 @@ def test_evaluate_cells_carry_the_ranked_mean() -> None:
 def test_a_huge_k_means_every_synonym_not_every_hashtag() -> None:
     """`reval score -k 0,99999999999` once built a weight table of 10^11 entries and counted
     non-synonyms (rank FAR) as hits; a k beyond every real rank is the whole synonym list."""
-    from stream.metrics import FAR, reval_by_k
-    from stream.rank import ranked_by_k
+    from stream.evaluation.metrics import FAR, reval_by_k
+    from stream.evaluation.rank import ranked_by_k
 
     matrix = [[FAR, 2], [FAR, FAR]]
     assert ranked_by_k(matrix, 2, [10**11]) == ranked_by_k(matrix, 2, [FAR - 1])

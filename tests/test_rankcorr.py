@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from stream.rankcorr import descending_ranks, pair_weights, rho_w, tau_w, top_weight
+from stream.auditing.rankcorr import descending_ranks, pair_weights, rho_w, tau_w, top_weight
 
 
 def test_weights_are_the_papers_f_with_n0_2() -> None:

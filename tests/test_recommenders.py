@@ -14,8 +14,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner, Result
 
-from stream.hashtags import extract_hashtags
-from stream.recommenders import (
+from stream.evaluation.recommenders import (
     BaseRecommender,
     LeastPopularRecommender,
     MoweRecommender,
@@ -28,9 +27,10 @@ from stream.recommenders import (
     masked,
     visible_tokens,
 )
-from stream.records import Tweet, parse_recommendation, parse_tweet
-from workers.adapters.feeds import read_tweets, sample_feed
-from workers.adapters.word_vectors import trainer
+from stream.feeds.records import Tweet, parse_recommendation, parse_tweet
+from stream.text.hashtags import extract_hashtags
+from workers.adapters.encoding.word_vectors import trainer
+from workers.adapters.files.feeds import read_tweets, sample_feed
 from workers.commands.cli import app
 
 runner = CliRunner()
@@ -332,7 +332,7 @@ def test_training_tweets_are_preprocessed(train_and_feed: tuple[Path, Path]) -> 
 def test_recommend_cli_produces_to_kafka(broker: str, train_and_feed: tuple[Path, Path]) -> None:
     from aiokafka import AIOKafkaConsumer
 
-    from workers.adapters.kafka_client import create_topics
+    from workers.adapters.kafka.kafka_client import create_topics
 
     train, feed = train_and_feed
     topic = f"recommendations-{uuid.uuid4().hex[:8]}"

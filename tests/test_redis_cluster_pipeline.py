@@ -21,13 +21,13 @@ from typing import Any
 import pytest
 import redis
 
-from stream.means import HashtagMeans
-from stream.records import parse_tweet
+from stream.feeds.records import parse_tweet
+from stream.synonyms.means import HashtagMeans
 from tests.conftest import start_redis_cluster
 from tests.live import assert_means_equal, batch_means, counts_reach, means_of, plain_tweets
-from workers.adapters.redis_client import connect
-from workers.adapters.redis_means import RedisMeans
-from workers.adapters.redis_thesaurus import RedisThesauri
+from workers.adapters.redis.redis_client import connect
+from workers.adapters.redis.redis_means import RedisMeans
+from workers.adapters.redis.redis_thesaurus import RedisThesauri
 from workers.dev.redis_cluster import LocalRedisCluster
 from workers.dev.stack import Stack, Worker, keyed, wait_for
 

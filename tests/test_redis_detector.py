@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import redis
 
-from stream.cusum import Detector
+from stream.monitoring.cusum import Detector
 from tests.live import prefixed_redis
-from workers.adapters.redis_detector import RedisDetectors
+from workers.adapters.redis.redis_detector import RedisDetectors
 
 pytestmark = [pytest.mark.integration]
 

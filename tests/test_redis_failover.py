@@ -1,5 +1,5 @@
 """Redis Cluster failover: what asynchronous replication loses, and the replication barrier
-(:class:`workers.adapters.redis_client.Replication`) that keeps an acknowledged write from
+(:class:`workers.adapters.redis.redis_client.Replication`) that keeps an acknowledged write from
 being lost.
 
 The loss is made deterministic: the replica of one master is cut off (paused with SIGSTOP,
@@ -28,14 +28,14 @@ import pytest
 import redis
 from redis.cluster import RedisCluster
 
-from stream.means import HashtagMeans
-from stream.records import Coordinates
+from stream.feeds.records import Coordinates
+from stream.synonyms.means import HashtagMeans
 from tests.conftest import start_redis_cluster
 from tests.test_redis_store import assert_matches, batches, in_memory, zipf_stream
-from workers.adapters.redis_client import Replication, ReplicationLagError, connect, with_retry
-from workers.adapters.redis_means import Contribution, RedisMeans
-from workers.adapters.redis_state import RedisClaims, RedisJoin, RedisSamples
-from workers.adapters.redis_thesaurus import RedisThesauri
+from workers.adapters.redis.redis_client import Replication, ReplicationLagError, connect, with_retry
+from workers.adapters.redis.redis_means import Contribution, RedisMeans
+from workers.adapters.redis.redis_state import RedisClaims, RedisJoin, RedisSamples
+from workers.adapters.redis.redis_thesaurus import RedisThesauri
 from workers.dev.redis_cluster import LocalRedisCluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -7,9 +7,9 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from stream.cleaning import Cleaner, Dropped, Prepared
-from stream.records import parse_tweet
-from workers.adapters.redis_state import RedisClaims, RedisJoin, RedisSeen
+from stream.feeds.records import parse_tweet
+from stream.text.cleaning import Cleaner, Dropped, Prepared
+from workers.adapters.redis.redis_state import RedisClaims, RedisJoin, RedisSeen
 
 pytestmark = pytest.mark.integration
 

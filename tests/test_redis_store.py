@@ -24,10 +24,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from redis.cluster import RedisCluster
 
-from stream.means import HashtagMeans
-from stream.records import Coordinates
-from workers.adapters.means_format import HEAD_COMPONENTS
-from workers.adapters.redis_means import (
+from stream.feeds.records import Coordinates
+from stream.synonyms.means import HashtagMeans
+from workers.adapters.redis.means_format import HEAD_COMPONENTS
+from workers.adapters.redis.redis_means import (
     Contribution,
     DimensionError,
     RedisMeans,

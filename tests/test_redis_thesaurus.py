@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 import redis
 
-from stream.thesaurus import ThesaurusFormatError, ThesaurusSource
+from stream.synonyms.thesaurus import ThesaurusFormatError, ThesaurusSource
 from tests.live import prefixed_redis
-from workers.adapters.annoy_thesaurus import AnnoyThesaurus
-from workers.adapters.exporter import Exporter
-from workers.adapters.redis_thesaurus import SCORER_FILES, RedisThesauri
-from workers.adapters.store import ThesaurusStore
-from workers.adapters.thesaurus_files import TABLE_FILE
+from workers.adapters.files.annoy_thesaurus import AnnoyThesaurus
+from workers.adapters.files.store import ThesaurusStore
+from workers.adapters.files.thesaurus_files import TABLE_FILE
+from workers.adapters.prometheus.exporter import Exporter
+from workers.adapters.redis.redis_thesaurus import SCORER_FILES, RedisThesauri
 from workers.service.score import Scorer
 from workers.settings import Settings
 
@@ -59,7 +59,7 @@ def test_a_published_version_loads_from_redis_as_from_its_directory(
     tmp_path: Path, client: redis.Redis, redis_prefix: str
 ) -> None:
     store, version, thesauri, stored = _published(tmp_path, client, redis_prefix, 1)
-    # Either is a scorer's source of versions (stream.thesaurus.ThesaurusSource), to the letter.
+    # Either is a scorer's source of versions (stream.synonyms.thesaurus.ThesaurusSource), to the letter.
     sources: list[ThesaurusSource] = [store, thesauri]
     assert [(s.current_version(), s.versions()) for s in sources] == [(version, [version])] * 2
     on_disk = store.load(version, index=False)

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from stream.records import parse_time
-from stream.replay import (
+from stream.feeds.records import parse_time
+from stream.feeds.replay import (
     BadLineError,
     Kind,
     Outgoing,
@@ -27,10 +27,10 @@ from stream.replay import (
     parse_speed,
     timestamp_ms,
 )
-from workers.adapters.feeds import detect_file_kind as detect_kind
-from workers.adapters.feeds import replay_files as replay
-from workers.adapters.feeds import sample_feed
-from workers.adapters.kafka_client import KafkaSink
+from workers.adapters.files.feeds import detect_file_kind as detect_kind
+from workers.adapters.files.feeds import replay_files as replay
+from workers.adapters.files.feeds import sample_feed
+from workers.adapters.kafka.kafka_client import KafkaSink
 from workers.commands.cli import app
 
 T0 = datetime(2013, 1, 1, tzinfo=UTC)
@@ -382,7 +382,7 @@ def crisis_feed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[st
 
 
 def _topic(bootstrap: str, partitions: int = 3) -> str:
-    from workers.adapters.kafka_client import create_topics
+    from workers.adapters.kafka.kafka_client import create_topics
 
     name = f"replay-tweets-{uuid.uuid4().hex[:8]}"
     # Kept forever: these records carry their 2012 event times (tests/test_replay_retention.py).
@@ -527,7 +527,7 @@ def test_cli_replay(broker: str, crisis_feed: tuple[Path, list[str]]) -> None:
 
 @pytest.mark.integration
 def test_cli_selection_strict_and_new_topic(broker: str, crisis_feed: tuple[Path, list[str]]) -> None:
-    from workers.adapters.kafka_client import topic_partitions
+    from workers.adapters.kafka.kafka_client import topic_partitions
     from workers.settings import Settings
 
     path, lines = crisis_feed

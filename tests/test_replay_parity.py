@@ -14,12 +14,12 @@ from typing import Any
 
 import pytest
 
-from stream.records import parse_tweet
-from stream.windows import RollingMean
+from stream.feeds.records import parse_tweet
+from stream.synonyms.windows import RollingMean
 from tests.live import run_reval
-from workers.adapters.feeds import sample_feed
-from workers.adapters.redis_means import RedisMeans
-from workers.adapters.store import ThesaurusStore
+from workers.adapters.files.feeds import sample_feed
+from workers.adapters.files.store import ThesaurusStore
+from workers.adapters.redis.redis_means import RedisMeans
 from workers.dev.stack import REVAL, Stack, Worker, tweet_lines, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -17,11 +17,11 @@ import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.structs import OffsetAndMetadata
 
-from stream.records import parse_time
-from stream.replay import timestamp_ms
+from stream.feeds.records import parse_time
+from stream.feeds.replay import timestamp_ms
 from tests.live import assert_means_equal, batch_means, counts_reach, plain_tweets, run_reval
-from workers.adapters.kafka_client import create_topics, partition_heads, topic_retention
-from workers.adapters.redis_client import connect
+from workers.adapters.kafka.kafka_client import create_topics, partition_heads, topic_retention
+from workers.adapters.redis.redis_client import connect
 from workers.commands.worker import check_input_retention
 from workers.dev.kafka_cluster import KafkaCluster
 from workers.dev.stack import Stack, wait_for

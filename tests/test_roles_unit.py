@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 import redis
 
-from workers.adapters.exporter import Exporter
-from workers.adapters.redis_client import clear_prefix
+from workers.adapters.prometheus.exporter import Exporter
+from workers.adapters.redis.redis_client import clear_prefix
 from workers.service.embed import Embedder, load_encoder
 from workers.service.incarnation import Incarnations
 from workers.service.records import Record
@@ -154,9 +154,9 @@ def records(topic: str, *values: dict[str, Any] | bytes, first: int = 0) -> list
 def publish(worker: Worker, folder: Path, *, damaged: bool = False) -> str:
     """A thesaurus version as the index job publishes it (directory store, then Redis, which
     the scorer reads); ``damaged``: its neighbour table with every 97th byte flipped."""
-    from workers.adapters.redis_thesaurus import RedisThesauri
-    from workers.adapters.store import ThesaurusStore
-    from workers.adapters.thesaurus_files import TABLE_FILE
+    from workers.adapters.files.store import ThesaurusStore
+    from workers.adapters.files.thesaurus_files import TABLE_FILE
+    from workers.adapters.redis.redis_thesaurus import RedisThesauri
 
     version = ThesaurusStore(folder).publish(paired_thesaurus())
     if damaged:

@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from stream.records import parse_tweet
+from stream.feeds.records import parse_tweet
 from tests.live import assert_means_equal, batch_means, counts_reach, plain_tweets
-from workers.adapters.feeds import sample_feed
-from workers.adapters.store import ThesaurusStore
+from workers.adapters.files.feeds import sample_feed
+from workers.adapters.files.store import ThesaurusStore
 from workers.dev.stack import Stack, keyed, tweet_lines, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

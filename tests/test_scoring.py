@@ -7,13 +7,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stream.metrics import FAR, exact_scores, rank_matrix, reval_hit_ratio
-from stream.neighbour_table import NeighbourTable
-from stream.neighbours import NeighbourCache, RowSearch
-from stream.records import Recommendation
-from stream.scoring import parse_ints, r_label, score_batch, score_event
-from stream.summary import Summary
-from stream.thesaurus import JsonThesaurus, ThesaurusMetadata
+from stream.evaluation.metrics import FAR, exact_scores, rank_matrix, reval_hit_ratio
+from stream.evaluation.scoring import parse_ints, r_label, score_batch, score_event
+from stream.evaluation.summary import Summary
+from stream.feeds.records import Recommendation
+from stream.synonyms.neighbour_table import NeighbourTable
+from stream.synonyms.neighbours import NeighbourCache, RowSearch
+from stream.synonyms.thesaurus import JsonThesaurus, ThesaurusMetadata
 
 from .oracle import oracle_record
 from .test_metrics import TABLE2_SYN
@@ -242,9 +242,9 @@ def test_a_batch_scores_exactly_as_the_oracle_one_event_at_a_time(batch, ks, rs,
     record, and the JSON written; each event alone (score_event) gives the same."""
     import orjson
 
-    from stream.chance import ChanceModel
-    from stream.rank import SCHEMES
-    from stream.slices import Bands
+    from stream.evaluation.chance import ChanceModel
+    from stream.evaluation.rank import SCHEMES
+    from stream.evaluation.slices import Bands
 
     table, events, max_k = batch
     ks = [min(k, max_k) for k in ks] + ([10**15] if huge_k else [])

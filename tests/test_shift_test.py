@@ -1,4 +1,4 @@
-"""The spread-aware shift test (stream/shift_test.py): calibrated when nothing changed, and
+"""The spread-aware shift test (stream/synonyms/shift_test.py): calibrated when nothing changed, and
 ranking a focused hashtag that took a new sense above a generic one whose mean moved as far."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from stream.drift import recent_shift
-from stream.shift_test import benjamini_hochberg, chi2_sf, effective_dimension, shift_test
+from stream.synonyms.drift import recent_shift
+from stream.synonyms.shift_test import benjamini_hochberg, chi2_sf, effective_dimension, shift_test
 
 DIM = 64
 

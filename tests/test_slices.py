@@ -7,15 +7,15 @@ import numpy as np
 import pytest
 from prometheus_client import generate_latest
 
-from stream.metrics import reval_hit_ratio
-from stream.neighbour_table import NeighbourTable, build_neighbour_table
-from stream.neighbours import NeighbourCache
-from stream.records import Recommendation
-from stream.scoring import score_event
-from stream.slices import SLICES, Bands, columns_by_slice, slice_scores
-from workers.adapters.annoy_thesaurus import neighbour_cache
-from workers.adapters.exporter import Exporter, LabelGuard
-from workers.adapters.quality_metrics import QualityMetrics
+from stream.evaluation.metrics import reval_hit_ratio
+from stream.evaluation.scoring import score_event
+from stream.evaluation.slices import SLICES, Bands, columns_by_slice, slice_scores
+from stream.feeds.records import Recommendation
+from stream.synonyms.neighbour_table import NeighbourTable, build_neighbour_table
+from stream.synonyms.neighbours import NeighbourCache
+from workers.adapters.files.annoy_thesaurus import neighbour_cache
+from workers.adapters.prometheus.exporter import Exporter, LabelGuard
+from workers.adapters.prometheus.quality_metrics import QualityMetrics
 
 NAMES = ["flood", "floods", "rain", "fire", "smoke", "hail"]
 COUNTS = [50, 20, 10, 10, 6, 4]  # 100 uses: flood carries 50%, then floods 20%, ...
@@ -48,7 +48,7 @@ def test_a_slice_is_eq4_on_its_ground_truths() -> None:
     cache = NeighbourCache(th, max_k=3)
     bands = Bands(NAMES, COUNTS)
     recommended, truth = ["flood", "hail", "fire"], ["flood", "floods", "rain", "hail", "sharknado"]
-    from stream.metrics import rank_matrix
+    from stream.evaluation.metrics import rank_matrix
 
     matrix = rank_matrix(recommended, truth, cache.ranks)
     ks = [0, 1, 3]

@@ -1,4 +1,4 @@
-"""Tests for stream.thesaurus: Syn_k(h) from Annoy, exact and JSON thesauri, and the store."""
+"""Tests for stream.synonyms.thesaurus: Syn_k(h) from Annoy, exact and JSON thesauri, and the store."""
 
 from __future__ import annotations
 
@@ -21,14 +21,20 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import workers.adapters.thesaurus_files as thesaurus_files
-from stream.thesaurus import ExactThesaurus, JsonThesaurus, Thesaurus, ThesaurusFormatError, ThesaurusMetadata
+import workers.adapters.files.thesaurus_files as thesaurus_files
+from stream.synonyms.thesaurus import (
+    ExactThesaurus,
+    JsonThesaurus,
+    Thesaurus,
+    ThesaurusFormatError,
+    ThesaurusMetadata,
+)
 from tests.store_reader import read_until
-from workers.adapters import annoy_thesaurus
-from workers.adapters import store as store_module
-from workers.adapters.annoy_thesaurus import AnnoyThesaurus, angular_to_cosine, cosine_to_angular
-from workers.adapters.store import ThesaurusStore, load_thesaurus, read_json_thesaurus
-from workers.adapters.thesaurus_files import (
+from workers.adapters.files import annoy_thesaurus
+from workers.adapters.files import store as store_module
+from workers.adapters.files.annoy_thesaurus import AnnoyThesaurus, angular_to_cosine, cosine_to_angular
+from workers.adapters.files.store import ThesaurusStore, load_thesaurus, read_json_thesaurus
+from workers.adapters.files.thesaurus_files import (
     HASHTAGS_FILE,
     INDEX_FILE,
     METADATA_FILE,
@@ -406,7 +412,7 @@ def test_readers_never_see_a_half_written_thesaurus(tmp_path: Path) -> None:
         while not stop.is_set():
             try:
                 # Between a save's two renames the path names nothing for an instant
-                # (workers.adapters.atomic_files): load waits for the new one.
+                # (workers.adapters.files.atomic_files): load waits for the new one.
                 th = AnnoyThesaurus.load(target)
             except Exception as exc:
                 problems.append(repr(exc))

@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 import redis
 
-from stream.audit import Area, AuditState, Plan
-from stream.coherence import bottom_k
-from stream.records import Coordinates
+from stream.auditing.audit import Area, AuditState, Plan
+from stream.auditing.coherence import bottom_k
+from stream.feeds.records import Coordinates
 from tests.live import prefixed_redis
-from workers.adapters.exporter import Exporter
-from workers.adapters.redis_means import Contribution
-from workers.adapters.redis_reservoir import RedisReservoir
+from workers.adapters.prometheus.exporter import Exporter
+from workers.adapters.redis.redis_means import Contribution
+from workers.adapters.redis.redis_reservoir import RedisReservoir
 from workers.service.index import Indexer
 from workers.service.stores import means_of
 from workers.service.thesaurus_audit import VoteLog

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from workers.adapters.annoy_thesaurus import AnnoyThesaurus
+from workers.adapters.files.annoy_thesaurus import AnnoyThesaurus
 
 
 def paired_thesaurus() -> AnnoyThesaurus:

@@ -14,8 +14,8 @@ from urllib.parse import unquote, urlsplit
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from stream.hubness import DEFAULT_METHOD, METHODS
-from stream.scoring import DEFAULT_KS, DEFAULT_RS, parse_ints, r_label
+from stream.evaluation.scoring import DEFAULT_KS, DEFAULT_RS, parse_ints, r_label
+from stream.synonyms.hubness import DEFAULT_METHOD, METHODS
 from workers import redaction
 
 
@@ -173,14 +173,14 @@ class Settings(BaseSettings):
         DEFAULT_METHOD, description="Neighbour ranking: raw, center, csls, center+csls, mp (docs: Concepts)"
     )
 
-    # Embedding drift test (stream.mmd): the embed workers keep a bounded sample of tweet
+    # Embedding drift test (stream.monitoring.mmd): the embed workers keep a bounded sample of tweet
     # embeddings per event-time bucket; the index job compares the last window with the one before.
     drift_sample_rate: float = Field(0.1, ge=0, le=1, description="Share of embedded tweets sampled")
     drift_sample_cap: int = Field(300, ge=2, description="Most sampled tweets per bucket")
     drift_bucket_s: int = Field(3600, ge=1, description="Event-time bucket of the samples (seconds)")
     drift_window_s: int = Field(86400, ge=1, description="Recent window (and reference before it)")
 
-    # Thesaurus audit (stream.coherence, stream.audit): the embed workers keep a bounded
+    # Thesaurus audit (stream.auditing.coherence, stream.auditing.audit): the embed workers keep a bounded
     # sample of tweets per hashtag; the index job scores each new version's synonym sets.
     coherence_reservoir: int = Field(20, ge=2, description="Tweets kept per hashtag for coherence")
     coherence_k: int = Field(10, ge=1, description="Synonyms per coherence cluster")

@@ -7,12 +7,12 @@ with the defaults; ``tests/test_deploy.py`` fails when they drift from it.
     python deploy/prometheus/render.py --set alert_k=5 --set quality_drop_fraction=0.3 -o my-rules.yml
     python deploy/prometheus/render.py --profile test -o /tmp/rules.yml    # short windows (tests)
     python deploy/prometheus/render.py --config -o prometheus.yml           # the scrape config
-    python deploy/prometheus/render.py --signal-tests   # tests/signals_test.yml (stream/signals.py)
+    python deploy/prometheus/render.py --signal-tests   # tests/signals_test.yml (the signal registry)
     python deploy/prometheus/render.py --list                                # every parameter
 
 The parameters (every threshold, window and hold time, their defaults and the ``test``
-profile) are defined in ``stream/alert_params.py``, the rules in
-``workers/adapters/prometheus_rules.py``; run this with the Python the package is
+profile) are defined in ``stream/monitoring/alert_params.py``, the rules in
+``workers/adapters/prometheus/prometheus_rules.py``; run this with the Python the package is
 installed in (``make setup``: ``.venv/bin/python deploy/prometheus/render.py``).
 """
 
@@ -24,8 +24,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 try:
-    from stream.alert_params import PROFILES, parse_set
-    from workers.adapters.prometheus_rules import render_config, render_rules, render_signal_tests
+    from stream.monitoring.alert_params import PROFILES, parse_set
+    from workers.adapters.prometheus.prometheus_rules import render_config, render_rules, render_signal_tests
 except ImportError as exc:  # a Python without the package: say which one to use
     sys.exit(f"error: {exc}; run with the Python reval-stream is installed in (make setup: .venv/bin/python)")
 

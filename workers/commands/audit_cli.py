@@ -13,7 +13,7 @@ from typing import Annotated, Any
 import numpy as np
 import typer
 
-from stream.ballots import Protocol
+from stream.auditing.ballots import Protocol
 from workers.commands.console import (
     OFFLINE_HINT,
     Broker,
@@ -34,7 +34,7 @@ audit_app = command_group(
 
 def _annoy(path: Path) -> Any:
     """A thesaurus directory (or a store's current version) with its index."""
-    from workers.adapters.annoy_thesaurus import AnnoyThesaurus
+    from workers.adapters.files.annoy_thesaurus import AnnoyThesaurus
 
     thesaurus = load_or_fail(str(path))
     if not isinstance(thesaurus, AnnoyThesaurus):
@@ -66,8 +66,8 @@ def thesaurus_coherence(
     """Thematic coherence of the synonym sets (paper 003): each hashtag's tweets with its
     top-k synonyms', against k random hashtags of matched popularity; exhaustive TF-IDF
     cosine and BERTScore F1, the lift with its 95% bootstrap interval."""
-    from stream.batch import ModelLoadError
-    from workers.adapters.feeds import check_paths
+    from stream.feeds.batch import ModelLoadError
+    from workers.adapters.files.feeds import check_paths
     from workers.commands.coherence import CoherenceConfig, run_coherence
 
     try:
@@ -77,7 +77,7 @@ def thesaurus_coherence(
         raise fail(str(exc)) from None
     index = _annoy(thesaurus)
     chosen = model or index.metadata.model_id
-    from workers.adapters.encoder import Encoder  # torch: only now
+    from workers.adapters.encoding.encoder import Encoder  # torch: only now
 
     try:
         encoder = Encoder(chosen, dtype="float32")  # the same numbers on every machine
@@ -129,8 +129,8 @@ def _loopback(host: str) -> bool:
 
 def _examples(feeds: list[Path], hashtags: set[str]) -> dict[str, list[str]]:
     """Up to two tweets per hashtag, as written (a seeded-free bottom-k: always the same)."""
-    from stream.coherence import bottom_k
-    from workers.adapters.feeds import read_tweets
+    from stream.auditing.coherence import bottom_k
+    from workers.adapters.files.feeds import read_tweets
 
     pairs = []
     for item in read_tweets(feeds):
@@ -169,8 +169,8 @@ def serve_cmd(
 ) -> None:
     """Serve the voting page: two pairs of hashtags at a time, the more related one picked
     by mouse or keyboard; votes go to the Kafka topic `votes` (001's adaptive ballots)."""
-    from stream.audit import Plan, make_areas
-    from workers.adapters.kafka_client import BrokerError
+    from stream.auditing.audit import Plan, make_areas
+    from workers.adapters.kafka.kafka_client import BrokerError
     from workers.service.audit_server import AuditServer, open_audit, serve
     from workers.service.thesaurus_audit import VoteLog
     from workers.settings import Settings
@@ -181,7 +181,7 @@ def serve_cmd(
     try:
         settings = Settings.load(**({"broker": broker} if broker else {}))
         if feed:
-            from workers.adapters.feeds import check_paths
+            from workers.adapters.files.feeds import check_paths
 
             check_paths(feed)
     except (OSError, ValueError) as exc:
@@ -217,8 +217,8 @@ def serve_cmd(
 
 
 def _agreement_of(thesaurus: Any, state: Any, resamples: int, seed: int) -> dict[str, Any]:
-    from stream.audit import agreement
-    from stream.rankcorr import bootstrap_interval, tau_w
+    from stream.auditing.audit import agreement
+    from stream.auditing.rankcorr import bootstrap_interval, tau_w
     from workers.service.thesaurus_audit import model_scores
 
     model = model_scores(state.plan, thesaurus)
@@ -255,10 +255,10 @@ def report_cmd(
 ) -> None:
     """rho_w and tau_w between the thesaurus's ranking of the audited pairs and the
     people's, per semantic area and overall, with 95% bootstrap intervals and chance."""
-    from stream.audit import replay
-    from workers.adapters.kafka_client import BrokerError
-    from workers.adapters.store import ThesaurusStore
-    from workers.adapters.thesaurus_files import is_our_thesaurus
+    from stream.auditing.audit import replay
+    from workers.adapters.files.store import ThesaurusStore
+    from workers.adapters.files.thesaurus_files import is_our_thesaurus
+    from workers.adapters.kafka.kafka_client import BrokerError
     from workers.service.thesaurus_audit import VoteLog, latest_audit
     from workers.settings import Settings
 
@@ -331,8 +331,8 @@ def _print_report(payload: dict[str, Any]) -> None:
 def _truth(thesaurus: Path, truth: str, items: int, seed: int) -> Any:
     """The items' underlying similarities z: the thesaurus's cosines of the pairs of one
     area (the smallest with ``items`` pairs), or one of 001's synthetic distributions."""
-    from stream.audit import make_areas
-    from stream.voters import exponential_similarity, power_similarity
+    from stream.auditing.audit import make_areas
+    from stream.auditing.voters import exponential_similarity, power_similarity
 
     index = _annoy(thesaurus)
     if truth != "thesaurus":
@@ -368,7 +368,7 @@ def simulate_cmd(
 ) -> None:
     """001's stochastic transitivity model with a known true ranking: the adaptive
     protocol against uniform pairs at the same number of votes (tau_w, rho_w to the truth)."""
-    from stream.voters import simulate
+    from stream.auditing.voters import simulate
 
     if truth not in ("thesaurus", "exponential", "power"):
         raise fail(f"--truth must be thesaurus, exponential or power, not {truth!r}")

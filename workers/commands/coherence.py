@@ -1,6 +1,6 @@
 """``reval thesaurus coherence``: are a thesaurus's synonym sets about one thing?
 
-Paper 003's exhaustive coherence (:mod:`stream.coherence`) of the cluster "a hashtag's
+Paper 003's exhaustive coherence (:mod:`stream.auditing.coherence`) of the cluster "a hashtag's
 tweets with its top-k synonyms' tweets", against the same with k random hashtags of
 matched popularity, on the tweets of the given feeds: TF-IDF cosine and BERTScore F1 with
 the thesaurus's own model.  Each hashtag's tweets are the bottom-k sample the live
@@ -19,10 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from stream.audit import replay
-from stream.batch import TokenEncoder
-from stream.cleaning import Cleaner, Dropped, Prepared
-from stream.coherence import (
+from stream.auditing.audit import replay
+from stream.auditing.coherence import (
     METRICS,
     BottomK,
     Pairing,
@@ -36,9 +34,11 @@ from stream.coherence import (
     score_pairings,
     tfidf_coherence,
 )
-from stream.records import ErrorLog
-from stream.thesaurus import Thesaurus
-from workers.adapters.feeds import read_tweets
+from stream.feeds.batch import TokenEncoder
+from stream.feeds.records import ErrorLog
+from stream.synonyms.thesaurus import Thesaurus
+from stream.text.cleaning import Cleaner, Dropped, Prepared
+from workers.adapters.files.feeds import read_tweets
 from workers.service.thesaurus_audit import latest_audit, version_agreement, version_coherence
 from workers.settings import Settings
 

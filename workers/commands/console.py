@@ -19,8 +19,8 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from stream.records import ErrorLog
-from workers.adapters.store import load_thesaurus
+from stream.feeds.records import ErrorLog
+from workers.adapters.files.store import load_thesaurus
 from workers.redaction import redact
 
 #: The options several commands take, spelled once.
@@ -70,7 +70,7 @@ def line_progress() -> Progress:
 
 
 def load_or_fail(thesaurus: str) -> Any:
-    """The thesaurus at ``thesaurus`` (:func:`workers.adapters.store.load_thesaurus`), or exit 2."""
+    """The thesaurus at ``thesaurus`` (:func:`workers.adapters.files.store.load_thesaurus`), or exit 2."""
     try:
         return load_thesaurus(thesaurus)
     except (OSError, ValueError) as exc:
@@ -96,7 +96,7 @@ def why_nothing(errors: ErrorLog, otherwise: str = "it holds no records") -> str
 
 def progress_bars() -> tuple[Progress, Any]:
     """Progress bars on stderr for a long command, and the ``progress(description, total)``
-    factory (:data:`stream.experiment.ProgressFactory`) that opens one bar each."""
+    factory (:data:`stream.evaluation.experiment.ProgressFactory`) that opens one bar each."""
     progress = Progress(
         SpinnerColumn(),
         TextColumn("{task.description}"),

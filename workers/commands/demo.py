@@ -20,7 +20,7 @@ demo's own) and the three workers, then feeds the bundled sample feed in two pha
 
 The table (refreshed every 2 s) shows the #REval-hit-ratio of the top-5 by k, the
 chance-corrected value at k=10 -- the kappa of the sums the scorer exports
-(:func:`stream.chance.corrected_of_sums`), never a mean of per-event values -- and the
+(:func:`stream.evaluation.chance.corrected_of_sums`), never a mean of per-event values -- and the
 thesaurus version and size behind them.  On a terminal it redraws in place; otherwise a
 plain table is printed at every refresh; ``--json`` prints one JSON object per refresh
 instead (see :func:`workers.commands.demo_view.snapshot`).  ``--duration`` counts from the first scored event.
@@ -52,12 +52,12 @@ from typing import Any
 
 import redis
 
-from stream.neighbour_table import NeighbourTable
-from stream.records import Tweet
-from stream.replay import Outgoing, timestamp_ms
-from workers.adapters.kafka_client import create_topics
-from workers.adapters.redis_client import clear_prefix
-from workers.adapters.redis_thesaurus import RedisThesauri
+from stream.feeds.records import Tweet
+from stream.feeds.replay import Outgoing, timestamp_ms
+from stream.synonyms.neighbour_table import NeighbourTable
+from workers.adapters.kafka.kafka_client import create_topics
+from workers.adapters.redis.redis_client import clear_prefix
+from workers.adapters.redis.redis_thesaurus import RedisThesauri
 from workers.commands.demo_view import Output, Scrape, snapshot
 from workers.dev.ports import find_free_port
 from workers.dev.processes import spawn, stop_on_signals, terminate
@@ -387,9 +387,13 @@ class SampleFeed:
     seed: int = 1
 
     def __call__(self, pipe: Pipeline) -> None:
-        from stream.recommenders import LeastPopularRecommender, MoweRecommender, PopularRecommender
-        from workers.adapters.kafka_client import KafkaSink
-        from workers.adapters.word_vectors import trainer
+        from stream.evaluation.recommenders import (
+            LeastPopularRecommender,
+            MoweRecommender,
+            PopularRecommender,
+        )
+        from workers.adapters.encoding.word_vectors import trainer
+        from workers.adapters.kafka.kafka_client import KafkaSink
 
         pipe.note("reading and cleaning the sample feed...")
         parts = self.read()
@@ -426,9 +430,9 @@ class SampleFeed:
         """The good lines of the feed, in two parts: the training part -- a random
         ``train_share`` (seeded) of the labelled tweets the pipeline keeps (cleaned as the
         embed worker cleans them) -- and the rest, each in feed order."""
-        from stream.cleaning import Cleaner, Prepared
-        from stream.experiment import labelled
-        from workers.adapters.feeds import read_tweets, sample_feed
+        from stream.evaluation.experiment import labelled
+        from stream.text.cleaning import Cleaner, Prepared
+        from workers.adapters.files.feeds import read_tweets, sample_feed
 
         cleaner = Cleaner()
         lines: list[Line] = []
@@ -465,7 +469,7 @@ class SampleFeed:
         """Until the published thesaurus holds ``wanted`` -- or the embed worker is through
         every warm-up tweet and two more versions have been published since (the first of
         them may have been built from part of it)."""
-        from workers.adapters.store import version_number
+        from workers.adapters.files.store import version_number
 
         versions_then: int | None = None
         while True:
@@ -495,7 +499,7 @@ class SampleFeed:
         sent: int,
     ) -> None:
         """The scoring part, round after round (ids and times shifted), paced."""
-        from stream.recommenders import RandomRecommender, recommendation_event
+        from stream.evaluation.recommenders import RandomRecommender, recommendation_event
 
         times = [line.tweet.created_at for line in lines if line.tweet.created_at is not None]
         shift = (max(times) - min(times) if times else timedelta(0)) + timedelta(days=1)

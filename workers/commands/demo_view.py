@@ -20,8 +20,8 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from stream.chance import corrected_of_sums
-from stream.cusum import ALTERNATIVES
+from stream.evaluation.chance import corrected_of_sums
+from stream.monitoring.cusum import ALTERNATIVES
 
 #: The table's cut-off, its k columns and the k of its chance-corrected column.
 R = "5"
@@ -118,7 +118,7 @@ def snapshot(
                 str(k): _rounded(_mean(score, "reval_hit_ratio", recommender=name, k=str(k), r=R)) for k in ks
             },
             "corrected": {K_CORRECTED: _rounded(corrected)},
-            # the live change detector (stream.cusum.Detector): events taken, alarms so far
+            # the live change detector (stream.monitoring.cusum.Detector): events taken, alarms so far
             "detector": {
                 "events": int(score.get("reval_detector_events", recommender=name) or 0),
                 "alarms": {

@@ -1,5 +1,5 @@
 """``reval thesaurus diff OLD NEW [--json]``: which hashtags' meaning moved between two
-thesaurus versions (:mod:`stream.drift`), as a table or one JSON object."""
+thesaurus versions (:mod:`stream.synonyms.drift`), as a table or one JSON object."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from stream.drift import Quantiles, ThesaurusDrift
-from workers.adapters.annoy_thesaurus import AnnoyThesaurus, thesaurus_drift
-from workers.adapters.store import load_thesaurus
+from stream.synonyms.drift import Quantiles, ThesaurusDrift
+from workers.adapters.files.annoy_thesaurus import AnnoyThesaurus, thesaurus_drift
+from workers.adapters.files.store import load_thesaurus
 
 
 def _open(path: Path) -> AnnoyThesaurus:

@@ -1,28 +1,28 @@
 """``reval evaluate``: the paper's experiment (section 4.2), with baselines, seeds and
 confidence intervals, on any feed.
 
-1. Pre-process the feed with the core (:class:`stream.cleaning.Cleaner`: hashtagged,
+1. Pre-process the feed with the core (:class:`stream.text.cleaning.Cleaner`: hashtagged,
    English, duplicate retweets removed) and embed every kept tweet once (BERTag).
 2. For each split (``time``: the earliest 90% train; ``random``: a seeded shuffle) and
    seed: train Word2Vec (the MOWE recommender's, and the ``word2vec`` variant's) and
    FastText on the training tweets; recommend the top max(r) hashtags for every test
-   tweet with each recommender -- ``mowe`` (:class:`stream.recommenders.MoweRecommender`,
+   tweet with each recommender -- ``mowe`` (:class:`stream.evaluation.recommenders.MoweRecommender`,
    at each threshold), ``popular``, ``least-popular`` (the canary) and ``random`` (the
    null of the chance correction) -- which never sees the test tweet's hashtags: they
    are the ground truth.
 3. Build one thesaurus per embedding variant (``bertag``: the core path, mean BERTag
    embedding per hashtag; ``word2vec`` / ``fasttext``: the unit mean of the tweets' MOWE
    vectors, so the variants differ only in the tweet embedding) from the *training*
-   tweets, with each hubness method (:mod:`stream.hubness`), through the one builder
-   the CLI and the index job use (:func:`workers.adapters.annoy_thesaurus.build_from_means`).
-4. Score every event with :func:`stream.scoring.score_batch` -- the code path of ``reval
+   tweets, with each hubness method (:mod:`stream.synonyms.hubness`), through the one builder
+   the CLI and the index job use (:func:`workers.adapters.files.annoy_thesaurus.build_from_means`).
+4. Score every event with :func:`stream.evaluation.scoring.score_batch` -- the code path of ``reval
    score`` and the scoring worker -- raw, chance-corrected and rank-aware
-   (:mod:`stream.rank`; mean only, column ``reval_hit_ratio_ranked``), for every (r, k).
+   (:mod:`stream.evaluation.rank`; mean only, column ``reval_hit_ratio_ranked``), for every (r, k).
 5. Means with percentile-bootstrap 95% intervals (events resampled; pooled seeds
    resampled within each seed), and paired differences between recommenders and
    between embeddings on the same resamples.  The chance-corrected score of a cell is
    the kappa of its sums, ``(sum observed - sum expected) / (events - sum expected)``
-   (:func:`stream.experiment.bootstrap_kappas`), recomputed on each resample.
+   (:func:`stream.evaluation.experiment.bootstrap_kappas`), recomputed on each resample.
 
 Outputs (:mod:`workers.commands.evaluate_outputs`): ``results.json`` (with ``cells``),
 ``results.csv``, ``curves.png``, ``synonyms.md``, ``recommendations.jsonl``, ``timings.json``;
@@ -46,9 +46,8 @@ import numpy as np
 import numpy.typing as npt
 from gensim.models.callbacks import CallbackAny2Vec
 
-from stream.cleaning import Prepared
-from stream.cores import flips, ranking
-from stream.experiment import (
+from stream.evaluation.cores import flips, ranking
+from stream.evaluation.experiment import (
     Corpus,
     ExperimentConfig,
     ProgressFactory,
@@ -60,19 +59,20 @@ from stream.experiment import (
     no_progress,
     split_corpus,
 )
-from stream.metrics import ExactScores
-from stream.recommenders import (
+from stream.evaluation.metrics import ExactScores
+from stream.evaluation.recommenders import (
     BaseRecommender,
     MoweRecommender,
     make_recommender,
     mean_vectors,
     recommendation_event,
 )
-from stream.records import Recommendation
-from stream.scoring import r_label, score_batch
-from workers.adapters.annoy_thesaurus import AnnoyThesaurus, build_from_means, neighbour_cache
-from workers.adapters.feeds import read_tweets
-from workers.adapters.word_vectors import train_word_vectors
+from stream.evaluation.scoring import r_label, score_batch
+from stream.feeds.records import Recommendation
+from stream.text.cleaning import Prepared
+from workers.adapters.encoding.word_vectors import train_word_vectors
+from workers.adapters.files.annoy_thesaurus import AnnoyThesaurus, build_from_means, neighbour_cache
+from workers.adapters.files.feeds import read_tweets
 from workers.commands.evaluate_summary import Run, Scored, compare, summarise
 
 LABELS = {"word2vec": "Word2Vec", "fasttext": "FastText"}
@@ -112,8 +112,8 @@ def bertag_vectors(
     chunk: int = 512,
     progress: ProgressFactory = no_progress,
 ) -> tuple[npt.NDArray[np.float32], str]:
-    """Tweet embeddings of the cleaned texts with :class:`~workers.adapters.encoder.Encoder`."""
-    from workers.adapters.encoder import Encoder  # torch: seconds to import, after the checks
+    """Tweet embeddings of the cleaned texts with :class:`~workers.adapters.encoding.encoder.Encoder`."""
+    from workers.adapters.encoding.encoder import Encoder  # torch: seconds to import, after the checks
 
     encoder = Encoder(model, dtype=dtype, batch_size=batch_size)
     out = np.zeros((len(prepared), encoder.dim), dtype=np.float32)
@@ -238,7 +238,7 @@ def _recommend(
     return recommended, similar
 
 
-#: Events scored together (:func:`stream.scoring.score_batch`).
+#: Events scored together (:func:`stream.evaluation.scoring.score_batch`).
 SCORE_CHUNK = 1024
 
 
@@ -334,7 +334,7 @@ class Experiment:
 
     def core_flips(self) -> list[dict[str, Any]]:
         """Where the ranking of recommenders on a p-core differs from the first core's (seeds
-        pooled), per metric, split, embedding, hubness, r and k (:func:`stream.cores.flips`)."""
+        pooled), per metric, split, embedding, hubness, r and k (:func:`stream.evaluation.cores.flips`)."""
         config, out = self.config, []
         base = config.cores[0]
         for core in config.cores[1:]:

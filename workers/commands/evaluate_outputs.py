@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from workers.adapters.feeds import check_output_path
+from workers.adapters.files.feeds import check_output_path
 from workers.commands.evaluate import Experiment
 from workers.commands.evaluate_summary import Cell
 

@@ -12,8 +12,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from stream.cleaning import Prepared
-from stream.experiment import (
+from stream.evaluation.experiment import (
     ExperimentConfig,
     bootstrap_difference,
     bootstrap_kappa_difference,
@@ -21,7 +20,8 @@ from stream.experiment import (
     bootstrap_means,
     resample_counts,
 )
-from workers.adapters.annoy_thesaurus import AnnoyThesaurus
+from stream.text.cleaning import Prepared
+from workers.adapters.files.annoy_thesaurus import AnnoyThesaurus
 
 #: The paired differences reported, as (better, worse): the good recommenders against the
 #: canary and the null, and MOWE against popularity.
@@ -40,11 +40,11 @@ class Scored:
     where the event is unscorable."""
 
     raw: npt.NDArray[np.float64]
-    #: the null recommender's expectation (stream.chance) per event and cell: the corrected
+    #: the null recommender's expectation (stream.evaluation.chance) per event and cell: the corrected
     #: score of any set of events is the kappa of the sums of ``raw`` and ``expected``
     expected: npt.NDArray[np.float64]
     exact_hit_ratio: npt.NDArray[np.float64]  # events x r
-    ranked: npt.NDArray[np.float64]  # events x (r, k), rank-aware #REval (stream.rank)
+    ranked: npt.NDArray[np.float64]  # events x (r, k), rank-aware #REval (stream.evaluation.rank)
 
 
 @dataclass

@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.table import Table
 
-from stream import alert_params
-from stream.scoring import parse_ints
-from workers.adapters.feeds import check_paths
+from stream.evaluation.scoring import parse_ints
+from stream.monitoring import alert_params
+from workers.adapters.files.feeds import check_paths
 from workers.commands.console import (
     BatchSize,
     Feeds,
@@ -23,7 +23,7 @@ from workers.commands.console import (
 )
 
 if TYPE_CHECKING:  # evaluate imports gensim and torch: loaded by the command, not by `reval --help`
-    from stream.experiment import ExperimentConfig
+    from stream.evaluation.experiment import ExperimentConfig
     from workers.commands.backtest import Backtest
     from workers.commands.evaluate import Experiment
 

@@ -17,9 +17,9 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from stream.records import ErrorLog
-from stream.retention import Timestamps, replay_refusal
-from workers.adapters.feeds import check_output_path, check_paths
+from stream.feeds.records import ErrorLog
+from stream.feeds.retention import Timestamps, replay_refusal
+from workers.adapters.files.feeds import check_output_path, check_paths
 from workers.commands.console import (
     Broker,
     JsonSummary,
@@ -78,8 +78,8 @@ def replay_feeds(
 ) -> None:
     """Replay archived feeds into Kafka (original line bytes, key = tweet id, timestamp = event time)."""
 
-    from stream import replay as rp
-    from workers.adapters.feeds import read_feeds
+    from stream.feeds import replay as rp
+    from workers.adapters.files.feeds import read_feeds
 
     if kind is not None and kind not in tuple(rp.Kind):
         raise fail(f"--kind must be one of {', '.join(rp.Kind)}, not {kind!r}")
@@ -126,7 +126,7 @@ def replay_feeds(
 
 def _open_sink(settings: Settings, bootstrap: str, topic: str) -> Any:
     """A producer to ``topic``, the topic created where it is missing."""
-    from workers.adapters.kafka_client import KafkaSink, ensure_topic
+    from workers.adapters.kafka.kafka_client import KafkaSink, ensure_topic
 
     try:
         options = settings.kafka_client_options()
@@ -142,10 +142,10 @@ def _open_sink(settings: Settings, bootstrap: str, topic: str) -> Any:
 def _retention_check(
     settings: Settings, bootstrap: str, topic: str, feeds: list[Path], timestamps: Timestamps
 ) -> Callable[[int], str | None] | None:
-    """What :func:`stream.replay.replay` asks before sending: would ``topic`` keep a record
+    """What :func:`stream.feeds.replay.replay` asks before sending: would ``topic`` keep a record
     stamped so?  None (nothing asked) where the broker does not describe topic settings."""
-    from workers.adapters.feeds import feed_bytes
-    from workers.adapters.kafka_client import BrokerError, topic_retention
+    from workers.adapters.files.feeds import feed_bytes
+    from workers.adapters.kafka.kafka_client import BrokerError, topic_retention
 
     try:
         retention = topic_retention(bootstrap, [topic], timeout=15, **settings.kafka_client_options())[topic]
@@ -170,7 +170,7 @@ def _retention_check(
 
 def _outcome(run: Callable[[], None], close: Callable[[], None]) -> tuple[int, str | None]:
     """Run the replay, then close its sink: (exit code, error message or None)."""
-    from stream import replay as rp
+    from stream.feeds import replay as rp
 
     try:
         run()
@@ -190,8 +190,8 @@ def _feed_kind(
 ) -> Any:
     """--kind, else the kind of the first good record, else the topic's name's, else tweets
     (a warning where the topic's name and the feed disagree)."""
-    from stream import replay as rp
-    from workers.adapters.feeds import detect_file_kind
+    from stream.feeds import replay as rp
+    from workers.adapters.files.feeds import detect_file_kind
 
     if kind:
         return rp.Kind(kind)
@@ -215,7 +215,7 @@ def _replay_progress(topic: str) -> tuple[Progress, Any, list[Any]]:
     that callback keeps the last summary in."""
     from rich.progress import TimeElapsedColumn as Elapsed
 
-    from stream import replay as rp
+    from stream.feeds import replay as rp
 
     progress = Progress(
         SpinnerColumn(),
@@ -247,7 +247,7 @@ def _replay_progress(topic: str) -> tuple[Progress, Any, list[Any]]:
 
 
 def _print_replay(summary: Any, topic: str, bootstrap: str, as_json: bool) -> None:
-    from stream import replay as rp
+    from stream.feeds import replay as rp
 
     if as_json:
         print(json.dumps({**summary.as_dict(), "topic": topic, "broker": bootstrap}))
@@ -295,8 +295,8 @@ def recommend_cmd(
     The recommender never sees the hashtags of the tweets it recommends for.
     """
 
-    from stream import recommenders as rec
-    from workers.adapters.word_vectors import trainer
+    from stream.evaluation import recommenders as rec
+    from workers.adapters.encoding.word_vectors import trainer
     from workers.commands.offline import EventSink
 
     if method not in rec.METHODS:
@@ -346,8 +346,8 @@ def _train(
     """The recommender fitted on the labelled tweets of --train: (their ids, the bad lines)."""
     import warnings
 
-    from stream import recommenders as rec
-    from workers.adapters.feeds import read_tweets
+    from stream.evaluation import recommenders as rec
+    from workers.adapters.files.feeds import read_tweets
 
     train_errors = ErrorLog()
     with err.status(f"training {method} on {', '.join(map(str, train))}"):
@@ -375,8 +375,8 @@ def _recommend_feed(
 ) -> tuple[ErrorLog, int, int, int]:
     """One event per tweet of --feed, in batches: (bad lines, tweets skipped for having no
     hashtag, tweets that are also training tweets, events with no recommendation)."""
-    from stream import recommenders as rec
-    from workers.adapters.feeds import read_tweets
+    from stream.evaluation import recommenders as rec
+    from workers.adapters.files.feeds import read_tweets
 
     errors, skipped, overlap, empty = ErrorLog(), 0, 0, 0
     batch: list[Any] = []

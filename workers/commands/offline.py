@@ -10,14 +10,14 @@ from datetime import datetime
 from pathlib import Path
 from typing import IO, Any, Self
 
-from stream.batch import BuildReport, TextEncoder, embed_feed
-from stream.cleaning import Cleaner
-from stream.hubness import DEFAULT_METHOD
-from stream.means import HashtagMeans
-from stream.replay import Outgoing, timestamp_ms
-from workers.adapters.annoy_thesaurus import DEFAULT_DEPTH, AnnoyThesaurus, build_from_means
-from workers.adapters.feeds import read_tweets
-from workers.adapters.kafka_client import KafkaSink
+from stream.feeds.batch import BuildReport, TextEncoder, embed_feed
+from stream.feeds.replay import Outgoing, timestamp_ms
+from stream.synonyms.hubness import DEFAULT_METHOD
+from stream.synonyms.means import HashtagMeans
+from stream.text.cleaning import Cleaner
+from workers.adapters.files.annoy_thesaurus import DEFAULT_DEPTH, AnnoyThesaurus, build_from_means
+from workers.adapters.files.feeds import read_tweets
+from workers.adapters.kafka.kafka_client import KafkaSink
 
 
 class NothingToBuildError(ValueError):
@@ -62,7 +62,7 @@ def build_thesaurus(
 
 class EventSink:
     """Writes recommendation events to a JSON-lines file and/or a Kafka topic; Kafka goes
-    through :class:`~workers.adapters.kafka_client.KafkaSink` (key = tweet id, timestamp = the
+    through :class:`~workers.adapters.kafka.kafka_client.KafkaSink` (key = tweet id, timestamp = the
     tweet's time, bounded in flight, errors raised)."""
 
     def __init__(

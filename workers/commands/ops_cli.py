@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 import typer
 
-from stream.batch import ModelLoadError
+from stream.feeds.batch import ModelLoadError
 from workers.commands.console import (
     OFFLINE_HINT,
     Broker,
@@ -52,7 +52,7 @@ def worker(
         "index_dir": index_dir,
         "metrics_port": metrics_port,
     }
-    from workers.adapters.kafka_client import BrokerAuthError, BrokerError
+    from workers.adapters.kafka.kafka_client import BrokerAuthError, BrokerError
     from workers.commands.worker import MetricsPortError, run_worker
 
     try:
@@ -84,8 +84,8 @@ def accept_topic(
     """
     import re
 
-    from workers.adapters.kafka_client import TopicIdentity, copy_groups, list_groups
-    from workers.adapters.redis_client import connect
+    from workers.adapters.kafka.kafka_client import TopicIdentity, copy_groups, list_groups
+    from workers.adapters.redis.redis_client import connect
     from workers.service.incarnation import generation_key, group_generation, incarnation_key, next_group
 
     overrides = {k: v for k, v in {"broker": broker, "redis_url": redis_url}.items() if v is not None}
@@ -163,7 +163,7 @@ def local_broker(
     `bootstrap: HOST:PORT[,...]` on stdout once it answers, and creates the topics."""
     import time
 
-    from workers.adapters.kafka_client import BrokerError, create_topics
+    from workers.adapters.kafka.kafka_client import BrokerError, create_topics
     from workers.dev.broker import ENGINES, local_broker
     from workers.dev.kafka_cluster import KafkaCluster, KafkaSetupError
     from workers.dev.processes import shielded, stop_on_signals

@@ -23,7 +23,7 @@ from typing import Any
 
 import jinja2
 
-from stream.backtest import EFFECTS, duration_text
+from stream.monitoring.backtest import EFFECTS, duration_text
 from workers.commands import report_plots as plots
 from workers.commands import report_values as rv
 from workers.commands.report_values import Note, Table
@@ -391,7 +391,7 @@ def _audit(d: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def _detector(d: dict[str, Any]) -> dict[str, Any] | None:
-    """(g): the change detector (stream.cusum) -- which alternative, after how many events,
+    """(g): the change detector (stream.monitoring.cusum) -- which alternative, after how many events,
     beside exact-only and synonym-only CUSUMs at the same ARL0; on the trailing baseline (what
     a live chart has) and against the counterfactual (the drift alone)."""
     detector, rows = d.get("detector"), d.get("diagnosis")

@@ -16,7 +16,7 @@ import matplotlib.dates as mdates
 from markupsafe import Markup
 from matplotlib.figure import Figure
 
-from stream.backtest import duration_text
+from stream.monitoring.backtest import duration_text
 from workers.commands import report_values as rv
 from workers.commands.report_values import Note
 

@@ -9,12 +9,12 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from stream.records import ErrorLog, Recommendation, RecordError, parse_recommendation
-from stream.scoring import ALL, parse_ints, r_label, score_batch
-from stream.signals import SIGNALS
-from stream.summary import Summary
-from workers.adapters.annoy_thesaurus import neighbour_cache
-from workers.adapters.feeds import check_output_path, check_paths, read_file
+from stream.evaluation.scoring import ALL, parse_ints, r_label, score_batch
+from stream.evaluation.signals import SIGNALS
+from stream.evaluation.summary import Summary
+from stream.feeds.records import ErrorLog, Recommendation, RecordError, parse_recommendation
+from workers.adapters.files.annoy_thesaurus import neighbour_cache
+from workers.adapters.files.feeds import check_output_path, check_paths, read_file
 from workers.commands.console import (
     JsonObject,
     ThesaurusPath,
@@ -102,7 +102,7 @@ def score(
     _print_scores(payload, k_values, r_values, summary)
 
 
-#: Events scored together (:func:`stream.scoring.score_batch`).
+#: Events scored together (:func:`stream.evaluation.scoring.score_batch`).
 CHUNK = 1024
 
 #: What to do about events without ground truth (``reval score`` needs it).

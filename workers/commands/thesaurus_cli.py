@@ -11,12 +11,12 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from stream.batch import ModelLoadError
-from stream.hashtags import normalise_hashtag
-from stream.hubness import DEFAULT_METHOD, check_method
-from stream.records import ErrorLog
-from workers.adapters.annoy_thesaurus import DEFAULT_DEPTH
-from workers.adapters.feeds import check_paths
+from stream.feeds.batch import ModelLoadError
+from stream.feeds.records import ErrorLog
+from stream.synonyms.hubness import DEFAULT_METHOD, check_method
+from stream.text.hashtags import normalise_hashtag
+from workers.adapters.files.annoy_thesaurus import DEFAULT_DEPTH
+from workers.adapters.files.feeds import check_paths
 from workers.commands.console import (
     OFFLINE_HINT,
     BatchSize,
@@ -63,7 +63,7 @@ def thesaurus_build(
     as_json: JsonSummary = False,
 ) -> None:
     """Clean → embed → per-hashtag running means → thesaurus (neighbour table + Annoy index)."""
-    from workers.adapters.thesaurus_files import ThesaurusOverwriteError, check_writable_thesaurus_dir
+    from workers.adapters.files.thesaurus_files import ThesaurusOverwriteError, check_writable_thesaurus_dir
 
     try:  # everything that can be checked is checked before the model loads
         check_paths(feeds)
@@ -103,7 +103,7 @@ def thesaurus_build(
 def _count_tweets(feeds: list[Path]) -> int:
     """A quick pass before the model loads: the bar gets a total and an ETA, and a feed
     with no readable tweet fails now, not after the model has loaded."""
-    from workers.adapters.feeds import read_tweets
+    from workers.adapters.files.feeds import read_tweets
 
     total, bad = 0, ErrorLog()
     for item in read_tweets(feeds):
@@ -129,8 +129,8 @@ def _embed_and_build(
 ) -> tuple[Any, Any]:
     """The encoder loaded, the feeds embedded under a progress bar, the thesaurus built:
     (the thesaurus, its build report)."""
-    from stream.cleaning import Cleaner
-    from workers.adapters.encoder import Encoder  # torch: seconds to import, so only now
+    from stream.text.cleaning import Cleaner
+    from workers.adapters.encoding.encoder import Encoder  # torch: seconds to import, so only now
     from workers.commands.offline import NothingToBuildError, build_thesaurus
 
     try:
@@ -199,7 +199,7 @@ def thesaurus_inspect(
     as_json: Annotated[bool, typer.Option("--json", help="Print the metadata as JSON")] = False,
 ) -> None:
     """What a thesaurus was built from, and its hubness (the hashtags near everything)."""
-    from workers.adapters.annoy_thesaurus import AnnoyThesaurus
+    from workers.adapters.files.annoy_thesaurus import AnnoyThesaurus
 
     th = load_or_fail(str(directory))
     if not isinstance(th, AnnoyThesaurus):

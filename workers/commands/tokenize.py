@@ -17,8 +17,8 @@ from typing import Any
 
 from transformers import BertweetTokenizer
 
-from workers.adapters.bertweet_tokenizer import fast_for
-from workers.adapters.tokenizer_loading import (
+from workers.adapters.encoding.bertweet_tokenizer import fast_for
+from workers.adapters.encoding.tokenizer_loading import (
     is_bertweet,
     load_hf_tokenizer,
     max_tokens,

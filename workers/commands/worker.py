@@ -11,16 +11,16 @@ from typing import Any
 import faust
 from kafka.errors import KafkaError
 
-from stream.retention import unread_at_risk
-from workers.adapters.exporter import Exporter
-from workers.adapters.kafka_client import (
+from stream.feeds.retention import unread_at_risk
+from workers.adapters.kafka.kafka_client import (
     BrokerError,
     create_topics,
     group_offsets,
     partition_heads,
     topic_retention,
 )
-from workers.adapters.redis_client import connect, stopping
+from workers.adapters.prometheus.exporter import Exporter
+from workers.adapters.redis.redis_client import connect, stopping
 from workers.service.app import DEFAULT_PORTS, ROLES, create_app
 from workers.service.incarnation import batch_group, group_generation
 from workers.service.transactions import TransactionsUnsupportedError, check_transactions

@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Self
 
-from workers.adapters.kafka_client import BrokerError
+from workers.adapters.kafka.kafka_client import BrokerError
 from workers.dev.kafka_jars import KafkaSetupError, java_binary, kafka_jars, pinned_version
 from workers.dev.kafka_tls import Security, tls_files
 from workers.dev.ports import find_free_port, free_run, port_is_free

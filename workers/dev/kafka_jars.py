@@ -16,7 +16,7 @@ import xml.etree.ElementTree as ET
 from importlib import resources
 from pathlib import Path
 
-from workers.adapters.kafka_client import BrokerError
+from workers.adapters.kafka.kafka_client import BrokerError
 
 #: The cache of Kafka's jars (one folder per version); outside git.
 CACHE_ENV = "REVAL_KAFKA_CACHE"

@@ -18,11 +18,11 @@ from typing import Any
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from prometheus_client.parser import text_string_to_metric_families
 
-from workers.adapters.annoy_thesaurus import AnnoyThesaurus
-from workers.adapters.kafka_client import create_topics
-from workers.adapters.redis_client import clear_prefix, connect
-from workers.adapters.redis_thesaurus import RedisThesauri
-from workers.adapters.store import ThesaurusStore
+from workers.adapters.files.annoy_thesaurus import AnnoyThesaurus
+from workers.adapters.files.store import ThesaurusStore
+from workers.adapters.kafka.kafka_client import create_topics
+from workers.adapters.redis.redis_client import clear_prefix, connect
+from workers.adapters.redis.redis_thesaurus import RedisThesauri
 from workers.dev.ports import find_free_port
 from workers.dev.processes import terminate
 

@@ -9,7 +9,8 @@ no replication or transactions, so the tests and deployments use Apache Kafka
 Usage::
 
     with TansuBroker() as broker:
-        create_topics(broker.bootstrap, {"tweets": 4, "recommendations": 4})  # workers.adapters.kafka_client
+        # create_topics: workers.adapters.kafka.kafka_client
+        create_topics(broker.bootstrap, {"tweets": 4, "recommendations": 4})
         ...  # faust: broker=broker.url ("kafka://127.0.0.1:PORT")
 
 Notes on Tansu (0.6, in-memory storage):
@@ -37,7 +38,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any, Self
 
-from workers.adapters.kafka_client import BrokerError, list_topics
+from workers.adapters.kafka.kafka_client import BrokerError, list_topics
 from workers.dev.ports import find_free_port, port_is_free
 from workers.dev.processes import LocalService, spawn
 

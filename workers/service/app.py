@@ -22,10 +22,10 @@ from pathlib import Path
 
 import faust
 
-from stream.batch import TextEncoder
-from workers.adapters.exporter import Exporter
-from workers.adapters.prometheus_rules import DEFAULT_PORTS
-from workers.adapters.redis_client import connect
+from stream.feeds.batch import TextEncoder
+from workers.adapters.prometheus.exporter import Exporter
+from workers.adapters.prometheus.prometheus_rules import DEFAULT_PORTS
+from workers.adapters.redis.redis_client import connect
 from workers.service import embed, faust_compat, index, score
 from workers.service.incarnation import group_generation, group_id
 from workers.service.runtime import Runtime, Topics

@@ -2,7 +2,7 @@
 the more related one; every vote is an event in the Kafka ``votes`` log.
 
 aiohttp (already in the stack through Faust).  What the server keeps in memory is derived
-from the log (:func:`stream.audit.replay`), so a restart -- even after ``kill -9`` -- picks
+from the log (:func:`stream.auditing.audit.replay`), so a restart -- even after ``kill -9`` -- picks
 up exactly where the log ends, and the log alone replays an audit.  A vote is answered
 200 only after the broker acknowledged it (``acks=all``); a vote the broker did not take
 is answered 503 and changes nothing.  One server per audit (it is the log's only writer).
@@ -36,8 +36,8 @@ from typing import Any
 
 from aiohttp import web
 
-from stream.audit import AuditState, Plan, replay
-from stream.ballots import VoteError
+from stream.auditing.audit import AuditState, Plan, replay
+from stream.auditing.ballots import VoteError
 from workers.service.thesaurus_audit import VoteLog
 
 log = logging.getLogger("reval.audit")

@@ -48,7 +48,7 @@ from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 from mode import Service
 
-from workers.adapters.kafka_client import group_offsets
+from workers.adapters.kafka.kafka_client import group_offsets
 from workers.service.records import Record
 from workers.service.runtime import Deliver, Output, Runtime, Step
 from workers.service.transactions import Transactions

@@ -1,7 +1,7 @@
 """Role ``embed``: tweets → cleaned text → embeddings → per-hashtag running means in Redis.
 
 Exactly-once effect on the means: every update is keyed by (topic incarnation, partition,
-offset) and applied by :class:`~workers.adapters.redis_means.RedisMeans` only above the
+offset) and applied by :class:`~workers.adapters.redis.redis_means.RedisMeans` only above the
 hashtag's watermark; the batch is acknowledged only after that.
 """
 
@@ -14,16 +14,16 @@ from typing import Any
 
 import faust
 
-from stream.batch import TextEncoder
-from stream.cleaning import Dropped, Prepared, dedup
-from stream.coherence import coherence_text
-from stream.records import Coordinates
-from workers.adapters.exporter import Exporter
-from workers.adapters.kafka_client import TopicIdentity
-from workers.adapters.redis_client import Client, replicated, with_retry
-from workers.adapters.redis_means import ApplyResult, Contribution
-from workers.adapters.redis_reservoir import RedisReservoir
-from workers.adapters.redis_state import RedisSeen
+from stream.auditing.coherence import coherence_text
+from stream.feeds.batch import TextEncoder
+from stream.feeds.records import Coordinates
+from stream.text.cleaning import Dropped, Prepared, dedup
+from workers.adapters.kafka.kafka_client import TopicIdentity
+from workers.adapters.prometheus.exporter import Exporter
+from workers.adapters.redis.redis_client import Client, replicated, with_retry
+from workers.adapters.redis.redis_means import ApplyResult, Contribution
+from workers.adapters.redis.redis_reservoir import RedisReservoir
+from workers.adapters.redis.redis_state import RedisSeen
 from workers.service.consumer import BatchConsumer, host
 from workers.service.incarnation import Incarnations, batch_group
 from workers.service.preparing import Preparer, Rejected
@@ -133,7 +133,7 @@ class Embedder:
         ]
         # The embedding drift test's sample: idempotent too (one field per claimant).
         sample = [(claimant(r), _event_time(r, p), v) for (r, p), v in zip(kept, vectors, strict=True)]
-        # The coherence sample (stream.coherence): a bottom-k sketch, so a redelivered tweet
+        # The coherence sample (stream.auditing.coherence): a bottom-k sketch, so a redelivered tweet
         # writes the same member with the same score -- a no-op, like the means' watermark.
         # With its event time: a mover's examples are split into before and after by it.
         texts = [(p.hashtags, coherence_text(p.text), _event_time(r, p)) for r, p in kept]
@@ -175,7 +175,7 @@ def _event_time(record: Record, prepared: Prepared) -> float:
 
 def load_encoder(settings: Settings) -> TextEncoder:
     """The encoder the settings name (loaded once per worker process)."""
-    from workers.adapters.encoder import Encoder  # lazy: torch loads only in embed workers
+    from workers.adapters.encoding.encoder import Encoder  # lazy: torch loads only in embed workers
 
     return Encoder(
         settings.model,

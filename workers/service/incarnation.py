@@ -2,7 +2,7 @@
 
 Offsets identify records only within one incarnation, so everything keyed by offset --
 the running means' watermarks, retweet claims, join event ids -- is scoped by the
-topic's id (:class:`workers.adapters.kafka_client.TopicIdentity`).  The id the workers
+topic's id (:class:`workers.adapters.kafka.kafka_client.TopicIdentity`).  The id the workers
 consume is kept in Redis (``{prefix}:topic:<topic>``); when the broker reports another
 one, the role *waits* (no record applied, nothing committed, ``reval_topic_reset_detected``
 = 1, alert ``RevalTopicReset``) until an operator says what the new topic holds:
@@ -31,9 +31,9 @@ import faust
 from kafka.errors import KafkaError
 from redis.backoff import ExponentialBackoff
 
-from workers.adapters.exporter import Exporter
-from workers.adapters.kafka_client import BrokerError, TopicIdentity
-from workers.adapters.redis_client import Client, Stopping, stopping, with_retry
+from workers.adapters.kafka.kafka_client import BrokerError, TopicIdentity
+from workers.adapters.prometheus.exporter import Exporter
+from workers.adapters.redis.redis_client import Client, Stopping, stopping, with_retry
 from workers.service.runtime import fail_stop
 
 log = logging.getLogger("reval.workers")

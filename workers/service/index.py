@@ -12,16 +12,16 @@ from typing import Any
 import faust
 import numpy as np
 
-from stream.backtest import duration_text
-from stream.drift import TOP_NEIGHBOURS, RecentShift, ThesaurusDrift, recent_shift, with_context
-from stream.means import HashtagMeans, RunningMean
-from stream.mmd import MmdResult, mmd_test
-from stream.thesaurus import Thesaurus
-from workers.adapters.annoy_thesaurus import AnnoyThesaurus, build_from_means, thesaurus_drift
-from workers.adapters.exporter import Exporter
-from workers.adapters.redis_client import with_retry
-from workers.adapters.redis_reservoir import RedisReservoir
-from workers.adapters.store import ThesaurusStore, version_number
+from stream.monitoring.backtest import duration_text
+from stream.monitoring.mmd import MmdResult, mmd_test
+from stream.synonyms.drift import TOP_NEIGHBOURS, RecentShift, ThesaurusDrift, recent_shift, with_context
+from stream.synonyms.means import HashtagMeans, RunningMean
+from stream.synonyms.thesaurus import Thesaurus
+from workers.adapters.files.annoy_thesaurus import AnnoyThesaurus, build_from_means, thesaurus_drift
+from workers.adapters.files.store import ThesaurusStore, version_number
+from workers.adapters.prometheus.exporter import Exporter
+from workers.adapters.redis.redis_client import with_retry
+from workers.adapters.redis.redis_reservoir import RedisReservoir
 from workers.service.runtime import Runtime
 from workers.service.stores import means_of, recent_windows, samples_of, thesauri_of
 from workers.service.thesaurus_audit import VersionAudit
@@ -190,7 +190,7 @@ class Indexer:
         return with_context(shift, now, before, samples, since)
 
     def _embedding_drift(self) -> MmdResult | None:
-        """Did the tweets change?  The MMD test (:mod:`stream.mmd`) between the embed
+        """Did the tweets change?  The MMD test (:mod:`stream.monitoring.mmd`) between the embed
         workers' samples of the last drift window and of the window before; exported, and
         None (NaN gauges) while either window has fewer than 2 samples."""
         reference, recent = with_retry("drift sample", self.samples.windows)

@@ -11,7 +11,7 @@ from functools import cached_property
 
 import orjson
 
-from stream.records import Coordinates, Recommendation, parse_time
+from stream.feeds.records import Coordinates, Recommendation, parse_time
 from workers.service.records import Record, dead_letter, letter_key
 from workers.service.runtime import Output
 

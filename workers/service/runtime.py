@@ -11,7 +11,7 @@ A batch goes through four stages:
    dead-lettered (``processing_error``): no input can stop a worker.  An outage error
    (Redis, Kafka) is not the record's fault: the worker stops instead (fail-stop: nothing
    is committed, the records come back after a restart).  Transient Redis errors never
-   get here: they are waited out (:func:`workers.adapters.redis_client.with_retry`),
+   get here: they are waited out (:func:`workers.adapters.redis.redis_client.with_retry`),
    which back-pressures.
 3. ``deliver``: produce the outputs and wait for the broker's acknowledgement of each;
    retry only what was not acknowledged; an output that can never be produced (over the
@@ -45,9 +45,9 @@ from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from kafka.errors import KafkaError as KafkaPythonError
 from redis.exceptions import RedisError
 
-from workers.adapters.exporter import Exporter
-from workers.adapters.kafka_client import BrokerError
-from workers.adapters.redis_client import Client, Stopping, stopping
+from workers.adapters.kafka.kafka_client import BrokerError
+from workers.adapters.prometheus.exporter import Exporter
+from workers.adapters.redis.redis_client import Client, Stopping, stopping
 from workers.service.records import Record, dead_letter, letter_key
 from workers.settings import Settings
 

@@ -11,7 +11,7 @@ Delivery (``REVAL_PROCESSING_GUARANTEE``):
   with its input offsets (:mod:`workers.service.transactions`); a ``read_committed`` reader
   of the scores topic sees each event's score once.  The join's state lives in Redis,
   outside those transactions, so an event matched to its ground truth is *claimed* for the
-  record whose transaction scores it (:mod:`workers.adapters.redis_state`, "Claims"): an
+  record whose transaction scores it (:mod:`workers.adapters.redis.redis_state`, "Claims"): an
   event another record holds is scored only by that record, and settled once that record's
   offset is committed -- a crash between a transaction's commit and the settle scores
   nothing twice.  The ``join_expired`` letters of the expiry timer, which consumes no input,
@@ -38,19 +38,19 @@ from typing import Any
 
 import faust
 
-from stream.cusum import Detector, batch_outcomes, units_of
-from stream.neighbours import NeighbourCache
-from stream.records import Coordinates, Recommendation, Tweet, parse_recommendation, parse_tweet
-from stream.scoring import ScoredBatch, score_batch
-from stream.thesaurus import JsonThesaurus, ThesaurusSource
-from workers.adapters.annoy_thesaurus import neighbour_cache
-from workers.adapters.exporter import Exporter, LabelGuard
-from workers.adapters.kafka_client import TopicIdentity
-from workers.adapters.quality_metrics import QualityMetrics
-from workers.adapters.redis_client import Client, with_retry
-from workers.adapters.redis_detector import Batch, RedisDetectors
-from workers.adapters.redis_state import RedisClaims, RedisJoin, Waiting
-from workers.adapters.store import ThesaurusStore, version_number
+from stream.evaluation.scoring import ScoredBatch, score_batch
+from stream.feeds.records import Coordinates, Recommendation, Tweet, parse_recommendation, parse_tweet
+from stream.monitoring.cusum import Detector, batch_outcomes, units_of
+from stream.synonyms.neighbours import NeighbourCache
+from stream.synonyms.thesaurus import JsonThesaurus, ThesaurusSource
+from workers.adapters.files.annoy_thesaurus import neighbour_cache
+from workers.adapters.files.store import ThesaurusStore, version_number
+from workers.adapters.kafka.kafka_client import TopicIdentity
+from workers.adapters.prometheus.exporter import Exporter, LabelGuard
+from workers.adapters.prometheus.quality_metrics import QualityMetrics
+from workers.adapters.redis.redis_client import Client, with_retry
+from workers.adapters.redis.redis_detector import Batch, RedisDetectors
+from workers.adapters.redis.redis_state import RedisClaims, RedisJoin, Waiting
 from workers.service.consumer import BatchConsumer, host
 from workers.service.incarnation import Incarnations, batch_group
 from workers.service.parked import Parked
@@ -71,7 +71,7 @@ TweetItem = tuple[Record, Tweet]
 
 class Detection:
     """Feeds the recommenders' change detectors (shared in Redis:
-    :mod:`workers.adapters.redis_detector`) off the scoring path: one thread, batches in the
+    :mod:`workers.adapters.redis.redis_detector`) off the scoring path: one thread, batches in the
     order they were scored, so that scoring never waits for the detector's Redis round trips
     or for a recommender's one-time calibration (~1.7 s).  Sets the detector gauges and logs
     each alarm.  A batch it cannot apply (the queue full, an error) is left out and logged:
@@ -151,7 +151,7 @@ class Scorer:
             max_future_skew=settings.max_future_skew_s,
             max_lateness=settings.max_lateness_s,
         )
-        # The change detector (stream.cusum.Detector) of each recommender, shared in Redis; its
+        # The change detector (stream.monitoring.cusum.Detector) of each recommender, shared in Redis; its
         # label values bounded as the quality metrics' are (a guard of its own: the same values).
         self.detection = (
             Detection(
@@ -257,7 +257,7 @@ class Scorer:
         outcome: Outcome,
     ) -> None:
         """Score ``(event, truth, source, via)`` jobs as one batch
-        (:func:`stream.scoring.score_batch`): one output each, in order (``via``: the input
+        (:func:`stream.evaluation.scoring.score_batch`): one output each, in order (``via``: the input
         record that answered the event, when not its own); the quality metrics once the
         outputs are delivered."""
         if not jobs:

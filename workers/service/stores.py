@@ -8,11 +8,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from workers.adapters.exporter import Exporter
-from workers.adapters.redis_client import Client, Replication
-from workers.adapters.redis_means import RedisMeans
-from workers.adapters.redis_state import RedisSamples
-from workers.adapters.redis_thesaurus import RedisThesauri
+from workers.adapters.prometheus.exporter import Exporter
+from workers.adapters.redis.redis_client import Client, Replication
+from workers.adapters.redis.redis_means import RedisMeans
+from workers.adapters.redis.redis_state import RedisSamples
+from workers.adapters.redis.redis_thesaurus import RedisThesauri
 from workers.settings import Settings
 
 

@@ -1,10 +1,10 @@
 """The thesaurus audit on the live path: the vote log in Kafka, each new version's
 coherence lift from the Redis reservoir and its agreement with the votes.
 
-* :class:`VoteLog` -- the audit's events (:mod:`stream.audit`) in the ``votes`` topic, one
+* :class:`VoteLog` -- the audit's events (:mod:`stream.auditing.audit`) in the ``votes`` topic, one
   partition so the log has one order; the web page appends, everyone else reads it whole.
 * :func:`live_coherence` -- the TF-IDF coherence lift of a version's synonym sets over the
-  tweets the embed workers sampled (:class:`~workers.adapters.redis_reservoir.RedisReservoir`).
+  tweets the embed workers sampled (:class:`~workers.adapters.redis.redis_reservoir.RedisReservoir`).
   TF-IDF only: the index job loads no model, and BERTScore needs one (``reval thesaurus
   coherence`` computes both).
 * :class:`VersionAudit` -- what the index job runs for each new version: both of the
@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from stream.audit import AuditState, Plan, agreement, replay
-from stream.coherence import (
+from stream.auditing.audit import AuditState, Plan, agreement, replay
+from stream.auditing.coherence import (
     coherence_lift,
     eligible,
     pair_clusters,
@@ -31,12 +31,12 @@ from stream.coherence import (
     tags_of,
     tfidf_coherence,
 )
-from stream.replay import Outgoing
-from workers.adapters.annoy_thesaurus import AnnoyThesaurus
-from workers.adapters.exporter import Exporter
-from workers.adapters.kafka_client import BrokerError, KafkaSink, ensure_topic, read_topic
-from workers.adapters.redis_client import Client, with_retry
-from workers.adapters.redis_reservoir import RedisReservoir
+from stream.feeds.replay import Outgoing
+from workers.adapters.files.annoy_thesaurus import AnnoyThesaurus
+from workers.adapters.kafka.kafka_client import BrokerError, KafkaSink, ensure_topic, read_topic
+from workers.adapters.prometheus.exporter import Exporter
+from workers.adapters.redis.redis_client import Client, with_retry
+from workers.adapters.redis.redis_reservoir import RedisReservoir
 from workers.settings import Settings
 
 log = logging.getLogger("reval.workers")

@@ -7,12 +7,12 @@ The feed is replayed in event time, walking forward the way the live system does
   labelled tweet so far and the thesaurus is rebuilt from the running means of every
   tweet so far (the index job's all-time means, with this round's hubness method);
 * every labelled tweet after the warm-up is a recommendation event, recommended by the
-  current model and scored with :func:`stream.scoring.score_event` -- the scorer's path
+  current model and scored with :func:`stream.evaluation.scoring.score_event` -- the scorer's path
   -- against the current thesaurus.
 
 That undisturbed run is the *control*.  Each ``--inject`` is a second run whose lists
-are changed from its time on (:mod:`stream.backtest`).  Every alert signal is evaluated
-over both runs with the thresholds of ``deploy/prometheus`` (:mod:`stream.alert_params`),
+are changed from its time on (:mod:`stream.monitoring.backtest`).  Every alert signal is evaluated
+over both runs with the thresholds of ``deploy/prometheus`` (:mod:`stream.monitoring.alert_params`),
 its durations stretched by the time scale when the feed is sparser than production.
 
 MOWE's word vectors are trained once, on the warm-up tweets (gensim's Word2Vec); refits
@@ -23,7 +23,7 @@ Three modules: :mod:`.simulation` (the walk forward), :mod:`.analysis` (the sign
 evaluated, :func:`run_backtest`) and :mod:`.rendering` (the files).
 """
 
-from stream.alert_params import rule_params
+from stream.monitoring.alert_params import rule_params
 from workers.commands.backtest.analysis import Backtest, goal, run_backtest
 from workers.commands.backtest.rendering import RESULT_FILES, backfill, check_out, markdown, write_outputs
 from workers.commands.backtest.simulation import (

@@ -1,5 +1,5 @@
 """What ``reval backtest`` found: each alert signal evaluated over the control and the
-drifted runs as Prometheus evaluates it (:mod:`stream.backtest`), detection delays, false
+drifted runs as Prometheus evaluates it (:mod:`stream.monitoring.backtest`), detection delays, false
 alarms, effects, operating curves, slices, k-curves and the series for plots."""
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from stream import backtest as bt
-from stream.alert_params import rule_params
-from stream.chance import CorrectedSum
-from stream.experiment import ProgressFactory, no_progress
-from stream.slices import SLICES
+from stream.evaluation.chance import CorrectedSum
+from stream.evaluation.experiment import ProgressFactory, no_progress
+from stream.evaluation.slices import SLICES
+from stream.monitoring import backtest as bt
+from stream.monitoring.alert_params import rule_params
 from workers.commands.backtest.detector import diagnose
 from workers.commands.backtest.simulation import (
     DAY,
@@ -95,7 +95,7 @@ def run_backtest(
             "refits": walk.health,
             "movers": [m.to_dict() for m in walk.movers],
         },
-        # the change detector (stream.cusum) at the budget config.arl0: "detector", "diagnosis"
+        # the change detector (stream.monitoring.cusum) at the budget config.arl0: "detector", "diagnosis"
         **diagnose(control, walk.runs, feed.starts, t_events, config.arl0),
     }
     series = _series(at, t_events, rules, control, walk.runs, found.control_firing)

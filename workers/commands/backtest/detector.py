@@ -1,4 +1,4 @@
-"""The change detector of ``reval backtest`` (:mod:`stream.cusum`): calibrated on the control
+"""The change detector of ``reval backtest`` (:mod:`stream.monitoring.cusum`): calibrated on the control
 run before the first drift, run from each drift's start on the drifted run, beside the two
 single-signal charts at the same ARL0, on the trailing baseline (what a live chart has) and
 against the counterfactual (the control run around each event: the drift alone); the
@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from stream import cusum
+from stream.monitoring import cusum
 from workers.commands.backtest.simulation import Scores
 
 Floats = npt.NDArray[np.float64]
@@ -20,14 +20,14 @@ Ints = npt.NDArray[np.int64]
 Laws = dict[str, Floats]
 
 #: The in-control law of an event: the outcomes of the BASELINE_WINDOW scored events that end
-#: BASELINE_LAG events before it (stream.cusum.trailing_laws) -- a feed's hit rates wander
+#: BASELINE_LAG events before it (stream.monitoring.cusum.trailing_laws) -- a feed's hit rates wander
 #: (topics come and go, the recommender is refitted), a change younger than the lag does not
 #: leak into its own baseline; the first events take the reference law.
 BASELINE_WINDOW = 1000
 BASELINE_LAG = 300
 #: The counterfactual reference (a backtest has one, live has none): each event of a drifted
 #: run judged against the control run's outcomes on the PAIRED_HALF scored events either side
-#: of it (stream.cusum.centred_laws) -- what the same recommender did there without the drift.
+#: of it (stream.monitoring.cusum.centred_laws) -- what the same recommender did there without the drift.
 #: It takes the feed's own swings out of the comparison (a recommender gone stale when a new
 #: crisis starts is a real loss of quality, which the trailing baseline rightly alarms on,
 #: in the control run as well), so the delays measure the drift alone.
@@ -157,7 +157,7 @@ def diagnose(
     _, control_alarms_cf, _ = delays(control, first, counterfactual=True)
     return {
         "detector": {
-            "design": "multi-chart CUSUM on (exact, synonym-only, miss) per unit (stream.cusum)",
+            "design": "multi-chart CUSUM on (exact, synonym-only, miss) per unit (stream.monitoring.cusum)",
             "arl0_events": arl0,
             "in_control": {"exact": p0[0], "synonym_only": p0[1], "miss": p0[2]},
             "reference_events": int(np.count_nonzero(reference)),
@@ -194,7 +194,7 @@ def _live(
     arl0: float,
     reference: int,
 ) -> dict[str, Any]:
-    """What the live detector (:class:`stream.cusum.Detector`, as the score workers run it)
+    """What the live detector (:class:`stream.monitoring.cusum.Detector`, as the score workers run it)
     raises on each run: calibrated on the control's scored events before the first drift
     (the runs share them), then fed each run's scored events in order, never restarted at a
     drift's start.  Per drift: the first alarm at or after its start, its alternative and its

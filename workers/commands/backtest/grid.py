@@ -17,7 +17,7 @@ per ``--inject``, alert k = 10, r = 10).  Two kinds of stream are read:
   Every detector reads the same streams (:data:`DETECTORS`).
 
 **One budget.**  Every detector's threshold is set so that its in-control average run length
-is ``--arl0`` events: the CUSUMs by the Markov chain of :func:`stream.cusum.calibrate`; the
+is ``--arl0`` events: the CUSUMs by the Markov chain of :func:`stream.monitoring.cusum.calibrate`; the
 window rules and ADWIN by simulating the in-control stream and bisecting their line (or
 ``delta``); the dummy fires every ARL0 events.  Each one's run length is then measured on
 fresh in-control streams, with its 95% interval -- a detector that misses its budget is
@@ -55,8 +55,8 @@ import numpy as np
 import numpy.typing as npt
 from river.drift import ADWIN
 
-from stream import cusum
-from stream.experiment import ProgressFactory, no_progress
+from stream.evaluation.experiment import ProgressFactory, no_progress
+from stream.monitoring import cusum
 from workers.commands.backtest.detector import diagnose, outcomes, scored
 from workers.commands.backtest.simulation import BacktestConfig, Feed, Scores, Walk, load_feed
 
@@ -227,7 +227,7 @@ def _hits(counts: Ints, signal: str) -> Ints:
 def _joint(
     counts: Ints, charts: Mapping[str, Floats], thresholds: Mapping[str, float], model: Model
 ) -> NextAlarm:
-    """The detector as the score workers run it (:func:`stream.cusum.scan`: a crossing,
+    """The detector as the score workers run it (:func:`stream.monitoring.cusum.scan`: a crossing,
     then the alternative isolated), the in-control law known."""
     steps = {n: cusum.increments(counts, llr) for n, llr in charts.items()}
 

@@ -10,13 +10,13 @@ backtest (drifted run against the control run, per event):
 * ``exact``: the exact hit ratio;
 * ``reval``: #REval at k;
 * ``excess``: the chance-corrected residual ``o - e`` (observed minus the null
-  recommender's expected #REval, :mod:`stream.chance`): what the #REval alert's test sums;
+  recommender's expected #REval, :mod:`stream.evaluation.chance`): what the #REval alert's test sums;
 * ``excess_weighted``: the same with each event weighted by its room over its variance,
   ``(1 - e) / (p (1 - p))`` with ``p = e + kappa (1 - e)`` (the optimal weights of a
   per-event likelihood-ratio test of the kappa: events with more room above chance carry
   more information);
 * ``precision``: #REval's precision form, what the #REval alert tests
-  (:func:`stream.metrics.reval_precision_by_k`: the share of the top-r recommended hashtags
+  (:func:`stream.evaluation.metrics.reval_precision_by_k`: the share of the top-r recommended hashtags
   with a ground truth among their k synonyms) -- unlike #REval (which counts the ground
   truths caught, once each, when |R| > |G|) it does not saturate: a list with several
   hashtags near one truth loses a share per hashtag replaced, where #REval loses nothing
@@ -24,7 +24,7 @@ backtest (drifted run against the control run, per event):
 
 and, read together, the information of ``excess`` and ``precision`` (``shift' cov^-1 shift``:
 what a test on their best linear combination learns per event).  Then, per alert k, the
-deployed ``reval_drop`` and ``exact_drop`` rules of :mod:`stream.backtest` (the time scale as
+deployed ``reval_drop`` and ``exact_drop`` rules of :mod:`stream.monitoring.backtest` (the time scale as
 ``reval backtest`` picks it): false alarms per day of the control run and each drift's
 detection delay.  The feed is embedded once; one walk per k (the ``synonyms`` drift takes its
 synonyms from the thesaurus at that k).
@@ -43,10 +43,10 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from stream import backtest as bt
-from stream.alert_params import rule_params
-from stream.experiment import no_progress
-from stream.scoring import parse_ints
+from stream.evaluation.experiment import no_progress
+from stream.evaluation.scoring import parse_ints
+from stream.monitoring import backtest as bt
+from stream.monitoring.alert_params import rule_params
 from workers.commands.backtest.simulation import (
     DAY,
     BacktestConfig,

@@ -11,10 +11,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from stream import backtest as bt
-from stream import signals
-from workers.adapters.backfill import Family, Series, counter_at, create_blocks, write_openmetrics
-from workers.adapters.exporter import CORRECTED_COUNTERS
+from stream.evaluation import signals
+from stream.monitoring import backtest as bt
+from workers.adapters.prometheus.backfill import Family, Series, counter_at, create_blocks, write_openmetrics
+from workers.adapters.prometheus.exporter import CORRECTED_COUNTERS
 from workers.commands.backtest.analysis import Backtest
 from workers.commands.backtest.simulation import EMBEDDING_ALPHA, EMBEDDING_SIGNAL, iso
 from workers.commands.evaluate_outputs import check_results_dir
@@ -185,7 +185,7 @@ def _curves_markdown(curves: dict[str, Any]) -> list[str]:
 
 
 def _diagnosis_lines(s: dict[str, Any]) -> list[str]:
-    """The change detector's table (stream.cusum): which alternative, how many events."""
+    """The change detector's table (stream.monitoring.cusum): which alternative, how many events."""
     d = s["detector"]
 
     def ev(value: int | None) -> str:
@@ -221,7 +221,8 @@ def _diagnosis_lines(s: dict[str, Any]) -> list[str]:
     if live_block is not None:
         lines += [
             "",
-            "The live detector (`stream.cusum.Detector`, as the score workers run it: calibrated on the "
+            "The live detector (`stream.monitoring.cusum.Detector`, as the score workers run it: "
+            "calibrated on the "
             f"same {live_block['reference_events']:,} events, fed the worker's batches, never restarted at a "
             f"drift's start) raised {live_block['control_alarms']} alarms on the control run after the first "
             "drift.",
@@ -259,7 +260,7 @@ def write_outputs(result: Backtest, out_dir: Path) -> Path:
         "signal_rules": {
             **bt.SIGNALS,
             EMBEDDING_SIGNAL: f"MMD test on tweet embeddings, last refit interval vs the one before, "
-            f"p <= {EMBEDDING_ALPHA} (stream.mmd)",
+            f"p <= {EMBEDDING_ALPHA} (stream.monitoring.mmd)",
         },
     }
     (out_dir / "detection.json").write_text(json.dumps(detection, indent=2) + "\n")
@@ -296,7 +297,7 @@ def _families() -> dict[str, Family]:
 
 def backfill(result: Backtest, out_dir: Path, *, interval_s: float = 900.0) -> dict[str, Any]:
     """What the scoring workers would have exported, at event time, as Prometheus TSDB
-    blocks in ``out_dir`` (:mod:`workers.adapters.backfill`): one sample every
+    blocks in ``out_dir`` (:mod:`workers.adapters.prometheus.backfill`): one sample every
     ``interval_s`` of event time from the first event to the last.  The control run is
     recommender ``<name>``, each drifted run ``<name>+<drift>``; every k for the control,
     the alert k for the drifted runs (the size stays in the low millions of samples)."""

@@ -1,7 +1,7 @@
 """The walk forward of ``reval backtest``: the feed read and embedded once, then at each
 refit point the running means, the recommender refitted and the thesaurus rebuilt, and the
 interval's events recommended, drifted and scored -- in the control run and in each drifted
-run -- on the scorer's own path (:func:`stream.scoring.score_event`)."""
+run -- on the scorer's own path (:func:`stream.evaluation.scoring.score_event`)."""
 
 from __future__ import annotations
 
@@ -17,36 +17,36 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from stream import backtest as bt
-from stream import drift_injection as di
-from stream.alert_params import EVALUATION_INTERVAL, Params, seconds
-from stream.cleaning import Prepared
-from stream.cusum import DEFAULT_ARL0, units_of
-from stream.drift import Mover
-from stream.experiment import ProgressFactory, labelled, load_corpus
-from stream.hubness import DEFAULT_METHOD
-from stream.means import HashtagMeans
-from stream.metrics import ExactScores
-from stream.mmd import mmd_test
-from stream.neighbours import NeighbourCache
-from stream.recommenders import BaseRecommender, MoweRecommender, make_recommender
-from stream.records import Recommendation
-from stream.scoring import DEFAULT_KS, r_label, score_batch
-from stream.signals import SIGNALS
-from stream.slices import SLICES
-from workers.adapters.annoy_thesaurus import (
+from stream.evaluation.experiment import ProgressFactory, labelled, load_corpus
+from stream.evaluation.metrics import ExactScores
+from stream.evaluation.recommenders import BaseRecommender, MoweRecommender, make_recommender
+from stream.evaluation.scoring import DEFAULT_KS, r_label, score_batch
+from stream.evaluation.signals import SIGNALS
+from stream.evaluation.slices import SLICES
+from stream.feeds.records import Recommendation
+from stream.monitoring import backtest as bt
+from stream.monitoring import drift_injection as di
+from stream.monitoring.alert_params import EVALUATION_INTERVAL, Params, seconds
+from stream.monitoring.cusum import DEFAULT_ARL0, units_of
+from stream.monitoring.mmd import mmd_test
+from stream.synonyms.drift import Mover
+from stream.synonyms.hubness import DEFAULT_METHOD
+from stream.synonyms.means import HashtagMeans
+from stream.synonyms.neighbours import NeighbourCache
+from stream.text.cleaning import Prepared
+from workers.adapters.files.annoy_thesaurus import (
     AnnoyThesaurus,
     build_from_means,
     neighbour_cache,
     thesaurus_drift,
 )
-from workers.adapters.feeds import read_tweets
+from workers.adapters.files.feeds import read_tweets
 from workers.commands.coherence import RefitAudit
 from workers.commands.evaluate import bertag_vectors
 
 DEFAULT_INJECTIONS = ("random:0.5", "swap:least-popular", "synonyms:1", "stale:60", "vocab:0.5")
 DAY = 86_400.0
-#: The embedding drift test (stream.mmd) between the tweets of the last refit interval and
+#: The embedding drift test (stream.monitoring.mmd) between the tweets of the last refit interval and
 #: of the one before, at every refit: an alarm is a p-value at or below this.
 EMBEDDING_SIGNAL = "embedding_mmd"
 EMBEDDING_ALPHA = 0.01
@@ -69,7 +69,7 @@ class BacktestConfig:
     #: recommender follows the feed; all history would make a 60-day-old model no worse).
     train_days: float = 30.0
     hubness: str = DEFAULT_METHOD
-    #: Factor on every rule duration; None: :func:`stream.backtest.auto_time_scale`.
+    #: Factor on every rule duration; None: :func:`stream.monitoring.backtest.auto_time_scale`.
     time_scale: float | None = None
     rules_profile: str = "default"
     rules_set: tuple[str, ...] = ()
@@ -150,17 +150,17 @@ class Scores:
 
     def __init__(self, n: int, n_ks: int) -> None:
         self.by_k = np.full((n, n_ks), np.nan)  # #REval at every k of DEFAULT_KS (the k-curve)
-        #: every signal of stream.signals.SIGNALS at the alert (k, r), by key
+        #: every signal of stream.evaluation.signals.SIGNALS at the alert (k, r), by key
         self.values = {signal.key: np.full(n, np.nan) for signal in SIGNALS}
-        #: #REval at the alert (k, r) on each popularity slice's ground truths (stream.slices)
+        #: #REval at the alert (k, r) on each popularity slice's ground truths (stream.evaluation.slices)
         self.slices = {label: np.full(n, np.nan) for label in SLICES}
-        #: the null recommender's expectation at the alert (k, r) (stream.chance): with ``reval``,
+        #: the null recommender's expectation at the alert (k, r) (stream.evaluation.chance): with ``reval``,
         #: the sums the chance-corrected score of any window is the kappa of
         self.expected = np.full(n, np.nan)
         self.exact = np.full(n, np.nan)
         self.recommended = np.zeros(n)
         self.unknown = np.zeros(n)
-        #: min(|R_r|, |G|): the units the alert (k, r)'s hit ratios are shares of (stream.cusum)
+        #: min(|R_r|, |G|): the units the alert (k, r)'s hit ratios are shares of (stream.monitoring.cusum)
         self.units = np.zeros(n, dtype=np.int64)
 
     @property
@@ -218,7 +218,7 @@ def scaled_rules(
     params: Params, feed: Feed, control_reval: npt.NDArray[np.float64], time_scale: float | None = None
 ) -> Scaled:
     """``params``' rules with every duration times ``time_scale``, or the automatic scale
-    (:func:`stream.backtest.auto_time_scale`) from the control run's scored events (those
+    (:func:`stream.monitoring.backtest.auto_time_scale`) from the control run's scored events (those
     with a #REval, ``control_reval`` not NaN)."""
     unscaled, _, _ = rules_for(params, 1.0)
     scored = int(np.count_nonzero(~np.isnan(control_reval)))
@@ -294,7 +294,7 @@ class Walk:
         self.runs = {inj.label: Scores(n, len(self.ks)) for inj in injections}
         self.health: list[dict[str, Any]] = []  # the thesaurus at each refit: size, hubness, drift
         self.movers: tuple[Mover, ...] = ()  # the last refit's
-        self.embedding_tests: list[dict[str, Any]] = []  # the MMD test at each refit (stream.mmd)
+        self.embedding_tests: list[dict[str, Any]] = []  # the MMD test at each refit (stream.monitoring.mmd)
         self.rng = np.random.default_rng(config.seed)
         self.fitted: dict[int, BaseRecommender] = {}  # refit index -> model (stale drifts)
         self.words: Any = None
@@ -311,7 +311,9 @@ class Walk:
     def run(self, progress: ProgressFactory, timings: dict[str, float]) -> None:
         feed, config = self.feed, self.config
         if config.recommender == "mowe":
-            from workers.adapters.word_vectors import train_word_vectors  # gensim: the experiment extra
+            from workers.adapters.encoding.word_vectors import (
+                train_word_vectors,  # gensim: the experiment extra
+            )
 
             started = time.perf_counter()
             n_warm = int(np.searchsorted(feed.times, feed.warm_end, side="left"))
@@ -414,7 +416,7 @@ class Walk:
             self._score(self.runs[inj.label], lo, lists, cache)
 
     def _score(self, col: Scores, lo: int, lists: list[list[str]], cache: NeighbourCache) -> None:
-        """The scorer's path (:func:`stream.scoring.score_batch`) for events ``lo:``."""
+        """The scorer's path (:func:`stream.evaluation.scoring.score_batch`) for events ``lo:``."""
         feed = self.feed
         events = []
         for j, recs in enumerate(lists, start=lo):
@@ -468,7 +470,7 @@ def thesaurus_health(
     point: float, thesaurus: AnnoyThesaurus, previous: AnnoyThesaurus | None
 ) -> tuple[dict[str, Any], tuple[Mover, ...]]:
     """One refit's thesaurus: size, hubness (this round's N_k report) and drift from the
-    previous refit (:func:`workers.adapters.annoy_thesaurus.thesaurus_drift`)."""
+    previous refit (:func:`workers.adapters.files.annoy_thesaurus.thesaurus_drift`)."""
     hub = thesaurus.metadata.hubness or {}
     out: dict[str, Any] = {
         "at": iso(point),

@@ -1,0 +1,1 @@
+"""Human audits and coherence of a thesaurus: plans, ballots, simulated voters, rank correlations."""

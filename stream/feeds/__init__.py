@@ -1,0 +1,1 @@
+"""What comes in: the input records' contracts, feed replay, retention, batch embedding of a feed."""

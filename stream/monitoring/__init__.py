@@ -1,0 +1,1 @@
+"""Watching a recommender over time: the change detector, the backtest, drift tests, alert parameters."""

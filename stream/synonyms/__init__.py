@@ -1,0 +1,1 @@
+"""The thesaurus: running means, neighbours re-ranked against hubness, versions' drift, meaning shift."""

@@ -1,0 +1,1 @@
+"""Tweet text: cleaning, language, dedup keys, hashtag normalisation."""

@@ -1,0 +1,1 @@
+"""The transformer encoder and its tokenizers, on CPU and GPU; word vectors."""

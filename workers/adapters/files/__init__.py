@@ -1,0 +1,1 @@
+"""Files: feeds, the thesaurus store and its directories, files written atomically."""

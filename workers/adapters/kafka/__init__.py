@@ -1,0 +1,1 @@
+"""Kafka: producing and admin through kafka-python."""

@@ -1,0 +1,1 @@
+"""Prometheus: the exporter, the quality collector, rendered rules and alerts, backfill."""

@@ -1,0 +1,1 @@
+"""Redis: the shared client and every store the roles keep there."""
