@@ -28,7 +28,7 @@ import numpy as np
 from bench.bench_index import vocabulary
 from bench.results import bench_command, machine, publish
 from stream.evaluation.scoring import DEFAULT_KS, DEFAULT_RS, score_batch
-from stream.feeds.records import Recommendation
+from stream.intake.records import Recommendation
 from stream.synonyms.hubness import DEFAULT_METHOD
 from workers.adapters.files.annoy_thesaurus import AnnoyThesaurus, neighbour_cache
 

@@ -40,8 +40,8 @@ import numpy as np
 import torch
 
 from bench.results import publish
-from stream.feeds.records import RecordError, parse_tweet
-from stream.text.cleaning import Prepared, prepare
+from stream.intake.cleaning import Prepared, prepare
+from stream.intake.records import RecordError, parse_tweet
 from workers.adapters.encoding.cpu_fast import cpu_supports_bf16, cpu_supports_int8
 from workers.adapters.encoding.encoder import Encoder
 from workers.adapters.encoding.tokenizer_loading import MINILM

@@ -6,7 +6,7 @@ tweets/s). This measures, in one run:
 
 (a) the encoder alone, on the feed's tweets cleaned as the embed worker cleans them
     (``bench.bench_pipeline.embeddable_tweets``: English, hashtagged, no repeated
-    retweet keys; ``stream.text.cleaning.prepare``'s text): the token-budget path
+    retweet keys; ``stream.intake.cleaning.prepare``'s text): the token-budget path
     (``Encoder(model, device=..., token_budget=...)``: bf16 on CUDA, packed tweets,
     tokenising processes feeding the GPU; ``workers/adapters/encoding/gpu_batching.py``)
     against a naive transformers baseline (fp32, fixed batches of 32 tweets in arrival
@@ -58,7 +58,7 @@ import torch
 # part (b)'s imports are in bench_worker.
 from bench.bench_encoder import build_base_model, embeddable_tweets, load_texts
 from bench.results import bench_command, cpu_model, publish
-from stream.feeds.records import parse_tweet
+from stream.intake.records import parse_tweet
 from workers.adapters.encoding.bertweet_tokenizer import FastBertweetTokenizer, fast_for
 from workers.adapters.encoding.encoder import Encoder
 from workers.adapters.encoding.gpu_batching import DEFAULT_TOKEN_BUDGET

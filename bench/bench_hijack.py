@@ -46,9 +46,9 @@ import numpy as np
 import numpy.typing as npt
 
 from bench.results import bench_command, publish
+from stream.intake.cleaning import Prepared, prepare
 from stream.synonyms.drift import DEFAULT_MIN_SUPPORT, Snapshot, compare, recent_shift
 from stream.synonyms.shift_test import effective_dimension
-from stream.text.cleaning import Prepared, prepare
 from workers.adapters.files.feeds import read_tweets, sample_feed
 
 # Tweets of one crisis: the first of its signature hashtags a tweet carries (CrisisLexT26).

@@ -22,12 +22,12 @@ from typing import Any
 import numpy as np
 
 from stream.evaluation.chance import ChanceModel
+from stream.evaluation.neighbours import NeighbourCache
 from stream.evaluation.scoring import DEFAULT_KS, DEFAULT_RS, score_event
 from stream.feeds.batch import embed_feed
-from stream.feeds.records import Recommendation
+from stream.intake.records import Recommendation
 from stream.synonyms.hubness import METHODS
 from stream.synonyms.neighbour_table import build_neighbour_table
-from stream.synonyms.neighbours import NeighbourCache
 from workers.adapters.encoding.encoder import Encoder
 from workers.adapters.files.annoy_thesaurus import AnnoyThesaurus
 from workers.adapters.files.feeds import read_tweets, sample_feed

@@ -53,10 +53,10 @@ import numpy as np
 import redis
 
 from bench.results import bench_command, cpu_model, publish, spread
+from stream.evaluation.neighbours import NeighbourCache
 from stream.evaluation.scoring import DEFAULT_KS, score_event
-from stream.feeds.records import Recommendation
+from stream.intake.records import Recommendation
 from stream.synonyms.hubness import DEFAULT_METHOD, candidate_count, centred, exact_candidates, scores
-from stream.synonyms.neighbours import NeighbourCache
 from workers.adapters.files.annoy_thesaurus import AnnoyThesaurus, neighbour_cache
 from workers.adapters.files.store import ThesaurusStore
 from workers.adapters.redis.redis_thesaurus import RedisThesauri

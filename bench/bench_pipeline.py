@@ -12,7 +12,7 @@ Model: randomly initialised, BERTweet-base-sized (12 layers, hidden 768,
 vocab 64001; speed depends on the shapes, not the weights), with a
 BertweetTokenizer whose BPE codes are learned from the feed, as in
 ``bench/bench_encoder.py``.  Tweets: English, hashtagged tweets of
-``stream/data/crisislex-t26.jsonl.gz`` that ``stream.text.cleaning.prepare``
+``stream/data/crisislex-t26.jsonl.gz`` that ``stream.intake.cleaning.prepare``
 keeps and whose retweet keys are new, so every produced tweet is embedded.
 
 One worker per setting (dtype x embed batch size), each with its own topics,

@@ -1,4 +1,4 @@
-"""Embed preparation alone: ``stream.text.cleaning.prepare`` tweets/s in one process, against a
+"""Embed preparation alone: ``stream.intake.cleaning.prepare`` tweets/s in one process, against a
 baseline tree in the same run.
 
 Why: the embed worker's admit step (cleaning, language, dedup keys) runs before the
@@ -39,8 +39,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 CHILD = r"""
 import gzip, hashlib, json, sys, time
-from stream.text.cleaning import prepare, Prepared
-from stream.feeds.records import parse_tweet
+from stream.intake.cleaning import prepare, Prepared
+from stream.intake.records import parse_tweet
 tweets = []
 with gzip.open(sys.argv[1], "rt", encoding="utf-8") as src:
     for line in src:
@@ -74,7 +74,7 @@ def run(tree: Path, feed: Path) -> dict[str, float | str]:
 
 
 def _digest(admitted: Sequence[object]) -> str:
-    from stream.text.cleaning import Prepared
+    from stream.intake.cleaning import Prepared
 
     digest = hashlib.sha256()
     for p in admitted:

@@ -45,7 +45,7 @@ import numpy as np
 import redis
 
 from bench.results import bench_command, publish, spread
-from stream.feeds.records import Coordinates
+from stream.intake.records import Coordinates
 from workers.adapters.redis.redis_means import Contribution, RedisMeans
 from workers.service.stores import means_of
 from workers.settings import Settings

@@ -32,7 +32,7 @@ import numpy as np
 from bench.bench_score_worker import REDIS_URL, time_scoring
 from bench.bench_scoring import clustered_vectors, make_events
 from bench.results import bench_command, publish
-from stream.feeds.records import Recommendation
+from stream.intake.records import Recommendation
 from workers.adapters.files.annoy_thesaurus import AnnoyThesaurus
 from workers.adapters.redis.redis_client import clear_prefix
 from workers.dev.stack import Stack, Worker

@@ -56,15 +56,15 @@ import numpy as np
 
 from bench.results import publish
 from stream.evaluation.metrics import exact_scores, reval_hit_ratio
+from stream.evaluation.neighbours import NeighbourCache
 from stream.evaluation.scoring import DEFAULT_KS, DEFAULT_RS, r_label, score_event
-from stream.feeds.records import Recommendation
-from stream.synonyms.neighbours import NeighbourCache
+from stream.intake.records import Recommendation
 from stream.synonyms.thesaurus import Thesaurus
 from workers.adapters.files.annoy_thesaurus import AnnoyThesaurus
 from workers.adapters.files.store import ThesaurusStore
 from workers.adapters.prometheus.exporter import Exporter, LabelGuard
 from workers.adapters.prometheus.quality_metrics import QualityMetrics
-from workers.service.records import Record
+from workers.service.kafka_records import Record
 from workers.service.score import SCORE_BATCH, Scorer, collect_less_often
 from workers.settings import Settings, window_label
 

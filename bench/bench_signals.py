@@ -39,11 +39,11 @@ import numpy as np
 from bench.bench_scoring import clustered_vectors, make_events, time_it, workload_parser
 from bench.results import bench_command, publish
 from stream.evaluation.chance import ChanceModel
+from stream.evaluation.neighbours import NeighbourCache
 from stream.evaluation.scoring import DEFAULT_KS, DEFAULT_RS, score_event
 from stream.evaluation.slices import Bands
 from stream.monitoring import backtest as bt
 from stream.synonyms.drift import recent_shift
-from stream.synonyms.neighbours import NeighbourCache
 from workers.adapters.files.annoy_thesaurus import AnnoyThesaurus, thesaurus_drift
 
 

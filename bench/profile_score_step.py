@@ -59,7 +59,7 @@ PARTS = [
         "score_batch",
     ),
     ("  of which: chance expectations", "stream/evaluation/chance.py", "expected_many"),
-    ("  of which: rank matrices (the neighbour rows' gather)", "stream/synonyms/neighbours.py", "matrices"),
+    ("  of which: rank matrices (the neighbour rows' gather)", "stream/evaluation/neighbours.py", "matrices"),
     (
         "  of which: the signals (stream.evaluation.rank_grid)",
         "stream/evaluation/rank_grid.py",

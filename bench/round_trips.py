@@ -41,7 +41,7 @@ from workers.adapters.prometheus.exporter import Exporter
 from workers.adapters.redis.redis_client import clear_prefix
 from workers.dev.tiny_models import build_tiny_bertweet
 from workers.service.embed import Embedder, load_encoder
-from workers.service.records import Record
+from workers.service.kafka_records import Record
 from workers.service.score import Scorer
 from workers.settings import Settings
 

@@ -13,9 +13,9 @@ import numpy as np
 import redis
 
 from stream.auditing.coherence import bottom_k, coherence_text
-from stream.feeds.records import parse_tweet
+from stream.intake.cleaning import Cleaner, Prepared
+from stream.intake.records import parse_tweet
 from stream.synonyms.means import HashtagMeans
-from stream.text.cleaning import Cleaner, Prepared
 from workers.adapters.encoding.encoder import Encoder
 from workers.adapters.files.feeds import sample_feed
 from workers.adapters.redis.redis_means import RedisMeans

@@ -12,12 +12,12 @@ from typing import Any
 
 from stream.evaluation.chance import corrected_of_sums
 from stream.evaluation.metrics import FAR, exact_from_ranks, reval_by_k, reval_precision_by_k
+from stream.evaluation.neighbours import NeighbourCache
 from stream.evaluation.rank import DCG, RankWeights, ranked_by_k
 from stream.evaluation.scoring import ALL, r_label
 from stream.evaluation.signals import RECORD_KEYS
 from stream.evaluation.slices import columns_by_slice, slice_scores
-from stream.feeds.records import Recommendation
-from stream.synonyms.neighbours import NeighbourCache
+from stream.intake.records import Recommendation
 
 
 def reciprocal_rank_by_k(matrix: Sequence[Sequence[int]], ks: Sequence[int]) -> list[float]:

@@ -10,10 +10,10 @@ from hypothesis import strategies as st
 
 from stream.evaluation.chance import ChanceModel, CorrectedSum, corrected_of_sums
 from stream.evaluation.metrics import rank_matrix, reval_by_k
+from stream.evaluation.neighbours import NeighbourCache
 from stream.evaluation.scoring import score_event
-from stream.feeds.records import Recommendation
+from stream.intake.records import Recommendation
 from stream.synonyms.neighbour_table import NeighbourTable, build_neighbour_table
-from stream.synonyms.neighbours import NeighbourCache
 from stream.synonyms.thesaurus import ThesaurusMetadata
 
 from .oracle import oracle_record

@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 import redis
 
-from stream.feeds.records import parse_tweet
+from stream.intake.records import parse_tweet
 from tests.live import assert_means_equal, batch_means, counts_reach, means_of, plain_tweets, run_reval
 from workers.adapters.files.annoy_thesaurus import AnnoyThesaurus
 from workers.adapters.files.feeds import sample_feed

@@ -100,9 +100,9 @@ def produced_size(key: bytes, value: bytes) -> int:
 
 def score_output(tweet_id: str, body: dict[str, Any]) -> tuple[bytes, bytes]:
     """The score record a worker without a thesaurus writes for ``body`` (its key and value)."""
+    from stream.evaluation.neighbours import NeighbourCache
     from stream.evaluation.scoring import DEFAULT_KS, DEFAULT_RS, score_batch
-    from stream.feeds.records import parse_recommendation
-    from stream.synonyms.neighbours import NeighbourCache
+    from stream.intake.records import parse_recommendation
     from workers.service.runtime import encode_json
     from workers.service.score import EMPTY
 

@@ -1,7 +1,6 @@
 from __future__ import annotations
 
-from stream.feeds.records import Tweet, parse_tweet
-from stream.text.cleaning import (
+from stream.intake.cleaning import (
     Cleaner,
     Dropped,
     MemorySeen,
@@ -11,6 +10,7 @@ from stream.text.cleaning import (
     detect_language,
     prepare,
 )
+from stream.intake.records import Tweet, parse_tweet
 
 
 def test_clean_text_steps() -> None:
@@ -82,7 +82,7 @@ def _plain_steps(text: str) -> str:
     from nltk.tokenize import TweetTokenizer
     from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
 
-    from stream.text.cleaning import _NOT_KEPT_RE, _REPEAT_RE, _URL_RE
+    from stream.intake.cleaning import _NOT_KEPT_RE, _REPEAT_RE, _URL_RE
 
     stop_words = frozenset(ENGLISH_STOP_WORDS) | {"rt", "amp", "via"}
     tokenizer = TweetTokenizer(preserve_case=False, reduce_len=True, strip_handles=True)

@@ -9,7 +9,7 @@ from prometheus_client import generate_latest
 
 from stream.evaluation.chance import CorrectedSum
 from stream.evaluation.scoring import score_event
-from stream.feeds.records import Recommendation
+from stream.intake.records import Recommendation
 from stream.synonyms.neighbour_table import build_neighbour_table
 from workers.adapters.files.annoy_thesaurus import neighbour_cache
 from workers.adapters.prometheus.exporter import Exporter, LabelGuard

@@ -25,7 +25,7 @@ from prometheus_client import generate_latest
 
 from stream.evaluation.chance import corrected_of_sums
 from stream.evaluation.scoring import score_event
-from stream.feeds.records import Recommendation
+from stream.intake.records import Recommendation
 from stream.monitoring.cusum import Detector
 from stream.synonyms.neighbour_table import build_neighbour_table
 from workers.adapters.files.annoy_thesaurus import neighbour_cache

@@ -14,7 +14,7 @@ import pytest
 import redis
 from typer.testing import CliRunner
 
-from stream.feeds.records import Coordinates
+from stream.intake.records import Coordinates
 from stream.synonyms.drift import (
     IncomparableVersionsError,
     Snapshot,

@@ -13,8 +13,8 @@ import pytest
 from typer.testing import CliRunner
 
 from stream.evaluation.experiment import ExperimentConfig, split_corpus
-from stream.feeds.records import parse_tweet
-from stream.text.cleaning import Prepared, prepare
+from stream.intake.cleaning import Prepared, prepare
+from stream.intake.records import parse_tweet
 from workers.adapters.files.feeds import sample_feed
 from workers.commands.cli import app
 

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from kafka import KafkaConsumer, TopicPartition
 
-from stream.feeds.records import parse_tweet
+from stream.intake.records import parse_tweet
 from tests.live import plain_tweets, run_reval
 from workers.dev.ports import find_free_port
 from workers.dev.stack import Stack, Worker, wait_for

@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 from kafka.errors import KafkaError
 
-from stream.feeds.records import parse_tweet
+from stream.intake.records import parse_tweet
 from stream.synonyms.means import HashtagMeans
 from tests.live import assert_means_equal, batch_means, counts_reach, plain_tweets
 from workers.adapters.kafka.kafka_client import BrokerError

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from stream.text.hashtags import extract_hashtags, normalise_all, normalise_hashtag
+from stream.intake.hashtags import extract_hashtags, normalise_all, normalise_hashtag
 
 
 @pytest.mark.parametrize(

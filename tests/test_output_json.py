@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from workers.service.records import Record, dead_letter
+from workers.service.kafka_records import Record, dead_letter
 from workers.service.runtime import encode_json
 
 

@@ -13,12 +13,12 @@ from datetime import UTC, datetime
 import pytest
 import redis
 
-from stream.feeds.records import Coordinates, Recommendation, Tweet
+from stream.intake.records import Coordinates, Recommendation, Tweet
 from workers.adapters.prometheus.exporter import Exporter
 from workers.adapters.redis.redis_client import clear_prefix
 from workers.service.incarnation import Incarnations
+from workers.service.kafka_records import Record
 from workers.service.parked import Parked
-from workers.service.records import Record
 from workers.service.score import Scorer
 from workers.settings import Settings
 

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
+from stream.evaluation.neighbours import NeighbourCache
 from stream.evaluation.scoring import score_event
-from stream.feeds.records import Tweet, parse_recommendation, parse_tweet
-from stream.synonyms.neighbours import NeighbourCache
+from stream.intake.records import Tweet, parse_recommendation, parse_tweet
 from tests.live import assert_means_equal, assert_reservoir_equal, batch_means, counts_reach, plain_tweets
 from workers.adapters.files.feeds import sample_feed
 from workers.adapters.files.store import ThesaurusStore

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from stream.feeds.records import parse_tweet
-from stream.text.cleaning import Dropped, Prepared, prepare
+from stream.intake.cleaning import Dropped, Prepared, prepare
+from stream.intake.records import parse_tweet
 from workers.adapters.files.feeds import sample_feed
 from workers.dev.synthetic import FeedShape, synthetic_tweets
 from workers.service.preparing import Preparer, Rejected, prepare_values

@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from stream.feeds.records import parse_tweet
+from stream.intake.records import parse_tweet
 from stream.monitoring.alert_params import TEST
 from tests.live import run_reval
 from tests.test_deploy import DEPLOY, dashboard, panel_queries, require_binary

@@ -15,10 +15,10 @@ from prometheus_client import generate_latest
 
 from stream.evaluation.experiment import ExperimentConfig
 from stream.evaluation.metrics import FAR, reval_by_k, reval_hit_ratio
+from stream.evaluation.neighbours import NeighbourCache
 from stream.evaluation.rank import DCG, FLAT, TOP, RankWeights, ranked_by_k, reval_ranked
 from stream.evaluation.scoring import r_label, score_event
-from stream.feeds.records import Recommendation
-from stream.synonyms.neighbours import NeighbourCache
+from stream.intake.records import Recommendation
 from stream.synonyms.thesaurus import JsonThesaurus
 from workers.adapters.prometheus.exporter import Exporter, LabelGuard
 from workers.adapters.prometheus.quality_metrics import QualityMetrics

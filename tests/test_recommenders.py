@@ -27,8 +27,8 @@ from stream.evaluation.recommenders import (
     masked,
     visible_tokens,
 )
-from stream.feeds.records import Tweet, parse_recommendation, parse_tweet
-from stream.text.hashtags import extract_hashtags
+from stream.intake.hashtags import extract_hashtags
+from stream.intake.records import Tweet, parse_recommendation, parse_tweet
 from workers.adapters.encoding.word_vectors import trainer
 from workers.adapters.files.feeds import read_tweets, sample_feed
 from workers.commands.cli import app

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from stream.feeds.records import RecordError, parse_recommendation, parse_tweet
+from stream.intake.records import RecordError, parse_recommendation, parse_tweet
 
 V1 = {
     "id": 1050118621198921728,
@@ -152,7 +152,7 @@ def test_admit_counts_each_record_once_per_batch() -> None:
     from prometheus_client import generate_latest
 
     from workers.adapters.prometheus.exporter import Exporter
-    from workers.service.records import Record, admit
+    from workers.service.kafka_records import Record, admit
 
     good = json.dumps({"tweet_id": "1", "recommended": ["a"]}).encode()
     records = [

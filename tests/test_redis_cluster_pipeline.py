@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import redis
 
-from stream.feeds.records import parse_tweet
+from stream.intake.records import parse_tweet
 from stream.synonyms.means import HashtagMeans
 from tests.conftest import start_redis_cluster
 from tests.live import assert_means_equal, batch_means, counts_reach, means_of, plain_tweets

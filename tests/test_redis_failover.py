@@ -28,7 +28,7 @@ import pytest
 import redis
 from redis.cluster import RedisCluster
 
-from stream.feeds.records import Coordinates
+from stream.intake.records import Coordinates
 from stream.synonyms.means import HashtagMeans
 from tests.conftest import start_redis_cluster
 from tests.test_redis_store import assert_matches, batches, in_memory, zipf_stream

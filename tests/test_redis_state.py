@@ -7,8 +7,8 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from stream.feeds.records import parse_tweet
-from stream.text.cleaning import Cleaner, Dropped, Prepared
+from stream.intake.cleaning import Cleaner, Dropped, Prepared
+from stream.intake.records import parse_tweet
 from workers.adapters.redis.redis_state import RedisClaims, RedisJoin, RedisSeen
 
 pytestmark = pytest.mark.integration

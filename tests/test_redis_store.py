@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from redis.cluster import RedisCluster
 
-from stream.feeds.records import Coordinates
+from stream.intake.records import Coordinates
 from stream.synonyms.means import HashtagMeans
 from workers.adapters.redis.means_format import HEAD_COMPONENTS
 from workers.adapters.redis.redis_means import (

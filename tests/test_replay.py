@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from stream.feeds.records import parse_time
 from stream.feeds.replay import (
     BadLineError,
     Kind,
@@ -27,6 +26,7 @@ from stream.feeds.replay import (
     parse_speed,
     timestamp_ms,
 )
+from stream.intake.records import parse_time
 from workers.adapters.files.feeds import detect_file_kind as detect_kind
 from workers.adapters.files.feeds import replay_files as replay
 from workers.adapters.files.feeds import sample_feed

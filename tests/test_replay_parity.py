@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from stream.feeds.records import parse_tweet
+from stream.intake.records import parse_tweet
 from stream.synonyms.windows import RollingMean
 from tests.live import run_reval
 from workers.adapters.files.feeds import sample_feed

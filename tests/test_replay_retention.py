@@ -17,8 +17,8 @@ import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.structs import OffsetAndMetadata
 
-from stream.feeds.records import parse_time
 from stream.feeds.replay import timestamp_ms
+from stream.intake.records import parse_time
 from tests.live import assert_means_equal, batch_means, counts_reach, plain_tweets, run_reval
 from workers.adapters.kafka.kafka_client import create_topics, partition_heads, topic_retention
 from workers.adapters.redis.redis_client import connect

@@ -27,7 +27,7 @@ from workers.adapters.prometheus.exporter import Exporter
 from workers.adapters.redis.redis_client import clear_prefix
 from workers.service.embed import Embedder, load_encoder
 from workers.service.incarnation import Incarnations
-from workers.service.records import Record
+from workers.service.kafka_records import Record
 from workers.service.runtime import FAIL_STOP_EXIT, Runtime, Step
 from workers.service.score import Scorer
 from workers.settings import Settings

@@ -26,13 +26,13 @@ import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from stream.evaluation.neighbours import NeighbourCache
 from stream.evaluation.scoring import score_batch
-from stream.feeds.records import MAX_HASHTAGS, MAX_RECORD_BYTES, parse_recommendation
-from stream.synonyms.neighbours import NeighbourCache
+from stream.intake.records import MAX_HASHTAGS, MAX_RECORD_BYTES, parse_recommendation
 from workers.adapters.prometheus.exporter import Exporter
 from workers.adapters.redis.redis_client import Stopping, clear_prefix, stopping
 from workers.service.incarnation import Incarnations
-from workers.service.records import Record, letter_key
+from workers.service.kafka_records import Record, letter_key
 from workers.service.runtime import FAIL_STOP_EXIT, Runtime, Step, encode_json, record_size
 from workers.service.score import EMPTY, Scorer
 from workers.settings import Settings

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from stream.feeds.records import parse_tweet
+from stream.intake.records import parse_tweet
 from tests.live import assert_means_equal, batch_means, counts_reach, plain_tweets
 from workers.adapters.files.feeds import sample_feed
 from workers.adapters.files.store import ThesaurusStore

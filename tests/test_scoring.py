@@ -8,11 +8,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from stream.evaluation.metrics import FAR, exact_scores, rank_matrix, reval_hit_ratio
+from stream.evaluation.neighbours import NeighbourCache, RowSearch
 from stream.evaluation.scoring import parse_ints, r_label, score_batch, score_event
 from stream.evaluation.summary import Summary
-from stream.feeds.records import Recommendation
+from stream.intake.records import Recommendation
 from stream.synonyms.neighbour_table import NeighbourTable
-from stream.synonyms.neighbours import NeighbourCache, RowSearch
 from stream.synonyms.thesaurus import JsonThesaurus, ThesaurusMetadata
 
 from .oracle import oracle_record

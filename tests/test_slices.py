@@ -8,11 +8,11 @@ import pytest
 from prometheus_client import generate_latest
 
 from stream.evaluation.metrics import reval_hit_ratio
+from stream.evaluation.neighbours import NeighbourCache
 from stream.evaluation.scoring import score_event
 from stream.evaluation.slices import SLICES, Bands, columns_by_slice, slice_scores
-from stream.feeds.records import Recommendation
+from stream.intake.records import Recommendation
 from stream.synonyms.neighbour_table import NeighbourTable, build_neighbour_table
-from stream.synonyms.neighbours import NeighbourCache
 from workers.adapters.files.annoy_thesaurus import neighbour_cache
 from workers.adapters.prometheus.exporter import Exporter, LabelGuard
 from workers.adapters.prometheus.quality_metrics import QualityMetrics

@@ -15,7 +15,7 @@ import redis
 
 from stream.auditing.audit import Area, AuditState, Plan
 from stream.auditing.coherence import bottom_k
-from stream.feeds.records import Coordinates
+from stream.intake.records import Coordinates
 from tests.live import prefixed_redis
 from workers.adapters.prometheus.exporter import Exporter
 from workers.adapters.redis.redis_means import Contribution

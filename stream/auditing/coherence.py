@@ -21,7 +21,7 @@ Two scores m, the paper's best surface metric and its best embedding-based famil
   score would partly grade the index by its own construction, where token alignment
   asks a different question (do the tweets say the same things?).
 
-The tweets are the cleaned texts the thesaurus embeds (:func:`stream.text.cleaning.prepare`)
+The tweets are the cleaned texts the thesaurus embeds (:func:`stream.intake.cleaning.prepare`)
 with every hashtag removed (:func:`coherence_text`): a cluster is built from its tags,
 so the tags would make any synonym set look coherent (and co-occurring tags are how the
 embedding found the synonyms); what is left is what the tweets say.  Texts left empty

@@ -21,10 +21,10 @@ from stream.evaluation.chance import MIN_ROOM
 from stream.evaluation.cores import p_core
 from stream.evaluation.recommenders import DEFAULT_THRESHOLD
 from stream.evaluation.scoring import DEFAULT_KS
-from stream.feeds.records import ErrorLog, Parsed, Tweet
+from stream.intake.cleaning import Cleaner, Dropped, Prepared
+from stream.intake.records import ErrorLog, Parsed, Tweet
 from stream.synonyms.hubness import DEFAULT_METHOD, METHODS
 from stream.synonyms.means import HashtagMeans
-from stream.text.cleaning import Cleaner, Dropped, Prepared
 
 VARIANTS = ("bertag", "word2vec", "fasttext")
 Split = Literal["time", "random"]
@@ -198,8 +198,8 @@ def split_corpus(
     """90/10 (``train_fraction``) split.  ``time``: the earliest tweets train (ties and
     tweets without a time keep feed order); ``random``: a shuffle seeded by ``seed``.
 
-    >>> from stream.text.cleaning import prepare
-    >>> from stream.feeds.records import parse_tweet
+    >>> from stream.intake.cleaning import prepare
+    >>> from stream.intake.records import parse_tweet
     >>> ps = [prepare(parse_tweet({"id": str(i), "text": f"w{i} #t", "lang": "en",
     ...       "created_at": 1_350_000_000 - i})) for i in range(10)]
     >>> train, test = split_corpus(ps, "time")
@@ -231,7 +231,7 @@ def at_core(prepared: Sequence[Prepared], p: int) -> tuple[list[Prepared], list[
     """The p-core of the cleaned tweets (:func:`stream.evaluation.cores.p_core`, users where the feed
     names them): the kept tweets with only their kept hashtags, and their positions.
 
-    >>> from stream.feeds.records import Tweet
+    >>> from stream.intake.records import Tweet
     >>> tags = [("a", "b"), ("a",), ("c",)]
     >>> tweets = [Prepared(Tweet(str(i), ""), "", t, t) for i, t in enumerate(tags)]
     >>> kept, where = at_core(tweets, 2)

@@ -36,7 +36,7 @@ from functools import lru_cache
 from itertools import repeat
 from operator import countOf
 
-from stream.text.hashtags import normalise_all
+from stream.intake.hashtags import normalise_all
 
 Synonyms = Callable[[str], Iterable[str]]
 """Syn(h): the hashtag itself and its synonyms."""

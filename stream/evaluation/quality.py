@@ -10,8 +10,8 @@ means are over windows of *event* time (:class:`stream.synonyms.windows.RollingM
 into Prometheus metric families is the adapter's job
 (:class:`workers.adapters.prometheus.quality_metrics.QualityMetrics`).
 
->>> from stream.synonyms.neighbours import NeighbourCache
->>> from stream.feeds.records import Recommendation
+>>> from stream.evaluation.neighbours import NeighbourCache
+>>> from stream.intake.records import Recommendation
 >>> from stream.evaluation.scoring import score_batch
 >>> from stream.synonyms.thesaurus import JsonThesaurus
 >>> cache = NeighbourCache(JsonThesaurus({"flood": ["rain"], "rain": ["flood"]}), max_k=1)

@@ -3,7 +3,7 @@ passes over the whole batch (:class:`RankGrid`).
 
 The matrix of event b holds the synonym rank of each ground truth (column) among each
 recommended hashtag's synonyms (row, in list order, duplicates dropped):
-:meth:`stream.synonyms.neighbours.NeighbourCache.matrices`.  Events are padded with
+:meth:`stream.evaluation.neighbours.NeighbourCache.matrices`.  Events are padded with
 :data:`~stream.evaluation.metrics.FAR` to the batch's largest |R| x |G|.  A cut-off r keeps the first
 ``m = min(|R|, r)`` rows of each event; every method takes that ``m`` (one per event) and
 answers every k of the grid at once (|B| x K).

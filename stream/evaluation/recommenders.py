@@ -13,7 +13,7 @@ recommender a :func:`masked` copy of each tweet -- hashtags stripped from the
 text, no hashtag list, no raw API payload -- so a subclass cannot leak them
 even by accident.
 
->>> from stream.feeds.records import parse_tweet
+>>> from stream.intake.records import parse_tweet
 >>> train = [parse_tweet({"id": str(i), "text": t}) for i, t in enumerate(
 ...     ["flooding in town #flood", "river flooding #flood #nsw", "fire near me #fire"])]
 >>> PopularRecommender().fit(train).recommend(parse_tweet({"id": "9", "text": "hi #x"}), 2)
@@ -35,8 +35,8 @@ import numpy as np
 import numpy.typing as npt
 import regex
 
-from stream.feeds.records import ErrorLog, Parsed, Tweet
-from stream.text.cleaning import Cleaner, Prepared, clean_text
+from stream.intake.cleaning import Cleaner, Prepared, clean_text
+from stream.intake.records import ErrorLog, Parsed, Tweet
 
 METHODS = ("mowe", "popular", "popular-users", "least-popular", "random")
 #: MOWE's similarity threshold, the paper's.  On a feed of ~10^4 tweets averaged Word2Vec
@@ -73,7 +73,7 @@ def masked(tweet: Tweet) -> Tweet:
 def visible_tokens(tweet: Tweet) -> list[str]:
     """The cleaned words of ``tweet`` with its hashtags hidden (paper 3.1.1 cleaning).
 
-    >>> from stream.feeds.records import parse_tweet
+    >>> from stream.intake.records import parse_tweet
     >>> visible_tokens(parse_tweet({"id": "1", "text": "RT @a: Floods in #QLD!! http://t.co/x #help"}))
     ['floods']
     """
@@ -234,7 +234,7 @@ class RandomRecommender(BaseRecommender):
     so its corrected score is 0 in expectation: a second canary, and the chance line of
     every plot.
 
-    >>> from stream.feeds.records import parse_tweet
+    >>> from stream.intake.records import parse_tweet
     >>> train = [parse_tweet({"id": str(i), "text": f"x #{h}"}) for i, h in enumerate("aabbbc")]
     >>> rec = RandomRecommender(seed=1).fit(train)
     >>> [sorted(r) for r in rec.recommend_many(train[:2], 2)]
@@ -256,7 +256,7 @@ class RandomRecommender(BaseRecommender):
         """Draw from these popularities instead of training tweets' -- e.g. a thesaurus
         version's hashtags and counts, which makes this recommender that version's null.
 
-        >>> from stream.feeds.records import parse_tweet
+        >>> from stream.intake.records import parse_tweet
         >>> rec = RandomRecommender(seed=3).fit_popularity({"a": 1, "b": 0, "c": 2})
         >>> sorted(rec.recommend_many([parse_tweet({"id": "1", "text": "x"})], 5)[0])
         ['a', 'c']
@@ -482,7 +482,7 @@ def recommendation_event(
 ) -> dict[str, Any]:
     """One event as ``reval score`` and the scoring worker read it.
 
-    >>> from stream.feeds.records import parse_tweet
+    >>> from stream.intake.records import parse_tweet
     >>> t = parse_tweet({"id": "7", "created_at": "2013-01-01T00:00:00Z", "text": "x #Flood"})
     >>> event = recommendation_event(t, ["flood", "nsw"], "mowe", with_truth=True)
     >>> event["recommended"], event["ground_truth"], event["ts"]

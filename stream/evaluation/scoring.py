@@ -4,7 +4,7 @@ a time, into columns.
 :func:`score_batch` is the one code path behind ``reval score``, ``reval evaluate``, the
 backtest and the streaming scoring worker, so live, replayed and offline numbers agree exactly;
 :func:`score_event` is its one-event case.  A batch's events become rank matrices (one gather of
-the recommended hashtags' neighbour rows, :meth:`stream.synonyms.neighbours.NeighbourCache.matrices`),
+the recommended hashtags' neighbour rows, :meth:`stream.evaluation.neighbours.NeighbourCache.matrices`),
 every signal of :data:`stream.evaluation.signals.SIGNALS` is computed for every (r, k) cell of every event
 in numpy passes (:class:`stream.evaluation.rank_grid.RankGrid`), and the results stay columns
 (:class:`ScoredBatch`: one array per signal) until a consumer needs records
@@ -24,12 +24,12 @@ import numpy.typing as npt
 
 from stream.evaluation.chance import MIN_ROOM
 from stream.evaluation.metrics import ExactScores
+from stream.evaluation.neighbours import NeighbourCache
 from stream.evaluation.rank import DCG, RankWeights
 from stream.evaluation.rank_grid import RankGrid
 from stream.evaluation.signals import RECORD_KEYS, SIGNALS
 from stream.evaluation.slices import SLICES, Bands
-from stream.feeds.records import Recommendation
-from stream.synonyms.neighbours import NeighbourCache
+from stream.intake.records import Recommendation
 
 Ints = npt.NDArray[np.int64]
 Floats = npt.NDArray[np.float64]

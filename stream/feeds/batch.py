@@ -11,9 +11,9 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
-from stream.feeds.records import ErrorLog, Parsed, Tweet
+from stream.intake.cleaning import Cleaner, Dropped, Prepared
+from stream.intake.records import ErrorLog, Parsed, Tweet
 from stream.synonyms.means import HashtagMeans
-from stream.text.cleaning import Cleaner, Dropped, Prepared
 
 
 class ModelLoadError(OSError):

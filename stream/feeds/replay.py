@@ -43,7 +43,8 @@ from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any, TypeVar
 
-from stream.feeds.records import (
+from stream.feeds.retention import Timestamps
+from stream.intake.records import (
     ErrorLog,
     Parsed,
     Recommendation,
@@ -53,7 +54,6 @@ from stream.feeds.records import (
     parse_time,
     parse_tweet,
 )
-from stream.feeds.retention import Timestamps
 from stream.options import parse_number
 
 __all__ = [

@@ -15,7 +15,7 @@ from datetime import datetime
 
 import numpy as np
 
-from stream.feeds.records import RecordError, parse_time
+from stream.intake.records import RecordError, parse_time
 from stream.options import parse_number
 
 __all__ = ["KINDS", "Injection", "inject", "mutual_synonym", "parse_injection", "respell"]

@@ -35,7 +35,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
-from stream.text.hashtags import normalise_hashtag
+from stream.intake.hashtags import normalise_hashtag
 
 
 class ThesaurusFormatError(ValueError):

@@ -35,9 +35,9 @@ from stream.auditing.coherence import (
     tfidf_coherence,
 )
 from stream.feeds.batch import TokenEncoder
-from stream.feeds.records import ErrorLog
+from stream.intake.cleaning import Cleaner, Dropped, Prepared
+from stream.intake.records import ErrorLog
 from stream.synonyms.thesaurus import Thesaurus
-from stream.text.cleaning import Cleaner, Dropped, Prepared
 from workers.adapters.files.feeds import read_tweets
 from workers.service.thesaurus_audit import latest_audit, version_agreement, version_coherence
 from workers.settings import Settings

@@ -19,7 +19,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from stream.feeds.records import ErrorLog
+from stream.intake.records import ErrorLog
 from workers.adapters.files.store import load_thesaurus
 from workers.redaction import redact
 

@@ -52,8 +52,8 @@ from typing import Any
 
 import redis
 
-from stream.feeds.records import Tweet
 from stream.feeds.replay import Outgoing, timestamp_ms
+from stream.intake.records import Tweet
 from stream.synonyms.neighbour_table import NeighbourTable
 from workers.adapters.kafka.kafka_client import create_topics
 from workers.adapters.redis.redis_client import clear_prefix
@@ -431,7 +431,7 @@ class SampleFeed:
         ``train_share`` (seeded) of the labelled tweets the pipeline keeps (cleaned as the
         embed worker cleans them) -- and the rest, each in feed order."""
         from stream.evaluation.experiment import labelled
-        from stream.text.cleaning import Cleaner, Prepared
+        from stream.intake.cleaning import Cleaner, Prepared
         from workers.adapters.files.feeds import read_tweets, sample_feed
 
         cleaner = Cleaner()

@@ -1,7 +1,7 @@
 """``reval evaluate``: the paper's experiment (section 4.2), with baselines, seeds and
 confidence intervals, on any feed.
 
-1. Pre-process the feed with the core (:class:`stream.text.cleaning.Cleaner`: hashtagged,
+1. Pre-process the feed with the core (:class:`stream.intake.cleaning.Cleaner`: hashtagged,
    English, duplicate retweets removed) and embed every kept tweet once (BERTag).
 2. For each split (``time``: the earliest 90% train; ``random``: a seeded shuffle) and
    seed: train Word2Vec (the MOWE recommender's, and the ``word2vec`` variant's) and
@@ -68,8 +68,8 @@ from stream.evaluation.recommenders import (
     recommendation_event,
 )
 from stream.evaluation.scoring import r_label, score_batch
-from stream.feeds.records import Recommendation
-from stream.text.cleaning import Prepared
+from stream.intake.cleaning import Prepared
+from stream.intake.records import Recommendation
 from workers.adapters.encoding.word_vectors import train_word_vectors
 from workers.adapters.files.annoy_thesaurus import AnnoyThesaurus, build_from_means, neighbour_cache
 from workers.adapters.files.feeds import read_tweets

@@ -20,7 +20,7 @@ from stream.evaluation.experiment import (
     bootstrap_means,
     resample_counts,
 )
-from stream.text.cleaning import Prepared
+from stream.intake.cleaning import Prepared
 from workers.adapters.files.annoy_thesaurus import AnnoyThesaurus
 
 #: The paired differences reported, as (better, worse): the good recommenders against the

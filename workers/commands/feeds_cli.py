@@ -17,8 +17,8 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from stream.feeds.records import ErrorLog
 from stream.feeds.retention import Timestamps, replay_refusal
+from stream.intake.records import ErrorLog
 from workers.adapters.files.feeds import check_output_path, check_paths
 from workers.commands.console import (
     Broker,

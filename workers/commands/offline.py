@@ -12,9 +12,9 @@ from typing import IO, Any, Self
 
 from stream.feeds.batch import BuildReport, TextEncoder, embed_feed
 from stream.feeds.replay import Outgoing, timestamp_ms
+from stream.intake.cleaning import Cleaner
 from stream.synonyms.hubness import DEFAULT_METHOD
 from stream.synonyms.means import HashtagMeans
-from stream.text.cleaning import Cleaner
 from workers.adapters.files.annoy_thesaurus import DEFAULT_DEPTH, AnnoyThesaurus, build_from_means
 from workers.adapters.files.feeds import read_tweets
 from workers.adapters.kafka.kafka_client import KafkaSink

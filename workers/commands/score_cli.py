@@ -12,7 +12,7 @@ from rich.table import Table
 from stream.evaluation.scoring import ALL, parse_ints, r_label, score_batch
 from stream.evaluation.signals import SIGNALS
 from stream.evaluation.summary import Summary
-from stream.feeds.records import ErrorLog, Recommendation, RecordError, parse_recommendation
+from stream.intake.records import ErrorLog, Recommendation, RecordError, parse_recommendation
 from workers.adapters.files.annoy_thesaurus import neighbour_cache
 from workers.adapters.files.feeds import check_output_path, check_paths, read_file
 from workers.commands.console import (

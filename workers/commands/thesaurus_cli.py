@@ -12,9 +12,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from stream.feeds.batch import ModelLoadError
-from stream.feeds.records import ErrorLog
+from stream.intake.hashtags import normalise_hashtag
+from stream.intake.records import ErrorLog
 from stream.synonyms.hubness import DEFAULT_METHOD, check_method
-from stream.text.hashtags import normalise_hashtag
 from workers.adapters.files.annoy_thesaurus import DEFAULT_DEPTH
 from workers.adapters.files.feeds import check_paths
 from workers.commands.console import (
@@ -129,7 +129,7 @@ def _embed_and_build(
 ) -> tuple[Any, Any]:
     """The encoder loaded, the feeds embedded under a progress bar, the thesaurus built:
     (the thesaurus, its build report)."""
-    from stream.text.cleaning import Cleaner
+    from stream.intake.cleaning import Cleaner
     from workers.adapters.encoding.encoder import Encoder  # torch: seconds to import, so only now
     from workers.commands.offline import NothingToBuildError, build_thesaurus
 

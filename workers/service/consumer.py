@@ -49,7 +49,7 @@ from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 from mode import Service
 
 from workers.adapters.kafka.kafka_client import group_offsets
-from workers.service.records import Record
+from workers.service.kafka_records import Record
 from workers.service.runtime import Deliver, Output, Runtime, Step
 from workers.service.transactions import Transactions
 

@@ -16,8 +16,8 @@ import faust
 
 from stream.auditing.coherence import coherence_text
 from stream.feeds.batch import TextEncoder
-from stream.feeds.records import Coordinates
-from stream.text.cleaning import Dropped, Prepared, dedup
+from stream.intake.cleaning import Dropped, Prepared, dedup
+from stream.intake.records import Coordinates
 from workers.adapters.kafka.kafka_client import TopicIdentity
 from workers.adapters.prometheus.exporter import Exporter
 from workers.adapters.redis.redis_client import Client, replicated, with_retry
@@ -26,8 +26,8 @@ from workers.adapters.redis.redis_reservoir import RedisReservoir
 from workers.adapters.redis.redis_state import RedisSeen
 from workers.service.consumer import BatchConsumer, host
 from workers.service.incarnation import Incarnations, batch_group
+from workers.service.kafka_records import Record, count_admission
 from workers.service.preparing import Preparer, Rejected
-from workers.service.records import Record, count_admission
 from workers.service.runtime import Outcome, Output, Runtime, Step, Topics, letter
 from workers.service.stores import means_of, replication_of, samples_of
 from workers.service.transactions import Transactions

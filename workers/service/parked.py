@@ -11,8 +11,8 @@ from functools import cached_property
 
 import orjson
 
-from stream.feeds.records import Coordinates, Recommendation, parse_time
-from workers.service.records import Record, dead_letter, letter_key
+from stream.intake.records import Coordinates, Recommendation, parse_time
+from workers.service.kafka_records import Record, dead_letter, letter_key
 from workers.service.runtime import Output
 
 

@@ -1,6 +1,6 @@
 """The embed role's admission -- parse, clean, language, dedup keys -- in worker processes.
 
-One process prepares ~6,000-8,000 feed tweets/s (``stream.text.cleaning.prepare``: NLTK's
+One process prepares ~6,000-8,000 feed tweets/s (``stream.intake.cleaning.prepare``: NLTK's
 tokenizer regex, language identification, BLAKE2b per hashtag; BENCHMARKS.md), an encoder on
 one H100 takes ~97,000: one embed worker could use a few percent of its GPU.  The work is
 pure and per tweet, so :class:`Preparer` cuts a batch into one chunk per process and hands
@@ -11,8 +11,8 @@ the encoder, not this step, bounds the worker, and extra processes would take it
 same function runs in the role's thread.  Either way the output is that of
 :func:`prepare_values`, so the two are the same by construction.
 
-What comes back from a process is a :class:`~stream.text.cleaning.Prepared` or
-:class:`~stream.text.cleaning.Dropped` whose tweet has no ``extra`` (the raw JSON object, which no
+What comes back from a process is a :class:`~stream.intake.cleaning.Prepared` or
+:class:`~stream.intake.cleaning.Dropped` whose tweet has no ``extra`` (the raw JSON object, which no
 step after admission reads and which would triple the bytes pickled back), or a
 :class:`Rejected` for a record that does not parse.
 """
@@ -28,14 +28,14 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, replace
 
-from stream.feeds.records import RecordError, Tweet, parse_tweet
-from stream.text.cleaning import Dropped, Prepared, prepare
+from stream.intake.cleaning import Dropped, Prepared, prepare
+from stream.intake.records import RecordError, Tweet, parse_tweet
 from workers.service.runtime import FailStop
 
 
 @dataclass(frozen=True)
 class Rejected:
-    """A record that does not parse (:class:`~stream.feeds.records.RecordError`'s reason and detail:
+    """A record that does not parse (:class:`~stream.intake.records.RecordError`'s reason and detail:
     the exception itself does not pickle)."""
 
     reason: str

@@ -48,7 +48,7 @@ from redis.exceptions import RedisError
 from workers.adapters.kafka.kafka_client import BrokerError
 from workers.adapters.prometheus.exporter import Exporter
 from workers.adapters.redis.redis_client import Client, Stopping, stopping
-from workers.service.records import Record, dead_letter, letter_key
+from workers.service.kafka_records import Record, dead_letter, letter_key
 from workers.settings import Settings
 
 log = logging.getLogger("reval.workers")

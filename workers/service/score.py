@@ -38,10 +38,10 @@ from typing import Any
 
 import faust
 
+from stream.evaluation.neighbours import NeighbourCache
 from stream.evaluation.scoring import ScoredBatch, score_batch
-from stream.feeds.records import Coordinates, Recommendation, Tweet, parse_recommendation, parse_tweet
+from stream.intake.records import Coordinates, Recommendation, Tweet, parse_recommendation, parse_tweet
 from stream.monitoring.cusum import Detector, batch_outcomes, units_of
-from stream.synonyms.neighbours import NeighbourCache
 from stream.synonyms.thesaurus import JsonThesaurus, ThesaurusSource
 from workers.adapters.files.annoy_thesaurus import neighbour_cache
 from workers.adapters.files.store import ThesaurusStore, version_number
@@ -53,8 +53,8 @@ from workers.adapters.redis.redis_detector import Batch, RedisDetectors
 from workers.adapters.redis.redis_state import RedisClaims, RedisJoin, Waiting
 from workers.service.consumer import BatchConsumer, host
 from workers.service.incarnation import Incarnations, batch_group
+from workers.service.kafka_records import Record, admit
 from workers.service.parked import Parked
-from workers.service.records import Record, admit
 from workers.service.runtime import Outcome, Output, Runtime, Step, Topics, letter
 from workers.service.stores import replication_of, thesauri_of
 from workers.service.transactions import Transactions

@@ -23,6 +23,7 @@ import numpy.typing as npt
 from annoy import AnnoyIndex
 
 from stream.evaluation.chance import ChanceModel
+from stream.evaluation.neighbours import NeighbourCache
 from stream.evaluation.slices import Bands
 from stream.synonyms.drift import (
     DEFAULT_MIN_SUPPORT,
@@ -35,7 +36,6 @@ from stream.synonyms.drift import (
 from stream.synonyms.hubness import DEFAULT_METHOD, candidate_count, exact_candidates, scores
 from stream.synonyms.means import HashtagMeans
 from stream.synonyms.neighbour_table import NeighbourTable, build_neighbour_table
-from stream.synonyms.neighbours import NeighbourCache
 from stream.synonyms.thesaurus import (
     BaseThesaurus,
     Thesaurus,

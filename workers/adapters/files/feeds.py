@@ -1,7 +1,7 @@
 """Feed files: ``.jsonl``, ``.jsonl.gz``, ``.json`` (one object a line) and ``.csv``.
 
 The file adapter: it reads raw records with their line numbers and hands them to
-the core parsers (:mod:`stream.feeds.records`), so a bad line is reported with where it
+the core parsers (:mod:`stream.intake.records`), so a bad line is reported with where it
 was and never stops the run.  Replays of files go through here into the core's
 :func:`stream.feeds.replay.replay`.
 """
@@ -17,7 +17,6 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, TypeVar
 
-from stream.feeds.records import Parsed, Recommendation, RecordError, Tweet, parse_tweet
 from stream.feeds.replay import (
     Kind,
     ReplaySummary,
@@ -28,6 +27,7 @@ from stream.feeds.replay import (
     replay,
     time_of,
 )
+from stream.intake.records import Parsed, Recommendation, RecordError, Tweet, parse_tweet
 
 T = TypeVar("T")
 SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".json.gz", ".ndjson", ".csv", ".csv.gz")

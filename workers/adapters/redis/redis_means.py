@@ -31,7 +31,7 @@ import redis
 from redis.cluster import RedisCluster
 from redis.exceptions import NoScriptError
 
-from stream.feeds.records import Coordinates
+from stream.intake.records import Coordinates
 from stream.synonyms.means import RunningMean, Vector
 from workers.adapters.redis.means_format import (
     DimensionError,

@@ -255,7 +255,7 @@ class RedisClaims:
 
 
 class RedisSeen(RedisClaims):
-    """:class:`stream.text.cleaning.SeenStore` in Redis: claims survive restarts and are shared
+    """:class:`stream.intake.cleaning.SeenStore` in Redis: claims survive restarts and are shared
     by all embed workers, so duplicate retweets are removed exactly as in a batch run."""
 
     def __init__(

@@ -19,11 +19,13 @@ import numpy.typing as npt
 
 from stream.evaluation.experiment import ProgressFactory, labelled, load_corpus
 from stream.evaluation.metrics import ExactScores
+from stream.evaluation.neighbours import NeighbourCache
 from stream.evaluation.recommenders import BaseRecommender, MoweRecommender, make_recommender
 from stream.evaluation.scoring import DEFAULT_KS, r_label, score_batch
 from stream.evaluation.signals import SIGNALS
 from stream.evaluation.slices import SLICES
-from stream.feeds.records import Recommendation
+from stream.intake.cleaning import Prepared
+from stream.intake.records import Recommendation
 from stream.monitoring import backtest as bt
 from stream.monitoring import drift_injection as di
 from stream.monitoring.alert_params import EVALUATION_INTERVAL, Params, seconds
@@ -32,8 +34,6 @@ from stream.monitoring.mmd import mmd_test
 from stream.synonyms.drift import Mover
 from stream.synonyms.hubness import DEFAULT_METHOD
 from stream.synonyms.means import HashtagMeans
-from stream.synonyms.neighbours import NeighbourCache
-from stream.text.cleaning import Prepared
 from workers.adapters.files.annoy_thesaurus import (
     AnnoyThesaurus,
     build_from_means,

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 import py3langid
 import regex
 
-from stream.feeds.records import Tweet
+from stream.intake.records import Tweet
 
 _URL_RE = regex.compile(r"^(?:https?://|www\.)|^\S+\.(?:com|org|net|ly|co)(?:/|$)")
 _NOT_KEPT_RE = regex.compile(r"[^\p{L}\p{M}\p{N}\p{S}_#]+")  # punctuation and the like
@@ -197,7 +197,7 @@ def dedup(prepared: Prepared, owned: Sequence[bool]) -> Prepared | Dropped:
 class Cleaner:
     """The whole pre-processing for one feed, in arrival order (batch tools, replay).
 
-    >>> from stream.feeds.records import parse_tweet
+    >>> from stream.intake.records import parse_tweet
     >>> c = Cleaner(seen=MemorySeen())
     >>> a = parse_tweet({"id": "1", "text": "Big #flood near the river", "lang": "en"})
     >>> b = parse_tweet({"id": "2", "text": "RT @x: Big #flood near the river", "lang": "en"})

@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-from stream.text.hashtags import extract_hashtags, normalise_all
+from stream.intake.hashtags import extract_hashtags, normalise_all
 
 MAX_RECORD_BYTES = 512 * 1024
 MAX_TEXT_CHARS = 25_000  # API v2 note tweets go up to 25,000 characters
@@ -217,7 +217,7 @@ def parse_tweet(
     >>> parse_tweet('{"text": "no id"}')
     Traceback (most recent call last):
     ...
-    stream.feeds.records.RecordError: missing_field: missing field 'id_str' / 'id'
+    stream.intake.records.RecordError: missing_field: missing field 'id_str' / 'id'
     """
     obj = _decode(raw, max_bytes)
     if isinstance(obj.get("data"), Mapping):  # API v2 response wrapper

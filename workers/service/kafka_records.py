@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-from stream.feeds.records import Coordinates, RecordError
+from stream.intake.records import Coordinates, RecordError
 from workers.adapters.prometheus.exporter import Exporter
 
 T = TypeVar("T")
@@ -37,7 +37,7 @@ class Record:
 
     @property
     def claimant(self) -> str:
-        """``topic:partition:offset`` (:class:`stream.feeds.records.Coordinates`): the record in logs
+        """``topic:partition:offset`` (:class:`stream.intake.records.Coordinates`): the record in logs
         and letter keys."""
         return str(self.coordinates)
 

@@ -1,0 +1,1 @@
+"""What comes in: the input records' contracts, hashtags normalised, tweet text cleaned."""

@@ -1,1 +1,0 @@
-"""Tweet text: cleaning, language, dedup keys, hashtag normalisation."""
