@@ -31,7 +31,7 @@ from workers.service.preparing import Preparer, Rejected
 from workers.service.runtime import Outcome, Output, Runtime, Step, Topics, letter
 from workers.service.stores import means_of, replication_of, samples_of
 from workers.service.transactions import Transactions
-from workers.settings import Settings
+from workers.settings import EmbedSettings, EncoderSettings
 
 Item = tuple[Record, Prepared]
 
@@ -41,7 +41,7 @@ class Embedder:
 
     def __init__(
         self,
-        settings: Settings,
+        settings: EmbedSettings,
         exporter: Exporter,
         client: Client,
         encoder: TextEncoder,
@@ -173,7 +173,7 @@ def _event_time(record: Record, prepared: Prepared) -> float:
     return created.timestamp() if created is not None else record.time
 
 
-def load_encoder(settings: Settings) -> TextEncoder:
+def load_encoder(settings: EncoderSettings) -> TextEncoder:
     """The encoder the settings name (loaded once per worker process)."""
     from workers.adapters.encoding.encoder import Encoder  # lazy: torch loads only in embed workers
 

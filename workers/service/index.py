@@ -25,7 +25,7 @@ from workers.adapters.redis.redis_reservoir import RedisReservoir
 from workers.service.runtime import Runtime
 from workers.service.stores import means_of, recent_windows, samples_of, thesauri_of
 from workers.service.thesaurus_audit import VersionAudit
-from workers.settings import Settings
+from workers.settings import IndexSettings
 
 log = logging.getLogger("reval.workers")
 
@@ -37,7 +37,7 @@ DRIFT_MOVERS = 20
 class Indexer:
     """Rebuilds the thesaurus from Redis when enough hashtags changed."""
 
-    def __init__(self, settings: Settings, exporter: Exporter, client: Any) -> None:
+    def __init__(self, settings: IndexSettings, exporter: Exporter, client: Any) -> None:
         self.settings = settings
         self.x = exporter
         self.means = means_of(client, settings)

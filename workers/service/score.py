@@ -58,7 +58,7 @@ from workers.service.parked import Parked
 from workers.service.runtime import Outcome, Output, Runtime, Step, Topics, letter
 from workers.service.stores import replication_of, thesauri_of
 from workers.service.transactions import Transactions
-from workers.settings import Settings, window_label
+from workers.settings import ScoreSettings, window_label
 
 log = logging.getLogger("reval.workers")
 
@@ -116,7 +116,7 @@ class Scorer:
     truth) with the newest published thesaurus, and feeds the quality metrics."""
 
     def __init__(
-        self, settings: Settings, exporter: Exporter, client: Client, incarnations: Incarnations
+        self, settings: ScoreSettings, exporter: Exporter, client: Client, incarnations: Incarnations
     ) -> None:
         self.settings = settings
         self.x = exporter

@@ -13,17 +13,17 @@ from workers.adapters.redis.redis_client import Client, Replication
 from workers.adapters.redis.redis_means import RedisMeans
 from workers.adapters.redis.redis_state import RedisSamples
 from workers.adapters.redis.redis_thesaurus import RedisThesauri
-from workers.settings import Settings
+from workers.settings import StoreSettings
 
 
-def recent_windows(settings: Settings) -> int:
+def recent_windows(settings: StoreSettings) -> int:
     """How many event-time windows make up the recent use the index job compares."""
     if not settings.means_window_s:
         return 0
     return max(1, math.ceil(settings.means_recent_s / settings.means_window_s))
 
 
-def replication_of(client: Client, settings: Settings, exporter: Exporter | None = None) -> Replication:
+def replication_of(client: Client, settings: StoreSettings, exporter: Exporter | None = None) -> Replication:
     """The replication barrier and rollback check as the settings configure them (every role
     that writes); rollbacks count in ``reval_redis_rollbacks_total``."""
     return Replication(
@@ -36,7 +36,7 @@ def replication_of(client: Client, settings: Settings, exporter: Exporter | None
 
 
 def means_of(
-    client: Client, settings: Settings, dim: int | None = None, replication: Replication | None = None
+    client: Client, settings: StoreSettings, dim: int | None = None, replication: Replication | None = None
 ) -> RedisMeans:
     """The running means as the settings configure them (embed workers and index job): each
     hashtag keeps its recent windows and one more, the one the recent use starts in."""
@@ -51,7 +51,9 @@ def means_of(
     )
 
 
-def samples_of(client: Client, settings: Settings, replication: Replication | None = None) -> RedisSamples:
+def samples_of(
+    client: Client, settings: StoreSettings, replication: Replication | None = None
+) -> RedisSamples:
     """The embedding samples as the settings configure them (embed workers and index job)."""
     return RedisSamples(
         client,
@@ -64,7 +66,7 @@ def samples_of(client: Client, settings: Settings, replication: Replication | No
     )
 
 
-def thesauri_of(client: Any, settings: Settings) -> RedisThesauri:
+def thesauri_of(client: Any, settings: StoreSettings) -> RedisThesauri:
     """The thesaurus versions in Redis, as the settings configure them (index job, scorers)."""
     return RedisThesauri(
         client, settings.redis_prefix, keep=settings.index_keep, replication=replication_of(client, settings)

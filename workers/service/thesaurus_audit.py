@@ -37,7 +37,7 @@ from workers.adapters.kafka.kafka_client import BrokerError, KafkaSink, ensure_t
 from workers.adapters.prometheus.exporter import Exporter
 from workers.adapters.redis.redis_client import Client, with_retry
 from workers.adapters.redis.redis_reservoir import RedisReservoir
-from workers.settings import Settings
+from workers.settings import AuditSettings, VoteSettings
 
 log = logging.getLogger("reval.workers")
 
@@ -49,7 +49,7 @@ class VoteLog:
     """The audit's events in Kafka: appended one at a time and acknowledged by the broker
     (``acks=all``, idempotent producer) before :meth:`append` returns."""
 
-    def __init__(self, settings: Settings, *, timeout: float = 30.0) -> None:
+    def __init__(self, settings: VoteSettings, *, timeout: float = 30.0) -> None:
         self.bootstrap = settings.broker
         self.topic = settings.topic_votes
         self.options = settings.kafka_client_options()
@@ -145,7 +145,7 @@ def live_coherence(
     thesaurus: AnnoyThesaurus,
     counts: Mapping[str, int],
     reservoir: RedisReservoir,
-    settings: Settings,
+    settings: AuditSettings,
     seed: int,
 ) -> dict[str, Any] | None:
     """:func:`version_coherence` over the embed workers' reservoir (``counts``: every
@@ -176,7 +176,7 @@ def version_agreement(
 class VersionAudit:
     """Coherence and agreement of each new version, for the index job."""
 
-    def __init__(self, settings: Settings, exporter: Exporter, client: Client) -> None:
+    def __init__(self, settings: AuditSettings, exporter: Exporter, client: Client) -> None:
         self.settings = settings
         self.x = exporter
         self.reservoir = RedisReservoir(client, settings.redis_prefix, settings.coherence_reservoir)
