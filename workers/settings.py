@@ -413,6 +413,22 @@ class Settings(BaseSettings):
 # Settings and hand each part its view.
 
 
+class KafkaSettings(Protocol):
+    """What the Kafka clients of a worker -- the batch consumer, the transactional producer --
+    read (workers.service.consumer, workers.service.transactions)."""
+
+    @property
+    def broker(self) -> str: ...
+    @property
+    def max_message_bytes(self) -> int: ...
+    @property
+    def session_timeout_s(self) -> float: ...
+    @property
+    def produce_timeout_s(self) -> float: ...
+    def aiokafka_options(self) -> dict[str, Any]: ...
+    def kafka_client_options(self) -> dict[str, Any]: ...
+
+
 class StoreSettings(Protocol):
     """What the Redis stores a role opens (workers.service.stores) reads."""
 

@@ -52,6 +52,7 @@ from workers.adapters.kafka.kafka_client import group_offsets
 from workers.service.kafka_records import Record
 from workers.service.runtime import Deliver, Output, Runtime, Step
 from workers.service.transactions import Transactions
+from workers.settings import KafkaSettings
 
 log = logging.getLogger("reval.workers")
 
@@ -133,7 +134,7 @@ class BatchConsumer(Service):
     # -- lifecycle -------------------------------------------------------------------------
 
     def _plain_producer(self, *, idempotent: bool) -> AIOKafkaProducer:
-        settings = self.rt.settings
+        settings: KafkaSettings = self.rt.settings
         return AIOKafkaProducer(
             bootstrap_servers=settings.broker.split(","),
             client_id=f"{self.group}-producer",
@@ -148,7 +149,7 @@ class BatchConsumer(Service):
         )
 
     async def on_start(self) -> None:
-        settings = self.rt.settings
+        settings: KafkaSettings = self.rt.settings
         options = settings.aiokafka_options()
         self._loop = asyncio.get_running_loop()
         self.producer = self._plain_producer(idempotent=True)
@@ -368,7 +369,7 @@ class BatchConsumer(Service):
         if self._legacy is None:
             self._legacy = {}
             if self.legacy_group is not None:
-                settings = self.rt.settings
+                settings: KafkaSettings = self.rt.settings
                 found = await asyncio.to_thread(
                     group_offsets,
                     settings.broker.split(",")[0],

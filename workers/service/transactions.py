@@ -36,6 +36,7 @@ from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
 
 from workers.service.runtime import Output, Runtime, too_large
+from workers.settings import KafkaSettings
 
 log = logging.getLogger("reval.workers")
 
@@ -63,7 +64,7 @@ class Transactions:
         self.producers: dict[TopicPartition, AIOKafkaProducer] = {}
 
     def _producer(self, tp: TopicPartition) -> AIOKafkaProducer:
-        settings = self.rt.settings
+        settings: KafkaSettings = self.rt.settings
         return AIOKafkaProducer(
             bootstrap_servers=settings.broker.split(","),
             client_id=transactional_id(self.group, tp),
