@@ -105,9 +105,9 @@ def time_processes(values: list[bytes], processes: int, batch: int) -> tuple[flo
     return len(values) / seconds, _digest(out)
 
 
-def scaling(feed: Path, counts: list[int], rounds: int, batch: int) -> None:
+def scaling(feed: Path, counts: list[int], rounds: int, batch: int, limit: int | None = None) -> None:
     with gzip.open(feed, "rb") as src:
-        values = [line.rstrip(b"\n") for line in src if line.strip()]
+        values = [line.rstrip(b"\n") for line in src if line.strip()][:limit]
     rates: dict[int, list[float]] = {n: [] for n in counts}
     digests: dict[int, set[str]] = {n: set() for n in counts}
     for i in range(rounds):
@@ -141,10 +141,11 @@ def main() -> None:
     p.add_argument("--processes", help="comma-separated process counts to time instead, e.g. 0,1,2")
     p.add_argument("--batch", type=int, default=4096, help="records per batch (--processes)")
     p.add_argument("--rounds", type=int, default=4)
+    p.add_argument("--limit", type=int, help="the feed's first N records only (--processes)")
     p.add_argument("--feed", type=Path, default=sample_feed())
     args = p.parse_args()
     if args.processes:
-        scaling(args.feed, [int(n) for n in args.processes.split(",")], args.rounds, args.batch)
+        scaling(args.feed, [int(n) for n in args.processes.split(",")], args.rounds, args.batch, args.limit)
         return
     if args.baseline is None:
         p.error("give --baseline TREE or --processes COUNTS")

@@ -111,6 +111,26 @@ def test_bench_prepare_compares_two_trees() -> None:
     assert "same output: True" in done.stdout and "| this tree |" in done.stdout
 
 
+def test_bench_prepare_times_the_preparing_processes() -> None:
+    args = ["--processes", "0,1", "--rounds", "1", "--limit", "2048", "--batch", "512"]
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.bench_prepare", *args],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert "same output for every count: True" in done.stdout and "| 1 |" in done.stdout
+
+
+def test_bench_isolation_runs_on_a_tiny_workload(tmp_path: Path) -> None:
+    args = ["--designs", "exact+wording", "--margins", "4", "--drifts", "random:1"]
+    args += ["--arl0", "100", "--reps", "4", "--arl-reps", "4"]
+    text = run_bench("bench_isolation", *args, out=tmp_path / "isolation.md")
+    assert "| exact+wording | 4 |" in text and "random:1: joint / exact" in text
+
+
 def test_bench_hijack_ranks_each_probe_among_the_real_hashtags() -> None:
     """The hijack benchmark's scoring (its encoder run takes half a minute: not here)."""
     import numpy as np

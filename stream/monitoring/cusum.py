@@ -351,6 +351,7 @@ def calibrate(
     *,
     seed: int = 0,
     chance_hit: float | None = None,
+    margin: float = ISOLATION_NATS,
 ) -> tuple[dict[str, float], float]:
     """Thresholds for ``charts`` run together, whose union's in-control ARL is ``arl0``; and
     the overlap factor used.
@@ -362,7 +363,8 @@ def calibrate(
     the in-control model at :data:`PROBE_ARL` events -- twice, to follow how it changes with
     the thresholds -- and each chart is set to ``len(charts) * arl0 / ρ``.  With
     ``chance_hit`` the union is the detector's (a crossing raises an alarm once its
-    alternative is isolated: rarer than a crossing, so ``ρ`` may pass ``len(charts)``).
+    alternative is isolated by ``margin`` nats: rarer than a crossing, so ``ρ`` may pass
+    ``len(charts)``).
     """
     laws = {name: increment_law(p0, units, llr) for name, llr in charts.items()}
     if len(charts) == 1:
@@ -382,6 +384,7 @@ def calibrate(
             horizon=int(probe * 12),
             seed=seed,
             chance_hit=chance_hit,
+            margin=margin,
         )
         return float(runs.mean())
 
@@ -584,11 +587,12 @@ def simulate_run_lengths(
     horizon: int,
     seed: int = 0,
     chance_hit: float | None = None,
+    margin: float = ISOLATION_NATS,
 ) -> Ints:
     """In-control run lengths of ``charts`` run together, each run ``horizon`` events at most
     (a run that never alarms counts as ``horizon``: censored): the first chart to cross, or
-    with ``chance_hit`` the detector's alarms (a crossing whose alternative is isolated,
-    :func:`scan`).  Each run is drawn in chunks until its alarm, so it costs its length."""
+    with ``chance_hit`` the detector's alarms (a crossing whose alternative is isolated by
+    ``margin`` nats, :func:`scan`).  Each run is drawn in chunks until its alarm, so it costs its length."""
     rng = np.random.default_rng(seed)
     pool = np.asarray(units, dtype=np.int64)
     lengths = np.full(runs, horizon, dtype=np.int64)
@@ -606,7 +610,7 @@ def simulate_run_lengths(
                 0.0 if chance_hit is None else chance_hit,
                 values=values,
                 segments=segments,
-                margin=0.0 if chance_hit is None else ISOLATION_NATS,
+                margin=0.0 if chance_hit is None else margin,
             )
             if found.alarm is not None:
                 lengths[i] = done + found.alarm + 1
