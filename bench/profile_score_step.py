@@ -16,6 +16,13 @@ unprofiled µs per event as the cost.
 
     python -m bench.profile_score_step                 # prints a markdown section
     python -m bench.profile_score_step --events 5000 --rounds 2 --out /tmp/step.md
+
+cProfile's inflation can be checked with a sampling profiler, which adds no cost per call:
+``--plain-only`` runs the unprofiled passes alone, and ``--stacks`` splits py-spy's raw
+stacks of such a run into the same parts (shares of the step's samples):
+
+    py-spy record -r 200 -f raw -o /tmp/spy.txt -- python -m bench.profile_score_step --plain-only --rounds 5
+    python -m bench.profile_score_step --stacks /tmp/spy.txt
 """
 
 from __future__ import annotations
@@ -79,7 +86,12 @@ def main() -> None:
     p = workload_parser(__doc__, events=5000, per="profiled pass", rounds=2)
     p.add_argument("--redis-url", default=REDIS_URL, help="the Redis of the dedup claims")
     p.add_argument("--top", type=int, default=0, help="also print the N functions with the most own time")
+    p.add_argument("--plain-only", action="store_true", help="the unprofiled passes only (for a sampler)")
+    p.add_argument("--stacks", type=Path, help="split py-spy's raw stacks of a --plain-only run instead")
     args = p.parse_args()
+    if args.stacks is not None:
+        publish(sampled(args.stacks), args.out)
+        return
     command = bench_command("profile_score_step")
     load_before = os.getloadavg()
     collect_less_often()  # as in the worker
@@ -124,6 +136,10 @@ def main() -> None:
 
         step(rounds[0])  # warm: thesaurus loaded, neighbour cache filled
         plain = [step(r) / len(r) * 1e6 for r in rounds[1 : 1 + args.rounds]]
+        if args.plain_only:
+            clear_prefix(args.redis_url, settings.redis_prefix)
+            print(f"step CPU without the profiler: {', '.join(f'{v:.0f}' for v in plain)} µs per event")
+            return
         profiler = cProfile.Profile()
         profiled_events = 0
         for r in rounds[1 + args.rounds :]:
@@ -150,6 +166,52 @@ def main() -> None:
     publish(section, args.out)
     if args.top:
         stats.sort_stats("tottime").print_stats(args.top)
+
+
+def sampled(path: Path) -> list[str]:
+    """The parts of the step as shares of py-spy's samples in the step (``-f raw``: one line
+    per distinct stack, ``frame;frame;... count``; a frame is ``function (file:line)``)."""
+    stacks: list[tuple[list[tuple[str, str]], int]] = []
+    for line in path.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        frames = [
+            (f.split(" (", 1)[0], f.split(" (", 1)[1].rsplit(":", 1)[0])
+            for f in stack.split(";")
+            if " (" in f
+        ]
+        at = [
+            i
+            for i, (name, file) in enumerate(frames)
+            if name.endswith("step") and "profile_score_step" in file
+        ]
+        if at:
+            stacks.append((frames[at[0] + 1 :], int(count)))
+    total = sum(n for _, n in stacks)
+
+    def share(file: str, names: str) -> float:
+        wanted = set(names.split())
+        return float(
+            sum(
+                n
+                for frames, n in stacks
+                if any(f.endswith(file) and name.split(".")[-1] in wanted for name, f in frames)
+            )
+        )
+
+    rows = [
+        f"### The score step's CPU from py-spy's samples ({total:,} samples in the step, `{path.name}`)",
+        "",
+        "| part of the step | share of the step's samples |",
+        "|---|---:|",
+    ]
+    top = 0.0
+    for label, file, names in PARTS:
+        n = share(file, names)
+        if not label.startswith(" "):
+            top += n
+        rows.append(f"| {label} | {n / max(total, 1):.0%} |")
+    rows.append(f"| other (batch loop, follow-ups) | {(total - top) / max(total, 1):.0%} |")
+    return rows
 
 
 def cumulative(stats: pstats.Stats, path: str, names: str) -> float:
