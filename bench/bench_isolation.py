@@ -37,7 +37,15 @@ import numpy as np
 
 from bench.results import bench_command, cpu_model, publish
 from stream.monitoring import cusum
-from workers.commands.backtest.grid import PRE, Model, expected_alternative, median_interval
+from workers.commands.backtest.grid import (
+    PRE,
+    Model,
+    expected_alternative,
+    first_after,
+    joint_alarms,
+    median_interval,
+    single_alarms,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 DRIFTS = "random:0.1,random:0.25,random:0.5,random:1,stale:60,swap:least-popular,synonyms:1"
@@ -84,38 +92,6 @@ def charts_of(design: str, model: Model) -> dict[str, Floats]:
     raise ValueError(f"unknown design {design!r}")
 
 
-def first_joint(
-    counts: np.ndarray,
-    charts: Mapping[str, Floats],
-    thresholds: Mapping[str, float],
-    model: Model,
-    margin: float,
-    change: int,
-) -> tuple[int, str | None] | None:
-    """The joint detector's first alarm at or after ``change`` (restarting after earlier ones)."""
-    steps = {n: cusum.increments(counts, llr) for n, llr in charts.items()}
-    begin = 0
-    while begin < len(counts):
-        tail = {n: x[begin:] for n, x in steps.items()}
-        found = cusum.scan(counts[begin:], tail, thresholds, model.p0, model.chance, margin=margin)
-        if found.alarm is None:
-            return None
-        at = begin + found.alarm
-        if at >= change:
-            return at, found.alternative
-        begin = at + 1
-    return None
-
-
-def first_single(increments: np.ndarray, threshold: float, change: int) -> int | None:
-    begin = 0
-    while (at := cusum.first_alarm(increments[begin:], threshold)) is not None:
-        if begin + at >= change:
-            return begin + at
-        begin += at + 1
-    return None
-
-
 def measure(
     design: str,
     margin: float,
@@ -138,7 +114,7 @@ def measure(
     horizon = int(4 * arl0)
     lengths = []
     for _ in range(arl_reps):
-        found = first_joint(model.sample(rng, horizon), charts, thresholds, model, margin, 1)
+        found = first_after(joint_alarms(model.sample(rng, horizon), charts, thresholds, model, margin), 1)
         lengths.append(horizon if found is None else found[0])
     x = np.array(lengths, dtype=np.float64)
     half = 1.96 * float(x.std(ddof=1)) / math.sqrt(len(x))
@@ -147,13 +123,13 @@ def measure(
         joint, single, wrong = [], [], 0
         for _ in range(reps):
             counts = np.vstack([model.sample(rng, PRE), model.sample(rng, int(arl0), laws[drift])])
-            found = first_joint(counts, charts, thresholds, model, margin, PRE)
+            found = first_after(joint_alarms(counts, charts, thresholds, model, margin), PRE)
             if found is not None and found[0] - PRE < arl0:
                 joint.append(found[0] - PRE + 1)
                 wrong += found[1] != expected_alternative(drift)
-            at = first_single(cusum.increments(counts, exact), exact_threshold, PRE)
-            if at is not None and at - PRE < arl0:
-                single.append(at - PRE + 1)
+            alone = first_after(single_alarms(cusum.increments(counts, exact), exact_threshold), PRE)
+            if alone is not None and alone[0] - PRE < arl0:
+                single.append(alone[0] - PRE + 1)
         row.drifts[drift] = (median_interval(joint), median_interval(single), wrong, len(joint))
     return row
 

@@ -206,9 +206,9 @@ class Calibrated:
         phase = int(rng.integers(int(self.arl0)))
         every = int(self.arl0)
         return {
-            "joint": _joint(counts, self.charts, self.thresholds, self.model),
+            "joint": joint_alarms(counts, self.charts, self.thresholds, self.model),
             **{
-                name: _single(cusum.increments(counts, llr), self.single_thresholds[name])
+                name: single_alarms(cusum.increments(counts, llr), self.single_thresholds[name])
                 for name, llr in self.singles.items()
             },
             "window_exact": _window(counts, "exact", self.window, self.lines["exact"]),
@@ -224,22 +224,26 @@ def _hits(counts: Ints, signal: str) -> Ints:
     return counts[:, 0] if signal == "exact" else counts[:, 0] + counts[:, 1]
 
 
-def _joint(
-    counts: Ints, charts: Mapping[str, Floats], thresholds: Mapping[str, float], model: Model
+def joint_alarms(
+    counts: Ints,
+    charts: Mapping[str, Floats],
+    thresholds: Mapping[str, float],
+    model: Model,
+    margin: float = cusum.ISOLATION_NATS,
 ) -> NextAlarm:
     """The detector as the score workers run it (:func:`stream.monitoring.cusum.scan`: a crossing,
-    then the alternative isolated), the in-control law known."""
+    then the alternative isolated by ``margin`` nats), the in-control law known."""
     steps = {n: cusum.increments(counts, llr) for n, llr in charts.items()}
 
     def next_alarm(begin: int) -> tuple[int, str | None] | None:
         tail = {n: x[begin:] for n, x in steps.items()}
-        found = cusum.scan(counts[begin:], tail, thresholds, model.p0, model.chance)
+        found = cusum.scan(counts[begin:], tail, thresholds, model.p0, model.chance, margin=margin)
         return None if found.alarm is None else (begin + found.alarm, found.alternative)
 
     return next_alarm
 
 
-def _single(increments: Floats, threshold: float) -> NextAlarm:
+def single_alarms(increments: Floats, threshold: float) -> NextAlarm:
     """One CUSUM on one signal: it detects, it names nothing."""
 
     def next_alarm(begin: int) -> tuple[int, str | None] | None:
