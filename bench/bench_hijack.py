@@ -22,12 +22,15 @@ AUC of hijacked (and gradual) against stable probes, how many hijacked probes ar
 * ``versions, cosine`` -- what ``reval thesaurus diff`` ranked until now: the cosine between the
   all-time mean at the cut and the all-time mean at the end (the later tweets diluted by the
   earlier);
-* ``versions, effect`` -- what it ranks now (:func:`stream.synonyms.drift.compare` on two versions that
-  record their raw means): the shift test of the tweets since the older version;
 * ``recent, cosine`` -- the cosine of the mean after the cut against the mean before (the
   index job's ranking until now);
-* ``recent, effect`` -- the spread-aware test (:mod:`stream.synonyms.shift_test`): the shift of the
-  mean in units of the hashtag's own spread.
+* ``effect`` -- the spread-aware test's point effect (:mod:`stream.synonyms.shift_test`): the
+  shift of the mean in units of the hashtag's own spread (the ranking of the round before);
+* ``versions, test`` -- what ``reval thesaurus diff`` ranks now (:func:`stream.synonyms.drift.compare`
+  on two versions that record their raw means), and ``recent, test`` -- what the index job
+  ranks now (:func:`stream.synonyms.drift.recent_shift`): both by the lower end of the
+  effect's 95% interval (:func:`stream.synonyms.shift_test.mover_key`), taken as the order
+  the product lists its movers in.
 
     python -m bench.bench_hijack                           # prints a markdown section
     python -m bench.bench_hijack --seeds 1,2,3 --out /tmp/hijack.md --json /tmp/hijack.json
@@ -48,7 +51,7 @@ import numpy.typing as npt
 from bench.results import bench_command, publish
 from stream.intake.cleaning import Prepared, prepare
 from stream.synonyms.drift import DEFAULT_MIN_SUPPORT, Snapshot, compare, recent_shift
-from stream.synonyms.shift_test import effective_dimension
+from stream.synonyms.shift_test import effective_dimension, shift_test
 from workers.adapters.files.feeds import read_tweets, sample_feed
 
 # Tweets of one crisis: the first of its signature hashtags a tweet carries (CrisisLexT26).
@@ -65,7 +68,7 @@ CRISES: dict[str, tuple[str, ...]] = {
     "philippines-floods": ("rescueph", "reliefph", "maringph", "floodph", "habagat"),
 }
 KINDS = ("hijacked", "gradual", "stable")
-RANKINGS = ("versions, cosine", "versions, effect", "recent, cosine", "recent, effect")
+RANKINGS = ("versions, cosine", "recent, cosine", "effect", "versions, test", "recent, test")
 
 
 @dataclass(frozen=True)
@@ -154,7 +157,7 @@ def evaluate(sides: Sides, min_support: int) -> dict[str, dict[str, float]]:
     shift = recent_shift(
         names, sb + sa, (nb + na).tolist(), sa, na.tolist(), min_support=min_support, top=len(names)
     )
-    effect = {m.hashtag: m.effect for m in shift.movers}
+    point = shift_test(nb, sb, na, sa).effect
     # what `reval thesaurus diff` ranks by now: the test from two versions' raw means and counts
     empty: list[list[str]] = [[] for _ in names]
     old = Snapshot(names, sb / nb[:, None], empty, counts=nb, means=sb / nb[:, None])
@@ -163,12 +166,17 @@ def evaluate(sides: Sides, min_support: int) -> dict[str, dict[str, float]]:
         names, (sb + sa) / total_n[:, None], empty, counts=total_n, means=(sb + sa) / total_n[:, None]
     )
     diff = compare(old, new, min_support=min_support, top=len(names))
-    assert diff.ranked_by == "effect"
+    assert diff.ranked_by == "effect_low"
+
+    def order(ranked: Sequence[str]) -> dict[str, float]:  # the product's order as a score
+        return {h: float(len(ranked) - i) for i, h in enumerate(ranked)}
+
     return {
         "versions, cosine": dict(zip(names, versions.tolist(), strict=True)),
-        "versions, effect": {m.hashtag: float(m.effect or 0.0) for m in diff.movers},
         "recent, cosine": dict(zip(names, recent.tolist(), strict=True)),
-        "recent, effect": effect,
+        "effect": dict(zip(names, point.tolist(), strict=True)),
+        "versions, test": order([m.hashtag for m in diff.movers]),
+        "recent, test": order([m.hashtag for m in shift.movers]),
     }
 
 

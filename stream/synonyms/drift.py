@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from stream.synonyms.shift_test import DEFAULT_EFFECTIVE_DIM, shift_test
+from stream.synonyms.shift_test import DEFAULT_EFFECTIVE_DIM, mover_key, shift_test
 
 #: How many nearest neighbours the overlap compares (a scorer's usual k).
 TOP_NEIGHBOURS = 10
@@ -190,7 +190,8 @@ class ThesaurusDrift:
     jaccard_quantiles: Quantiles | None
     share_top10_changed_over_half: float | None
     movers: tuple[Mover, ...]
-    #: How the movers are ranked: "effect" (the shift test) or "cosine" (versions without raw means).
+    #: How the movers are ranked: "effect_low" (the shift test: the lower end of the effect's
+    #: interval, :func:`stream.synonyms.shift_test.mover_key`) or "cosine" (versions without raw means).
     ranked_by: str = "cosine"
     #: Hashtags tested whose shift is a discovery at 1% false-discovery rate (None: not tested).
     significant: int | None = None
@@ -306,7 +307,7 @@ def compare(
     if tested is not None:
         # The shift test ranks: only hashtags with enough tweets since the old version.
         candidates = [c for c in candidates if c[2] in tested]
-        candidates.sort(key=lambda c: (-round(tested[c[2]][0], 9), c[2]))
+        candidates.sort(key=lambda c: mover_key(tested[c[2]][0], tested[c[2]][1], c[2]))
     else:
         # Cosines equal up to rounding are ties (a vector's cosine with itself may come out as
         # 1 - 1e-16), so that the Jaccard, not float noise, orders them.
@@ -334,7 +335,7 @@ def compare(
         jaccard_quantiles=Quantiles.of(1.0 - shifts.jaccards),
         share_top10_changed_over_half=share,
         movers=movers,
-        ranked_by="cosine" if tested is None else "effect",
+        ranked_by="cosine" if tested is None else "effect_low",
         significant=None if tested is None else sum(1 for t in tested.values() if t[4]),
     )
 
@@ -412,7 +413,8 @@ class RecentShift:
     shift is diluted by all history), this measures the current window on its own.
     ``compared`` counts hashtags with at least ``min_support`` tweets on both sides;
     ``significant`` those whose shift is a discovery at the test's false-discovery rate;
-    ``shift_quantiles`` are of ``1 - cosine`` over them.  Movers: largest effect first.
+    ``shift_quantiles`` are of ``1 - cosine`` over them.  Movers ranked by
+    :func:`stream.synonyms.shift_test.mover_key` (the effect's lower end first).
     """
 
     compared: int
@@ -442,8 +444,8 @@ def recent_shift(
 ) -> RecentShift:
     """Recent against earlier use from running sums of unit-length tweet embeddings:
     all-time ``totals``/``counts`` and the recent window's (a part of them); "before" is
-    their difference, so it is exact for sums and needs no second store.  Movers: largest
-    effect first, then name.
+    their difference, so it is exact for sums and needs no second store.  Movers ranked by
+    :func:`stream.synonyms.shift_test.mover_key`.
 
     >>> unit = lambda *v: np.array(v) / np.linalg.norm(v)
     >>> before = {"flood": 5 * unit(1, 0.1), "rain": 5 * unit(1, 1)}      # tight clusters
@@ -468,7 +470,10 @@ def recent_shift(
     test = shift_test(
         counts_before[rows], before[rows], counts_recent[rows], recent[rows], effective_dim=effective_dim
     )
-    order = sorted(range(len(rows)), key=lambda i: (-round(float(test.effect[i]), 9), kept[i]))
+    order = sorted(
+        range(len(rows)),
+        key=lambda i: mover_key(float(test.effect[i]), float(test.effect_low[i]), kept[i]),
+    )
     movers = tuple(
         RecentMover(
             kept[i],

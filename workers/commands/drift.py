@@ -59,11 +59,11 @@ def _fmt(q: Quantiles | None) -> str:
 
 def _print(drift: ThesaurusDrift, old: Path, new: Path, min_support: int) -> None:
     out = Console()  # stdout as it is at the call (tests capture it)
-    tested = drift.ranked_by == "effect"
+    tested = drift.ranked_by == "effect_low"
     if drift.movers:
         title = (
-            f"hashtags whose tweets since OLD moved furthest beyond their spread (≥ {min_support} "
-            "tweets before and since; * = shifted at 1% FDR)"
+            f"hashtags whose tweets since OLD surely moved furthest beyond their spread: ranked by "
+            f"the effect's lower 95% end (≥ {min_support} tweets before and since; * = shifted at 1% FDR)"
             if tested
             else f"hashtags whose meaning moved most (support ≥ {min_support} in both; cosine of the means)"
         )

@@ -317,9 +317,17 @@ def _thesaurus(d: dict[str, Any]) -> dict[str, Any]:
     def words(value: Any) -> str:
         return ", ".join(map(str, value)) if isinstance(value, list) else "—"
 
+    def effect(m: Any) -> str:  # the shift test's ranking value; versions without raw means: none
+        if rv.num(rv.get_in(m, "effect")) is None:
+            return "—"
+        star = "*" if rv.get_in(m, "significant") else ""
+        low, high = rv.fmt(rv.get_in(m, "effect_low"), ".2f"), rv.fmt(rv.get_in(m, "effect_high"), ".2f")
+        return f"{rv.fmt(rv.get_in(m, 'effect'), '.2f')}{star} [{low}, {high}]"
+
     rows = [
         [
             rv.text(rv.get_in(m, "hashtag")),
+            effect(m),
             rv.fmt(rv.get_in(m, "cosine"), ".3f"),
             rv.fmt(rv.get_in(m, "jaccard"), ".2f"),
             f"{rv.count(rv.get_in(m, 'support_old'))} → {rv.count(rv.get_in(m, 'support_new'))}",
@@ -328,8 +336,8 @@ def _thesaurus(d: dict[str, Any]) -> dict[str, Any]:
         ]
         for m in movers
     ]
-    header = ["hashtag", "cosine", "jaccard", "support", "old neighbours", "new neighbours"]
-    return {"plot": plot, "movers": Table(header, rows, [False, True, True, True])}
+    header = ["hashtag", "effect [95%]", "cosine", "jaccard", "support", "old neighbours", "new neighbours"]
+    return {"plot": plot, "movers": Table(header, rows, [False, True, True, True, True])}
 
 
 def _slices(d: dict[str, Any]) -> Table | None:

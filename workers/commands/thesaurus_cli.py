@@ -226,22 +226,11 @@ def thesaurus_inspect(
     _print_hubness(meta.get("hubness") or {}, th.metadata.hubness_method)
     drift = meta.get("drift") or {}
     if drift.get("movers"):  # written by the index job: what moved since the version before
-        moved = ", ".join(
-            f"#{m['hashtag']} (effect {m['effect']:.2f}{'*' if m['significant'] else ''})"
-            if m.get("effect") is not None
-            else f"#{m['hashtag']} ({m['cosine']:.2f})"
-            for m in drift["movers"][:10]
-        )
+        moved = ", ".join(map(_mover, drift["movers"][:10]))
         out.print(f"moved most since {drift.get('from_version')}: {escape(moved)}")
     recent = drift.get("recent") or {}
     if recent.get("movers"):  # recent use against earlier use, from the window means
-        # versions written before the spread-aware test carry only the cosine
-        moved = ", ".join(
-            f"#{m['hashtag']} (effect {m['effect']:.2f}{'*' if m['significant'] else ''})"
-            if "effect" in m
-            else f"#{m['hashtag']} ({m['cosine']:.2f})"
-            for m in recent["movers"][:10]
-        )
+        moved = ", ".join(map(_mover, recent["movers"][:10]))
         shifted = (
             f"; {recent['significant']} shifted beyond their spread (*)" if "significant" in recent else ""
         )
@@ -255,6 +244,16 @@ def thesaurus_inspect(
                 for side in ("before", "recent"):
                     texts = " | ".join(_clip(t) for t in m.get(f"examples_{side}", [])) or "(none sampled)"
                     out.print(f"    {side}: {escape(texts)}")
+
+
+def _mover(m: dict[str, Any]) -> str:
+    """A mover as inspect lists it: the effect and its 95% lower end (the ranking), ``*`` when
+    shifted; versions written before the spread-aware test carry only the cosine."""
+    if m.get("effect") is None:
+        return f"#{m['hashtag']} ({m['cosine']:.2f})"
+    star = "*" if m["significant"] else ""
+    low = f" ≥ {m['effect_low']:.2f}" if m.get("effect_low") is not None else ""
+    return f"#{m['hashtag']} (effect {m['effect']:.2f}{low}{star})"
 
 
 def _clip(text: str, width: int = 70) -> str:
@@ -273,8 +272,9 @@ def thesaurus_diff_cmd(
     as_json: JsonObject = False,
 ) -> None:
     """Which hashtags' meaning moved between two versions: each hashtag's tweets since OLD
-    tested against its tweets up to OLD and their spread (movers ranked by the effect; versions
-    without raw means: by the cosine of the two means), the overlap of its top-10 neighbours."""
+    tested against its tweets up to OLD and their spread (movers ranked by the lower end of the
+    effect's 95% interval; versions without raw means: by the cosine of the two means), the
+    overlap of its top-10 neighbours."""
     from workers.commands.drift import thesaurus_diff
 
     try:

@@ -162,11 +162,14 @@ class Indexer:
         if shift.movers:
             log.info(
                 "index: last %s of event time against before: %d hashtags compared, %d shifted "
-                "beyond their spread; moved most (effect, p): %s",
+                "beyond their spread; moved most (effect >= its 95%% lower end, p): %s",
                 duration_text(n_recent * (self.settings.means_window_s or 0)),
                 shift.compared,
                 shift.significant,
-                ", ".join(f"#{m.hashtag} ({m.effect:.2f}, {m.p:.1g})" for m in shift.movers[:5]),
+                ", ".join(
+                    f"#{m.hashtag} ({m.effect:.2f} >= {m.effect_low:.2f}, {m.p:.1g})"
+                    for m in shift.movers[:5]
+                ),
             )
         return shift, since
 
