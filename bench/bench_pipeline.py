@@ -221,8 +221,6 @@ def worker_summary(worker: Worker) -> dict[str, float]:
         "admit_s": get("reval_embed_admit_seconds_sum"),
         "claim_s": get("reval_redis_seconds_sum", op="claim"),
         "apply_s": get("reval_redis_seconds_sum", op="apply"),
-        "sample_s": get("reval_redis_seconds_sum", op="sample"),
-        "reservoir_s": get("reval_redis_seconds_sum", op="reservoir"),
         "dropped": sum(v for (n, _), v in m.items() if n == "reval_tweets_dropped_total"),
         "rejected": sum(v for (n, _), v in m.items() if n == "reval_records_rejected_total"),
     }

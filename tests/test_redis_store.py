@@ -13,7 +13,7 @@ import subprocess
 import time
 import uuid
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,6 +27,7 @@ from redis.cluster import RedisCluster
 from stream.intake.records import Coordinates
 from stream.synonyms.means import HashtagMeans
 from workers.adapters.redis.means_format import HEAD_COMPONENTS
+from workers.adapters.redis.redis_client import Command
 from workers.adapters.redis.redis_means import (
     Contribution,
     DimensionError,
@@ -306,8 +307,8 @@ def test_a_failed_apply_is_rerun_before_the_next_batch(
     store.apply(stream[:64])
     real = store._execute
 
-    def flaky(plan: _Plan, changed: bool = True) -> object:
-        real(_Plan(plan.calls[::2], 0), changed)  # half of it ran, then the connection died
+    def flaky(plan: _Plan, changed: bool = True, riders: Sequence[Command] = ()) -> object:
+        real(_Plan(plan.calls[::2], 0), changed, riders)  # half of it ran, then the connection died
         raise redis.ConnectionError("connection lost")
 
     with monkeypatch.context() as m:
@@ -328,11 +329,11 @@ def test_a_batch_retried_many_times_is_written_once_per_try(
     real = store._execute
     sizes: list[int] = []
 
-    def failing(plan: _Plan, changed: bool = True) -> object:
+    def failing(plan: _Plan, changed: bool = True, riders: Sequence[Command] = ()) -> object:
         sizes.append(len(plan.calls))
         if len(sizes) < 6:
             raise redis.ConnectionError("failover")
-        return real(plan, changed)
+        return real(plan, changed, riders)
 
     monkeypatch.setattr(store, "_execute", failing)
     for _ in range(6):
@@ -736,3 +737,40 @@ def test_redis_cluster_crashes_and_redelivery(
     cluster: RedisCluster, log: list[Contribution], data: st.DataObject
 ) -> None:
     simulate(cluster, log, data)
+
+
+@pytest.mark.parametrize("where", ["client", "cluster"])
+def test_other_stores_writes_ride_in_the_means_write_round_trip(
+    where: str, request: pytest.FixtureRequest
+) -> None:
+    """The embed batch's drift sample and coherence reservoir are sent in the means' second
+    round trip (issue 36 §4): they land, a flushed script cache is repaired on the way, and a
+    batch with nothing for the means still sends them."""
+    from workers.adapters.redis.redis_reservoir import RedisReservoir
+    from workers.adapters.redis.redis_state import RedisSamples
+
+    client = request.getfixturevalue(where)
+    prefix = _prefix()
+    means = RedisMeans(client, prefix=prefix)
+    samples = RedisSamples(client, prefix, rate=1.0, cap=100)
+    reservoir = RedisReservoir(client, prefix, 5)
+    stream = zipf_stream(np.random.default_rng(12), 40, dim=16)
+    for node in [client] if where == "client" else client.get_primaries():
+        (client if where == "client" else client.get_redis_connection(node)).script_flush()
+    riders = [
+        *samples.commands([(f"t:0:{i}", 3600.0 * (i % 3), c.vector) for i, c in enumerate(stream)]),
+        *reservoir.commands([(tuple(c.hashtags), f"text {i}", 0.0) for i, c in enumerate(stream)]),
+    ]
+    try:
+        result = means.apply(stream, riders)
+        assert result.applied == sum(len(set(c.hashtags)) for c in stream)
+        assert samples.add([(f"t:0:{i}", 3600.0 * (i % 3), c.vector) for i, c in enumerate(stream)]) == 0
+        assert sum(len(texts) for texts in reservoir.samples({"tag0", "tag1"}).values()) > 0
+        # nothing for the means (no hashtags): the riders still go
+        lone = Contribution(Coordinates("tweets", 9, 1), [], stream[0].vector)
+        assert means.apply([lone], samples.commands([("t:9:1", 0.0, stream[0].vector)])).applied == 0
+        assert samples.add([("t:9:1", 0.0, stream[0].vector)]) == 0  # already there
+    finally:
+        means.clear()
+        for key in list(client.scan_iter(match=f"{prefix}:*")):
+            client.delete(key)

@@ -53,7 +53,8 @@ class Embedder:
         self.incarnations = incarnations
         # Two barriers per batch: the claims must be on the replicas before anything is
         # written on what they decided (on a cluster they live on other masters than the
-        # means); the means, samples and reservoir share the second (one WAIT per master).
+        # means); the means, samples and reservoir -- one pipeline -- share the second (one
+        # WAIT per master).
         self.replication = replication_of(client, settings, exporter)
         self.means = means_of(client, settings, dim=encoder.dim)
         self.seen = RedisSeen(
@@ -138,21 +139,21 @@ class Embedder:
         # With its event time: a mover's examples are split into before and after by it.
         texts = [(p.hashtags, coherence_text(p.text), _event_time(r, p)) for r, p in kept]
 
+        # The drift sample and the reservoir ride in the means' write round trip: one unit of
+        # work per batch, closed by one replication barrier.
+        riders = [*self.samples.commands(sample), *self.reservoir.commands(texts)]
+
         def write() -> tuple[ApplyResult, list[float]]:
             times = [time.perf_counter()]
             with replicated(self.replication):
-                result = self.means.apply(contributions)
-                times.append(time.perf_counter())
-                self.samples.add(sample)
-                times.append(time.perf_counter())
-                self.reservoir.add(texts)
+                result = self.means.apply(contributions, riders)
                 times.append(time.perf_counter())
             times.append(time.perf_counter())
             return result, times
 
         # Every write is idempotent, so a retry (a failover, replicas waited out) redoes them all.
         applied, times = with_retry("running means and samples", write, report=self.x.redis_report)
-        steps = ("apply", "sample", "reservoir", "barrier")
+        steps = ("apply", "barrier")
         for op, start, end in zip(steps, times, times[1:], strict=False):
             self.x.redis_seconds.labels(op).observe(end - start)
 

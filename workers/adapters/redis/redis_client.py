@@ -128,25 +128,63 @@ def eval_by_slot(
 def _eval_pipelined(
     client: Client, script: Any, calls: Sequence[tuple[Sequence[str], Sequence[Any]]]
 ) -> list[Any]:
-    """Run ``script`` once per ``(keys, args)`` in one pipeline round trip.
+    """Run ``script`` once per ``(keys, args)`` in one pipeline round trip (:func:`send`)."""
+    return send(client, [Command.eval(script, keys, args) for keys, args in calls])
 
-    EVALSHA directly (not ``Script.__call__``, which adds a SCRIPT EXISTS round trip
-    on a pipeline and is blocked on cluster pipelines); on NOSCRIPT the script is
-    loaded and the pipeline re-run -- every script here is idempotent.
-    """
-    for attempt in (1, 2):
-        pipe = client.pipeline(transaction=False)
-        for keys, args in calls:
-            pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
-        results = list(pipe.execute(raise_on_error=False))
-        if attempt == 1 and any(isinstance(r, NoScriptError) for r in results):
+
+class Command:
+    """One command of a store's writes, built without I/O so that whoever sends the batch's
+    writes can send it in its own pipeline (one round trip for several stores; issue 36 §4):
+    a plain command, or a script run by EVALSHA -- the script kept, so that a NOSCRIPT reply
+    (the script cache flushed, a new node) can be repaired by loading it and sending again.
+
+    EVALSHA directly, not ``Script.__call__``: that adds a SCRIPT EXISTS round trip on a
+    pipeline and is blocked on cluster pipelines."""
+
+    __slots__ = ("args", "script")
+
+    def __init__(self, *args: Any, script: Any = None) -> None:
+        self.args, self.script = args, script
+
+    @classmethod
+    def eval(cls, script: Any, keys: Sequence[str], args: Sequence[Any]) -> Command:
+        return cls(len(keys), *keys, *args, script=script)
+
+    def queue(self, pipe: Any) -> None:
+        if self.script is None:
+            pipe.execute_command(*self.args)
+        else:
+            pipe.execute_command("EVALSHA", self.script.sha, *self.args)
+
+
+def send(client: Client, commands: Sequence[Command]) -> list[Any]:
+    """Send ``commands`` in one pipeline round trip; their replies, in order."""
+    if not commands:
+        return []
+    pipe = client.pipeline(transaction=False)
+    for command in commands:
+        command.queue(pipe)
+    return settle(client, commands, list(pipe.execute(raise_on_error=False)))
+
+
+def settle(client: Client, commands: Sequence[Command], replies: list[Any]) -> list[Any]:
+    """The replies of ``commands`` sent in a pipeline (``raise_on_error=False``): a script the
+    server did not know is loaded and its commands sent again (every script here is
+    idempotent), once; any other error raised."""
+    missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
+    if missing:
+        scripts = {id(commands[i].script): commands[i].script for i in missing}
+        for script in scripts.values():
             script.sha = cast(redis.Redis, client).script_load(script.script)
-            continue
-        for result in results:
-            if isinstance(result, Exception):
-                raise result
-        return results
-    raise AssertionError("unreachable")
+        pipe = client.pipeline(transaction=False)
+        for i in missing:
+            commands[i].queue(pipe)
+        for i, reply in zip(missing, pipe.execute(raise_on_error=False), strict=True):
+            replies[i] = reply
+    for reply in replies:
+        if isinstance(reply, Exception):
+            raise reply
+    return replies
 
 
 class ReplicationLagError(RedisError):

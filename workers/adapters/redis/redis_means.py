@@ -44,7 +44,7 @@ from workers.adapters.redis.means_format import (
     stored_dim,
     vectors_bytes,
 )
-from workers.adapters.redis.redis_client import Replication, replicated
+from workers.adapters.redis.redis_client import Command, Replication, replicated, send, settle
 
 Client: TypeAlias = "redis.Redis | RedisCluster"
 
@@ -232,13 +232,16 @@ class RedisMeans:
 
     # -- writing --------------------------------------------------------------
 
-    def apply(self, contributions: Sequence[Contribution]) -> ApplyResult:
+    def apply(self, contributions: Sequence[Contribution], riders: Sequence[Command] = ()) -> ApplyResult:
         """Add a batch of embedded tweets to their hashtags' running means, exactly once.
 
         Two pipelined round trips: the folded watermarks, then one HSET per distinct
         hashtag (its records, keyed by Kafka coordinates, into its log) plus one SADD to
         the changed set; then, for the hashtags whose log reached ``fold_after`` records,
-        two more (read, fold).
+        two more (read, fold).  ``riders``: other stores' idempotent writes of the same batch
+        (:class:`~workers.adapters.redis.redis_client.Command`), sent in the second round trip
+        (issue 36 §4: one unit of work per batch), in a round trip of their own when the batch
+        writes nothing to the means; an error in them is raised after the means' writes.
         Contributions must arrive in offset order per partition across batches (Kafka's
         order); within a batch any order is fine.  Raises :class:`DimensionError` /
         :class:`ValueError` before touching Redis.
@@ -258,7 +261,7 @@ class RedisMeans:
             plan = _Plan(tuple(dict.fromkeys(self._unfinished.calls + plan.calls)), plan.duplicates)
         try:
             with replicated(self.replication):
-                result = self._execute(plan)
+                result = self._execute(plan, riders=riders)
         except Exception:
             self._unfinished = plan
             raise
@@ -340,10 +343,11 @@ class RedisMeans:
                 f"{dim}-d vectors; the store {self.prefix!r} holds {self._dim}-d running means"
             )
 
-    def _execute(self, plan: _Plan, changed: bool = True) -> ApplyResult:
-        """Run the plan's HSETs in one pipeline, then fold the logs that grew long (the crash
-        tests run subsets of a plan)."""
+    def _execute(self, plan: _Plan, changed: bool = True, riders: Sequence[Command] = ()) -> ApplyResult:
+        """Run the plan's HSETs (and the ``riders``) in one pipeline, then fold the logs that
+        grew long (the crash tests run subsets of a plan)."""
         if not plan.calls:
+            send(self.client, riders)
             return ApplyResult(0, plan.duplicates, frozenset())
         # Round trip 1: the folded watermarks.  A record at or below its partition's was
         # folded already (a redelivery): it is not written again.
@@ -365,7 +369,16 @@ class RedisMeans:
             pipe.hlen(call.keys[1])
         if changed and writes:
             pipe.sadd(self._changed_key, *(call.hashtag for call, _ in writes))
-        replies = pipe.execute()
+        for rider in riders:
+            rider.queue(pipe)
+        replies = pipe.execute(raise_on_error=False)
+        if riders:  # their NOSCRIPT repaired; any error raised once the means' are checked
+            replies, ridden = replies[: len(replies) - len(riders)], replies[len(replies) - len(riders) :]
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+        if riders:
+            settle(self.client, riders, ridden)
         applied = 0
         touched, long_logs = [], []
         for i, (call, fields) in enumerate(writes):

@@ -32,7 +32,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from stream.auditing.coherence import BottomK, sample_priority
-from workers.adapters.redis.redis_client import Client
+from workers.adapters.redis.redis_client import Client, Command, send
 
 MAX_TEXT_BYTES = 1024
 #: The score's layout: the priority's top PRIORITY_BITS, then HOUR_BITS of event-time hour.
@@ -87,9 +87,15 @@ class RedisReservoir:
 
     def add(self, items: Iterable[tuple[Sequence[str], str, float]]) -> int:
         """``(hashtags, text, event time)`` per tweet (empty texts skipped); one round trip,
-        one ZADD and one trim per hashtag.  Only the batch's own bottom-k of a hashtag is
-        sent: the stored sample is the bottom-k of the union, which no text outside the
-        batch's can enter.  Returns how many (hashtag, text) writes were sent."""
+        one ZADD and one trim per hashtag.  Returns how many (hashtag, text) writes were sent."""
+        commands = self.commands(items)
+        send(self.client, commands)
+        return sum((len(c.args) - 3) // 2 for c in commands if c.args[0] == "ZADD")
+
+    def commands(self, items: Iterable[tuple[Sequence[str], str, float]]) -> list[Command]:
+        """:meth:`add`'s writes, for a caller that sends them in its own pipeline.  Only the
+        batch's own bottom-k of a hashtag is sent: the stored sample is the bottom-k of the
+        union, which no text outside the batch's can enter."""
         sample = BottomK(self.size)
         earliest: dict[tuple[str, str], float] = {}
         pairs = []
@@ -103,18 +109,14 @@ class RedisReservoir:
                 if when < earliest.get(pair, when + 1):
                     earliest[pair] = when
         sample.update(pairs)
-        kept = sample.get()
-        if not kept:
-            return 0
-        pipe = self.client.pipeline(transaction=False)
-        for hashtag, texts in kept.items():
+        commands = []
+        for hashtag, texts in sample.get().items():
             key = self.key(hashtag)
             # LT: a text already kept keeps the earliest hour it was seen at.
-            scores = {text: sample_score(hashtag, text, earliest[hashtag, text]) for text in texts}
-            pipe.zadd(key, scores, lt=True)
-            pipe.zremrangebyrank(key, self.size, -1)
-        pipe.execute()
-        return sum(len(texts) for texts in kept.values())
+            scored = [(sample_score(hashtag, text, earliest[hashtag, text]), text) for text in texts]
+            commands.append(Command("ZADD", key, "LT", *(x for pair in scored for x in pair)))
+            commands.append(Command("ZREMRANGEBYRANK", key, self.size, -1))
+        return commands
 
     def hashtags(self) -> set[str]:
         """Every hashtag with a sample (a SCAN: call it once per index build)."""

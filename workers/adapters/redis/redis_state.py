@@ -53,7 +53,15 @@ from typing import Any, cast
 import numpy as np
 import numpy.typing as npt
 
-from workers.adapters.redis.redis_client import Client, Replication, eval_by_slot, eval_many, replicated
+from workers.adapters.redis.redis_client import (
+    Client,
+    Command,
+    Replication,
+    eval_by_slot,
+    eval_many,
+    replicated,
+    send,
+)
 
 # KEYS: the keys to claim; ARGV: ttl, then each key's claimant.  Returns, per key, 1 when the
 # claimant owns it (claimed now, or before by the same claimant: a redelivery), else 0.
@@ -193,18 +201,24 @@ class RedisSamples:
     def add(self, items: Sequence[tuple[str, float, npt.NDArray[np.floating[Any]]]]) -> int:
         """``(claimant, event time in seconds, vector)`` of embedded tweets; one round trip.
         Returns how many went into a sample."""
-        calls = [
-            (
-                f"{self.prefix}:{int(when // self.bucket_s)}",
+        commands = self.commands(items)
+        if not commands:
+            return 0
+        with replicated(self.replication):
+            return sum(int(x) for x in send(self.client, commands))
+
+    def commands(self, items: Sequence[tuple[str, float, npt.NDArray[np.floating[Any]]]]) -> list[Command]:
+        """:meth:`add`'s writes (one script call per sampled tweet), for a caller that sends
+        them in its own pipeline."""
+        return [
+            Command.eval(
+                self._add,
+                [f"{self.prefix}:{int(when // self.bucket_s)}"],
                 (claimant, np.asarray(vector, dtype="<f4").tobytes(), self.cap, self.ttl),
             )
             for claimant, when, vector in items
             if self.sampled(claimant)
         ]
-        if not calls:
-            return 0
-        with replicated(self.replication):
-            return sum(int(x) for x in eval_many(self.client, self._add, calls))
 
     def windows(self) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
         """(reference, recent): the samples of the last ``window_s`` of event time, ending at
