@@ -72,7 +72,7 @@ from workers.adapters.redis.redis_client import clear_prefix
 from workers.dev.broker import ENGINES, local_broker
 from workers.dev.kafka_cluster import KafkaCluster
 from workers.dev.stack import Stack, Worker, wait_for
-from workers.service.runtime import encode_json
+from workers.service.runtime import value_bytes
 from workers.service.score import SCORE_BATCH, Scorer, collect_less_often
 from workers.settings import Settings
 
@@ -264,7 +264,7 @@ def main() -> None:
                     items, _ = scorer.admit_events(records[i : i + size])
                     outcome = scorer.apply_events(items)
                     for out in outcome.outputs:  # as the runtime encodes an output
-                        encode_json(out.value)
+                        value_bytes(out.value)
                     for after in outcome.after:
                         after()
                 return time.perf_counter() - t0

@@ -47,7 +47,7 @@ from workers.adapters.files.annoy_thesaurus import AnnoyThesaurus
 from workers.adapters.files.store import ThesaurusStore
 from workers.adapters.prometheus.exporter import Exporter
 from workers.adapters.redis.redis_client import clear_prefix
-from workers.service.runtime import encode_json
+from workers.service.runtime import value_bytes
 from workers.service.score import SCORE_BATCH, Scorer, collect_less_often
 from workers.settings import Settings
 
@@ -72,13 +72,16 @@ PARTS = [
         "stream/evaluation/rank_grid.py",
         "__init__ reval ranked precision reciprocal_rank exact slice_reval",
     ),
-    ("records from the columns (the outputs' dicts)", "stream/evaluation/scoring.py", "records"),
+    (
+        "records' bytes from the columns (workers.service.score.encode_scores, orjson included)",
+        "workers/service/score.py",
+        "encode_scores",
+    ),
     (
         "quality aggregation (stream.evaluation.quality, the metrics' sums)",
         "workers/service/score.py",
         "_observe",
     ),
-    ("JSON encoding of each output (orjson)", "workers/service/runtime.py", "encode_json"),
 ]
 
 
@@ -127,7 +130,7 @@ def main() -> None:
                 items, _ = scorer.admit_events(records[i : i + size])
                 outcome = scorer.apply_events(items)
                 for out in outcome.outputs:
-                    encode_json(out.value)
+                    value_bytes(out.value)
                 for after in outcome.after:
                     after()
             if profiler is not None:

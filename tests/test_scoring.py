@@ -260,6 +260,15 @@ def test_a_batch_scores_exactly_as_the_oracle_one_event_at_a_time(batch, ks, rs,
     oracle = [oracle_record(e, truth, single, ks, rs, weights) for e, truth in events]
     assert batched == oracle
     assert [orjson.dumps(s) for s in batched] == [orjson.dumps(s) for s in oracle]
+    # The score worker writes the records' bytes from the columns: the same bytes.
+    from workers.service.score import encode_scores
+
+    extras = [
+        {"index_version": "v1", "event_time": 1.5 * i, "ground_truth": list(t)}
+        for i, (_, t) in enumerate(events)
+    ]
+    written = encode_scores(score_batch(events, cache(), ks, rs, weights), extras)
+    assert written == [orjson.dumps({**o, **x}) for o, x in zip(oracle, extras, strict=True)]
     one = cache()
     assert [score_event(e, truth, one, ks, rs, weights).to_json() for e, truth in events[:5]] == oracle[:5]
 
@@ -307,3 +316,22 @@ def test_reciprocal_rank_of_the_first_hit() -> None:
     )
     assert summary.get()["by_k"]["0"]["reval_reciprocal_rank"] == 1.0
     assert summary.get()["unscorable"] == 1
+
+
+def test_the_worker_writes_a_record_json_cannot_carry_as_a_dict_for_its_dead_letter() -> None:
+    """A tweet id that is not valid Unicode (a lone surrogate, which a JSON parser accepts)
+    cannot be written: that event's record stays a dict, which the delivery dead-letters as
+    unserialisable; its neighbours are written as bytes."""
+    import orjson
+
+    from workers.service.score import encode_scores
+
+    cache = NeighbourCache(_thesaurus(), max_k=3)
+    events = [(Recommendation(i, ("swim",)), ("sport",)) for i in ("1", "\ud800", "3")]
+    batch = score_batch(events, cache, ks=(0, 3), rs=(None,))
+    written = encode_scores(batch, [{"event_time": 1.0}] * 3)
+    assert isinstance(written[1], dict) and written[1]["tweet_id"] == "\ud800"
+    assert written[0] == orjson.dumps({**batch.records()[0], "event_time": 1.0})
+    assert isinstance(written[2], bytes) and orjson.loads(written[2])["tweet_id"] == "3"
+    with pytest.raises(TypeError):
+        orjson.dumps(written[1])

@@ -129,40 +129,54 @@ class ScoredBatch:
 
     def records(self) -> list[dict[str, Any]]:
         """Each event's scores record (the scores topic's JSON, keys in the order of
-        :data:`stream.evaluation.signals.RECORD_KEYS`): ``{r: {k: value}}`` per signal.  Cells with the
-        same values share one dict (never modified): most events repeat a few rows."""
+        :data:`stream.evaluation.signals.RECORD_KEYS`): ``{r: {k: value}}`` per signal.  Events with
+        the same cell of a signal share one dict (never modified)."""
+        columns = [
+            c.shared().per_event()
+            if isinstance(c, CellRows)
+            else c.per_event()
+            if isinstance(c, Shared)
+            else c
+            for c in self.columns().values()
+        ]
+        return [dict(zip(RECORD_KEYS, row, strict=True)) for row in zip(*columns, strict=True)]
+
+    def columns(self) -> dict[str, Sequence[Any] | CellRows | Shared]:
+        """The records as columns, by key in the order of :data:`stream.evaluation.signals.RECORD_KEYS`:
+        the per-event fields as lists, each signal's cells as :class:`CellRows` (the slices as
+        a :class:`Shared` column; an unscorable event's cells are all ``{}``).  What
+        :meth:`records` assembles, and what a writer of the records' bytes encodes -- each
+        distinct cell once."""
         keys = [str(k) for k in self.ks]
         rs = self.rs
         n = len(self)
-        cells: dict[str, list[Any]] = {}
-        empty: list[Any] = [{}] * n
+        scorable = self.scorable
+        empty = Shared([{}], np.zeros(n, dtype=np.int64))
+        cells: dict[str, CellRows | Shared] = {}
         for signal in SIGNALS:
-            cells[signal.key] = _shared_cells(self.values[signal.key], rs, keys)
-        cells["exact"] = _shared_cells(self.exact, rs, list(ExactScores.NAMES))
+            cells[signal.key] = _shared_cells(self.values[signal.key], rs, keys, scorable)
+        cells["exact"] = _shared_cells(self.exact, rs, list(ExactScores.NAMES), scorable)
         corrected = self.corrected()
         if corrected is None or self.expected is None:
             cells["reval_hit_ratio_expected"] = cells["reval_hit_ratio_corrected"] = empty
         else:
-            cells["reval_hit_ratio_expected"] = _shared_cells(self.expected, rs, keys)
-            cells["reval_hit_ratio_corrected"] = _shared_cells(corrected, rs, keys, nan_is_none=True)
-        cells["reval_hit_ratio_slices"] = self._slice_cells(keys) if self.slices else empty
+            cells["reval_hit_ratio_expected"] = _shared_cells(self.expected, rs, keys, scorable)
+            cells["reval_hit_ratio_corrected"] = _shared_cells(
+                corrected, rs, keys, scorable, nan_is_none=True
+            )
+        cells["reval_hit_ratio_slices"] = self._slice_cells(keys, scorable) if self.slices else empty
         fields: dict[str, Sequence[Any]] = {
             "tweet_id": self.tweet_ids,
             "recommender": self.recommenders,
             "thesaurus_version": [self.version] * n,
-            "scorable": [u is None for u in self.unscorable],
+            "scorable": scorable.tolist(),
             "unscorable_reason": self.unscorable,
             "unknown_recommended": self.unknown_recommended.tolist(),
             "n_recommended": self.n_recommended.tolist(),
         }
-        columns = [fields[key] if key in fields else cells[key] for key in RECORD_KEYS]
-        out = [dict(zip(RECORD_KEYS, row, strict=True)) for row in zip(*columns, strict=True)]
-        for i, reason in enumerate(self.unscorable):
-            if reason is not None:  # no score: every cell empty
-                out[i].update({key: {} for key in cells})
-        return out
+        return {key: fields[key] if key in fields else cells[key] for key in RECORD_KEYS}
 
-    def _slice_cells(self, keys: list[str]) -> list[dict[str, Any]]:
+    def _slice_cells(self, keys: list[str], scorable: Flags) -> Shared:
         """Each event's ``{r: {slice: {k: value}}}`` over the slices its ground truth falls in."""
         names = [name for name in SLICES if name in self.slices]
         n, width = len(self), len(self.rs) * len(self.ks)
@@ -184,7 +198,7 @@ class ScoredBatch:
                         out[label][name] = dict(zip(keys, row[lo : lo + len(keys)], strict=True))
             return out
 
-        return _shared_rows(flat, cell)
+        return _shared_rows(flat, cell, scorable)
 
     def take(self, rows: Sequence[int]) -> ScoredBatch:
         """The batch of these events only, in this order."""
@@ -207,36 +221,98 @@ class ScoredBatch:
         return EventScore(self, i)
 
 
-def _shared_rows(flat: Floats, make: Callable[[list[float]], Any]) -> list[Any]:
+@dataclass(frozen=True)
+class CellRows:
+    """A signal's cells as their distinct rows of floats: event ``i``'s cell is
+    ``{r: {key: value}}`` of ``rows[index[i]]`` (r-major), or ``{}`` where ``index[i]`` is -1
+    (an unscorable event).  ``nan_is_none``: a NaN is written None (the corrected score
+    where the expectation leaves no room).  A writer of the records' bytes formats the rows
+    without building the dicts; :meth:`shared` builds them, once per distinct row.
+
+    >>> cells = CellRows(np.array([[0.5, 1.0]]), np.array([0, -1]), ("all",), ("0", "5"))
+    >>> cells.shared().per_event()
+    [{'all': {'0': 0.5, '5': 1.0}}, {}]
+    """
+
+    rows: Floats
+    index: Ints
+    rs: tuple[str, ...]
+    keys: tuple[str, ...]
+    nan_is_none: bool = False
+
+    def shared(self) -> Shared:
+        width = len(self.keys)
+
+        def cell(values: list[float]) -> dict[str, Any]:
+            row: list[float | None] = (
+                [None if v != v else v for v in values] if self.nan_is_none else [*values]
+            )
+            return {
+                label: dict(zip(self.keys, row[j * width : (j + 1) * width], strict=True))
+                for j, label in enumerate(self.rs)
+            }
+
+        values = [cell(row) for row in self.rows.tolist()]
+        if (self.index < 0).any():
+            values.append({})
+        return Shared(values, np.where(self.index < 0, len(values) - 1, self.index))
+
+    def per_event(self) -> list[Any]:
+        return self.shared().per_event()
+
+
+@dataclass(frozen=True)
+class Shared:
+    """A column whose events share a few distinct values: event ``i``'s is
+    ``values[index[i]]``.
+
+    >>> Shared(["a", "b"], np.array([1, 0, 1])).per_event()
+    ['b', 'a', 'b']
+    """
+
+    values: list[Any]
+    index: Ints
+
+    def per_event(self) -> list[Any]:
+        values = self.values
+        return [values[j] for j in self.index.tolist()]
+
+
+def _shared_rows(flat: Floats, make: Callable[[list[float]], Any], scorable: Flags) -> Shared:
     """``make(row)`` for each row of ``flat``, made once per distinct row (bytes: -0.0 and NaN
-    are rows of their own) and shared by the rows equal to it."""
+    are rows of their own) and shared by the rows equal to it; ``{}`` for the rows that are
+    not ``scorable``."""
     n = len(flat)
-    if n == 0:
-        return []
-    if flat.shape[1] == 0:
-        made = make([])
-        return [made] * n
-    flat = np.ascontiguousarray(flat)
-    rows = flat.view(np.dtype((np.void, flat.dtype.itemsize * flat.shape[1]))).ravel()
-    _, first, inverse = np.unique(rows, return_index=True, return_inverse=True)
-    distinct = [make(row) for row in flat[first].tolist()]
-    return [distinct[j] for j in inverse.ravel().tolist()]
+    values: list[Any] = []
+    index = np.zeros(n, dtype=np.int64)
+    if n and flat.shape[1] == 0:
+        values = [make([])]
+    elif n:
+        flat = np.ascontiguousarray(flat)
+        rows = flat.view(np.dtype((np.void, flat.dtype.itemsize * flat.shape[1]))).ravel()
+        _, first, inverse = np.unique(rows, return_index=True, return_inverse=True)
+        values = [make(row) for row in flat[first].tolist()]
+        index = inverse.ravel().astype(np.int64)
+    if not scorable.all():  # no score: every cell empty
+        values.append({})
+        index = np.where(scorable, index, len(values) - 1)
+    return Shared(values, index)
 
 
 def _shared_cells(
-    cells: Floats, rs: Sequence[str], keys: Sequence[str], nan_is_none: bool = False
-) -> list[Any]:
-    """Each event's ``{r: {key: value}}`` of a |B| x |r| x len(keys) array; the inner dicts are
-    made once per distinct row of values."""
+    cells: Floats, rs: Sequence[str], keys: Sequence[str], scorable: Flags, nan_is_none: bool = False
+) -> CellRows:
+    """The distinct event rows of a |B| x |r| x len(keys) array (bytes: -0.0 and NaN are rows
+    of their own), and which each event has (-1: not ``scorable``)."""
     n, n_r = cells.shape[:2]
-
-    def row(values: list[float]) -> dict[str, Any]:
-        if nan_is_none:
-            return dict(zip(keys, [None if v != v else v for v in values], strict=True))
-        return dict(zip(keys, values, strict=True))
-
-    by_r = _shared_rows(cells.reshape(n * n_r, -1), row)
-    return [dict(zip(rs, by_r[i * n_r : (i + 1) * n_r], strict=True)) for i in range(n)]
+    flat = np.ascontiguousarray(cells.reshape(n, n_r * len(keys)))
+    if n == 0 or flat.shape[1] == 0:
+        rows, index = flat[:1], np.zeros(n, dtype=np.int64)
+    else:
+        void = flat.view(np.dtype((np.void, flat.dtype.itemsize * flat.shape[1]))).ravel()
+        _, first, inverse = np.unique(void, return_index=True, return_inverse=True)
+        rows, index = flat[first], inverse.ravel().astype(np.int64)
+    return CellRows(rows, np.where(scorable, index, -1), tuple(rs), tuple(keys), nan_is_none)
 
 
 class EventScore:

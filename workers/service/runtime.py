@@ -138,6 +138,11 @@ def encode_json(value: Any) -> bytes:
         return orjson.dumps(value, default=_plain_float, option=orjson.OPT_NON_STR_KEYS)
 
 
+def value_bytes(value: dict[str, Any] | bytes) -> bytes:
+    """An output's value as the bytes produced: already encoded, or :func:`encode_json`."""
+    return value if isinstance(value, bytes) else encode_json(value)
+
+
 def _plain_float(value: Any) -> float:
     """Float subclasses (``numpy.float64``), which orjson leaves to this hook, as floats."""
     if isinstance(value, float):
@@ -188,7 +193,8 @@ class Output:
 
     topic: str
     key: bytes | None
-    value: dict[str, Any]
+    #: The record's JSON, as a dict or already encoded (the scores, from their columns).
+    value: dict[str, Any] | bytes
     source: Record
     dead_lettered: bool = False
     via: Record | None = None
@@ -445,7 +451,7 @@ class Runtime:
         :func:`record_size`), so an output that passes here is never refused by it."""
         limit = self.settings.max_message_bytes
         try:
-            data = encode_json(output.value)
+            data = value_bytes(output.value)
         except (TypeError, ValueError) as exc:
             return self.replace(output, "unserialisable", f"the {output.topic} record is not JSON: {exc}")
         size = record_size(output.key, data)
@@ -460,6 +466,7 @@ class Runtime:
     def _fit_letter(self, output: Output, limit: int) -> tuple[Output, bytes]:
         """A dead letter cut to ``limit``: the carried bytes first, then the source's key and
         the detail (its coordinates and SHA-256 still find the whole record)."""
+        assert isinstance(output.value, dict), "dead letters are built as dicts"
         value = {**output.value, "value_base64": "", "value_truncated": True}
         data = encode_json(value)
         if record_size(output.key, data) > limit:
@@ -480,7 +487,7 @@ class Runtime:
         source = output.source
         output.dead_lettered = True
         self.exporter.rejected.labels(source.topic, reason).inc()
-        role = output.value.get("role") or "score"
+        role = (output.value.get("role") if isinstance(output.value, dict) else None) or "score"
         replaced = letter(source, reason, detail, str(role))
         replaced.via = output.via
         return self.encode(replaced)

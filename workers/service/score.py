@@ -37,9 +37,10 @@ from pathlib import Path
 from typing import Any
 
 import faust
+import numpy as np
 
 from stream.evaluation.neighbours import NeighbourCache
-from stream.evaluation.scoring import ScoredBatch, score_batch
+from stream.evaluation.scoring import CellRows, ScoredBatch, Shared, score_batch
 from stream.intake.records import Coordinates, Recommendation, Tweet, parse_recommendation, parse_tweet
 from stream.monitoring.cusum import Detector, batch_outcomes, units_of
 from stream.synonyms.thesaurus import JsonThesaurus, ThesaurusSource
@@ -55,7 +56,7 @@ from workers.service.consumer import BatchConsumer, host
 from workers.service.incarnation import Incarnations, batch_group
 from workers.service.kafka_records import Record, admit
 from workers.service.parked import Parked
-from workers.service.runtime import Outcome, Output, Runtime, Step, Topics, letter
+from workers.service.runtime import Outcome, Output, Runtime, Step, Topics, encode_json, letter
 from workers.service.stores import replication_of, thesauri_of
 from workers.service.transactions import Transactions
 from workers.settings import ScoreSettings, window_label
@@ -109,6 +110,88 @@ class Detection:
                         alarm.chart,
                         alarm.event,
                     )
+
+
+def encode_scores(batch: ScoredBatch, extras: Sequence[dict[str, Any]]) -> list[bytes | dict[str, Any]]:
+    """Each event's scores record (:meth:`ScoredBatch.records` with its ``extras`` after) as the
+    bytes :func:`~workers.service.runtime.encode_json` would write, assembled from the columns:
+    each distinct cell formatted once (a signal's rows of floats through one orjson call and a
+    template, no dicts), each event a join of its fragments.  An event with a field JSON cannot
+    carry (a string that is not valid Unicode) gets its record as a dict instead, for the
+    delivery to dead-letter as unserialisable."""
+    n = len(batch)
+    parts: list[Sequence[bytes | None]] = []
+    columns = batch.columns()
+    for at, (key, column) in enumerate(columns.items()):
+        prefix = (b"{" if at == 0 else b",") + encode_json(key) + b":"
+        if isinstance(column, CellRows):
+            made = [prefix + cell for cell in _formatted(column)] + [prefix + b"{}"]
+            index = column.index
+        elif isinstance(column, Shared):  # its distinct values as JSON
+            made = [prefix + encode_json(value) for value in column.values]
+            index = column.index
+        else:
+            parts.append(_fields(prefix, column))
+            continue
+        fragments = np.empty(len(made), dtype=object)
+        fragments[:] = made
+        parts.append(fragments[index].tolist())  # -1 (unscorable): the last, {}
+    if any(not columns.keys().isdisjoint(extra) for extra in extras):
+        raise ValueError("an extra field repeats a record key")
+    tails = [_tail(extra) for extra in extras]
+    parts.append(tails)
+    out: list[bytes | dict[str, Any]] = []
+    for i, row in enumerate(zip(*parts, strict=True)):
+        if None in row:  # the slow way, for its dead letter
+            out.append({**batch.take([i]).records()[0], **extras[i]})
+        else:
+            out.append(b"".join(row))
+    assert len(out) == n
+    return out
+
+
+def _formatted(cells: CellRows) -> list[bytes]:
+    """Each distinct row of ``cells`` as its ``{r: {k: value}}`` JSON: the floats as orjson
+    writes them (NaN as null, as a None), set into a template of the keys."""
+    if not len(cells.rows) or not cells.rows.shape[1]:
+        return [encode_json({label: {} for label in cells.rs})] * len(cells.rows)
+    width = len(cells.keys)
+    template = (
+        b"{"
+        + b",".join(
+            encode_json(label) + b":{" + b",".join(encode_json(k) + b":%b" for k in cells.keys) + b"}"
+            for label in cells.rs
+        )
+        + b"}"
+    )
+    # One list of lists: "[[a,b,...],[c,...]]" -- numbers never hold "[", "]" or ",".
+    text = encode_json(cells.rows.tolist())[2:-2]
+    assert width * len(cells.rs) == cells.rows.shape[1]
+    return [template % tuple(row.split(b",")) for row in text.split(b"],[")]
+
+
+def _fields(prefix: bytes, values: Sequence[Any]) -> list[bytes | None]:
+    """``prefix`` + each value's JSON (None where it has none), each distinct value once."""
+    made: dict[tuple[type, Any], bytes | None] = {}
+    out: list[bytes | None] = []
+    for value in values:
+        key = (type(value), value)
+        if key not in made:
+            try:
+                made[key] = prefix + encode_json(value)
+            except TypeError:
+                made[key] = None
+        out.append(made[key])
+    return out
+
+
+def _tail(extra: dict[str, Any]) -> bytes | None:
+    """``extra``'s fields as the end of a record: ``,"a":1}`` (``}`` when there are none)."""
+    try:
+        text = encode_json(extra)
+    except TypeError:
+        return None
+    return b"}" if text == b"{}" else b"," + text[1:]
 
 
 class Scorer:
@@ -264,14 +347,15 @@ class Scorer:
             return
         batch = score_batch([(event, truth) for event, truth, _, _ in jobs], self.cache, self.ks, self.rs)
         units = [units_of(event.recommended, truth, self.detector_r) for event, truth, _, _ in jobs]
-        times, outputs = [], []
-        for (event, truth, source, via), value in zip(jobs, batch.records(), strict=True):
-            event_time = event.ts.timestamp() if event.ts else source.time
-            value["index_version"] = self.index_version  # the store's name; thesaurus_version is the content
-            value["event_time"] = event_time
-            value["ground_truth"] = list(truth)
-            outputs.append(Output("scores", event.tweet_id.encode(), value, source, via=via))
-            times.append(event_time)
+        times = [event.ts.timestamp() if event.ts else source.time for event, _, source, _ in jobs]
+        extras = [  # index_version: the store's name; thesaurus_version is the content
+            {"index_version": self.index_version, "event_time": event_time, "ground_truth": list(truth)}
+            for (_, truth, _, _), event_time in zip(jobs, times, strict=True)
+        ]
+        outputs = [
+            Output("scores", event.tweet_id.encode(), value, source, via=via)
+            for (event, _, source, via), value in zip(jobs, encode_scores(batch, extras), strict=True)
+        ]
         outcome.outputs += outputs
         outcome.after.append(partial(self._observe, outputs, batch, times, units))
 
