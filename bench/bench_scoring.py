@@ -26,8 +26,9 @@ machine is shared and noisy; compare the ratios):
   once per batch of 256 into an ``Exporter()`` (summaries + rolling windows), as the
   worker does;
 * ``Scorer, bytes -> JSON`` -- ``workers.service.score.Scorer`` ``admit_events`` +
-  ``apply_events`` on Kafka-like records in batches of 256 (parse, score, result
-  dict, then the metrics callbacks) plus ``json.dumps`` of each result; everything
+  ``apply_events`` on Kafka-like records in batches of 256 (parse, score, the result's
+  bytes, then the metrics callbacks) plus the runtime's encoding of each output (its bytes
+  as they are; a dict through orjson); everything
   but the Kafka I/O and the Redis dedup claims (``bench_score_worker.py`` has both);
 * ``naive`` -- the baseline: per event, ``thesaurus.neighbours(h, k)`` asked of
   Annoy for every (recommended hashtag, k) -- no prefix reuse, no cache; on
@@ -65,6 +66,7 @@ from workers.adapters.files.store import ThesaurusStore
 from workers.adapters.prometheus.exporter import Exporter, LabelGuard
 from workers.adapters.prometheus.quality_metrics import QualityMetrics
 from workers.service.kafka_records import Record
+from workers.service.runtime import value_bytes
 from workers.service.score import SCORE_BATCH, Scorer, collect_less_often
 from workers.settings import Settings, window_label
 
@@ -241,7 +243,7 @@ def main() -> None:
                 items, _ = scorer.admit_events(records[i : i + SCORE_BATCH])
                 outcome = scorer.apply_events(items)
                 for out in outcome.outputs:  # as the runtime encodes an output
-                    json.dumps(out.value, ensure_ascii=False, separators=(",", ":")).encode()
+                    value_bytes(out.value)
                 for after in outcome.after:
                     after()
 
@@ -274,7 +276,7 @@ def main() -> None:
             "core, cold cache (fresh NeighbourCache)": (core_cold, len(events)),
             "core, warm cache": (core_warm, len(events)),
             "core + QualityMetrics.observe_many": (with_metrics, len(events)),
-            "Scorer admit + apply + json.dumps": (scorer_step, len(events)),
+            "Scorer admit + apply + encoding": (scorer_step, len(events)),
             "naive: Annoy per (hashtag, k), no cache": (naive, len(naive_events)),
         }
         took: dict[str, list[float]] = {m: [] for m in modes}

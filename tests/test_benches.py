@@ -29,7 +29,7 @@ def test_bench_scoring_runs_on_a_tiny_workload(tmp_path: Path) -> None:
     text = run_bench(
         "bench_scoring", *workload, "--rounds", "1", "--n-trees", "5", out=tmp_path / "scoring.md"
     )
-    assert "| Scorer admit + apply + json.dumps |" in text and "| naive:" in text
+    assert "| Scorer admit + apply + encoding |" in text and "| naive:" in text
 
 
 GPU_SMOKE = ["--device", "cpu", "--model", "tiny", "--tweets", "256", "--rounds", "2", "--naive-tweets", "32"]
