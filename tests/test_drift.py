@@ -339,6 +339,8 @@ def test_diff_json_matches_the_contract(tmp_path: Path, capsys: pytest.CaptureFi
         "effect_high",
         "p",
         "significant",
+        "examples_before",
+        "examples_since",
     }
     assert movers[0]["hashtag"] == "flood3"
     # versions that record their raw means: ranked by the shift test of the tweets since OLD
@@ -426,6 +428,41 @@ def redis_means(redis_url: str, redis_prefix: str) -> Iterator[tuple[redis.Redis
         client.close()
 
 
+def test_the_diff_of_two_versions_shows_the_movers_tweets_of_each_side(
+    tmp_path: Path, redis_prefix: str, redis_means: tuple[redis.Redis, RedisMeans]
+) -> None:
+    """`reval thesaurus diff OLD NEW` between two version directories has no reservoir: it
+    shows the example tweets the index job recorded in NEW for the movers since OLD."""
+    client, _ = redis_means
+    settings = Settings(index_dir=tmp_path / "store", redis_prefix=redis_prefix, model="test-model")
+    indexer = Indexer(settings, Exporter(), client)
+    means = means_of(client, settings)
+    first = _tweets(False, 0)
+    means.apply(first)
+    assert indexer.run_once() == "v000001"
+    reservoir = RedisReservoir(client, redis_prefix, settings.coherence_reservoir)
+    reservoir.add([(("flood3",), f"river over its banks {i}", 60.0 * i) for i in range(20)])
+    means.apply(_tweets(True, len(first)))
+    reservoir.add([(("flood3",), f"polls open for the vote {i}", 10 * 86400.0 + 60.0 * i) for i in range(20)])
+    assert indexer.run_once() == "v000002"
+    store = tmp_path / "store"
+    shown = CliRunner().invoke(
+        app, ["thesaurus", "diff", str(store / "v000001"), str(store / "v000002"), "--json"]
+    )
+    assert shown.exit_code == 0, shown.output
+    [mover] = [m for m in json.loads(shown.output)["movers"] if m["hashtag"] == "flood3"]
+    assert mover["examples_before"] and all(t.startswith("river") for t in mover["examples_before"])
+    assert mover["examples_since"] and all(t.startswith("polls") for t in mover["examples_since"])
+    table = CliRunner().invoke(app, ["thesaurus", "diff", str(store / "v000001"), str(store / "v000002")])
+    printed = " ".join(table.output.split())
+    assert "#flood3, tweets up to OLD / since OLD:" in printed and "since: polls open" in printed
+    # the other way round (NEW did not record the drift from OLD): no examples, no error
+    back = CliRunner().invoke(
+        app, ["thesaurus", "diff", str(store / "v000002"), str(store / "v000001"), "--json"]
+    )
+    assert back.exit_code == 0 and not any(m["examples_since"] for m in json.loads(back.output)["movers"])
+
+
 def test_the_index_job_exports_the_drift_of_each_new_version(
     tmp_path: Path, redis_prefix: str, redis_means: tuple[redis.Redis, RedisMeans]
 ) -> None:
@@ -477,6 +514,9 @@ def test_the_index_job_exports_the_drift_of_each_new_version(
     assert movers[0]["hashtag"] == "flood3" and movers[0]["cosine"] < 0.5
     assert set(movers[0]["new_neighbours"]) & {n for n in _names() if n.startswith("vote")}
     assert second["drift"]["compared"] == len(_names()) and second["drift"]["from_version"]
+    # ... with its tweets up to the event time v000001 covered (its events_until) and since
+    assert movers[0]["examples_before"] and all(t.startswith("river") for t in movers[0]["examples_before"])
+    assert movers[0]["examples_since"] and all(t.startswith("polls") for t in movers[0]["examples_since"])
     # Recent use (day 10: only flood3, now used like vote) against each hashtag's use before.
     assert gauge("reval_hashtag_recent_compared") == 1
     assert gauge("reval_hashtag_recent_shift", quantile="0.5") > 0.5

@@ -154,14 +154,14 @@ class Mover:
     effect_high: float | None = None
     p: float | None = None
     significant: bool | None = None
+    #: A few of its tweets first seen up to the old version and since (the index job fills
+    #: them in from the reservoir, :func:`with_examples`; empty where nobody did).
+    examples_before: tuple[str, ...] = ()
+    examples_since: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        """The fields by name, in their order; the neighbours as JSON lists."""
-        return {
-            **asdict(self),
-            "old_neighbours": list(self.old_neighbours),
-            "new_neighbours": list(self.new_neighbours),
-        }
+        """The fields by name, in their order; the neighbours and examples as JSON lists."""
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
 
 
 @dataclass(frozen=True, eq=False)
@@ -508,6 +508,47 @@ def split_examples(
     before = tuple(text for text, when in dated if when < since)[:n]
     recent = tuple(text for text, when in dated if when >= since)[:n]
     return before, recent
+
+
+def with_examples(
+    drift: ThesaurusDrift, samples: Mapping[str, Sequence[tuple[str, float]]], since: float
+) -> ThesaurusDrift:
+    """``drift`` with each mover's example tweets first seen before ``since`` (the event time
+    the old version covered) and from it on (:func:`split_examples` of its sample)."""
+    movers = []
+    for m in drift.movers:
+        before, after = split_examples(samples.get(m.hashtag, ()), since)
+        movers.append(replace(m, examples_before=before, examples_since=after))
+    return replace(drift, movers=tuple(movers))
+
+
+def recorded_examples(
+    drift: ThesaurusDrift, recorded: Mapping[str, Any] | None, old_version: str
+) -> ThesaurusDrift:
+    """``drift`` (of ``old_version`` against a newer version) with the examples the newer
+    version's metadata ``recorded`` for the same movers, when the index job wrote it as the
+    drift from ``old_version`` (its ``from_version``); unchanged otherwise.
+
+    >>> d = ThesaurusDrift(1, 0, 0, None, None, None, (Mover("flood", 0.2, 0.0, 9, 19, (), ()),))
+    >>> note = {"from_version": "v1", "movers": [{"hashtag": "flood", "examples_before": ["rain"],
+    ...                                           "examples_since": ["vote"]}]}
+    >>> recorded_examples(d, note, "v1").movers[0].examples_since, recorded_examples(d, note, "v0") == d
+    (('vote',), True)
+    """
+    if not recorded or recorded.get("from_version") != old_version:
+        return drift
+    found = {
+        m.get("hashtag"): (tuple(m.get("examples_before") or ()), tuple(m.get("examples_since") or ()))
+        for m in recorded.get("movers") or ()
+        if isinstance(m, Mapping)
+    }
+    movers = tuple(
+        replace(m, examples_before=found[m.hashtag][0], examples_since=found[m.hashtag][1])
+        if m.hashtag in found
+        else m
+        for m in drift.movers
+    )
+    return replace(drift, movers=movers)
 
 
 def with_context(

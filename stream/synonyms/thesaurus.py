@@ -81,7 +81,9 @@ class ThesaurusMetadata:
     #: SHA-256 of each file of the thesaurus directory, checked before any is used.
     checksums: dict[str, str] | None = None
     #: Meaning drift from the version before (:meth:`stream.synonyms.drift.ThesaurusDrift.to_dict`:
-    #: quantiles and the movers with their old and new neighbours); None for a first version.
+    #: quantiles and the movers with their old and new neighbours and example tweets), the
+    #: recent-use movers (``recent``) and the event time its tweets go up to (``events_until``,
+    #: where the index job knows it); None when none of these is known.
     drift: dict[str, Any] | None = None
     #: The audit of this version (the index job fills it in): the coherence lift of its
     #: synonym sets (:mod:`stream.auditing.coherence`) and its agreement with people's votes

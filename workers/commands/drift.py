@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from stream.synonyms.drift import Quantiles, ThesaurusDrift
+from stream.synonyms.drift import Quantiles, ThesaurusDrift, recorded_examples
 from workers.adapters.files.annoy_thesaurus import AnnoyThesaurus, thesaurus_drift
 from workers.adapters.files.store import load_thesaurus
 
@@ -42,6 +42,8 @@ def thesaurus_diff(old: Path, new: Path, as_json: bool, top: int, min_support: i
         after = _open(new)
         try:
             drift = thesaurus_drift(before, after, min_support=min_support, top=top)
+            # Example tweets of each side, where the index job recorded them for this pair.
+            drift = recorded_examples(drift, after.metadata.drift, before.metadata.version)
         finally:
             after.close()
     finally:
@@ -89,6 +91,10 @@ def _print(drift: ThesaurusDrift, old: Path, new: Path, min_support: int) -> Non
                 _neighbours(m.new_neighbours, m.old_neighbours),
             )
         out.print(movers)
+        for m in [m for m in drift.movers if m.examples_before or m.examples_since][:3]:
+            out.print(f"#{escape(m.hashtag)}, tweets up to OLD / since OLD:")
+            for side, texts in (("before", m.examples_before), ("since", m.examples_since)):
+                out.print(f"    {side}: {escape(' | '.join(texts) or '(none sampled)')}")
     else:
         out.print(f"no hashtag with support ≥ {min_support} in both versions moved")
     summary = Table(title=f"drift {old} → {new}", show_header=False)

@@ -14,7 +14,14 @@ import numpy as np
 
 from stream.monitoring.backtest import duration_text
 from stream.monitoring.mmd import MmdResult, mmd_test
-from stream.synonyms.drift import TOP_NEIGHBOURS, RecentShift, ThesaurusDrift, recent_shift, with_context
+from stream.synonyms.drift import (
+    TOP_NEIGHBOURS,
+    RecentShift,
+    ThesaurusDrift,
+    recent_shift,
+    with_context,
+    with_examples,
+)
 from stream.synonyms.means import HashtagMeans, RunningMean
 from stream.synonyms.thesaurus import Thesaurus
 from workers.adapters.files.annoy_thesaurus import AnnoyThesaurus, build_from_means, thesaurus_drift
@@ -74,6 +81,7 @@ class Indexer:
         if not states:
             return None
         recent, since = self._recent_shift(states, windows)
+        until = self._events_until(windows)
         means = HashtagMeans(next(iter(states.values())).dim, states)
         thesaurus = build_from_means(
             means,
@@ -89,9 +97,10 @@ class Indexer:
         previous = self._current()
         try:
             drift = self._drift(previous, thesaurus)
-            annotation: dict[str, Any] = {}
+            annotation: dict[str, Any] = {} if until is None else {"events_until": until}
             if drift is not None and previous is not None:  # the movers travel with the version
-                annotation = {"from_version": previous.version, **drift.to_dict()}
+                drift = self._with_examples(drift, previous)
+                annotation = {**annotation, "from_version": previous.version, **drift.to_dict()}
             if recent is not None:
                 recent = self._with_context(recent, since, thesaurus, previous)
                 annotation["recent"] = recent.to_dict()
@@ -133,6 +142,27 @@ class Indexer:
         except ValueError as exc:  # another model or hubness method: cosines are meaningless
             log.info("index: no drift against the previous version (%s)", exc)
             return None
+
+    def _events_until(self, windows: dict[str, dict[int, RunningMean]]) -> float | None:
+        """The event time (epoch seconds) up to which this version's tweets go: the end of the
+        store's newest window; None without windows.  Recorded in the version's metadata
+        (``drift.events_until``), so that the next version can split its movers' example
+        tweets into those up to this version and those since."""
+        width = self.settings.means_window_s or 0
+        if not width or not windows:
+            return None
+        return float((max(max(w) for w in windows.values()) + 1) * width)
+
+    def _with_examples(self, drift: ThesaurusDrift, previous: AnnoyThesaurus) -> ThesaurusDrift:
+        """The movers since ``previous`` with example tweets of each side, split at the event
+        time it covered (unchanged when it did not record one: written before this was)."""
+        since = (previous.metadata.drift or {}).get("events_until")
+        if not isinstance(since, int | float) or not drift.movers:
+            return drift
+        samples = with_retry(
+            "reservoir", lambda: self.reservoir.dated_samples(m.hashtag for m in drift.movers)
+        )
+        return with_examples(drift, samples, float(since))
 
     def _recent_shift(
         self, states: dict[str, RunningMean], windows: dict[str, dict[int, RunningMean]]
