@@ -108,6 +108,13 @@ class NeighbourCache:
     def known(self, hashtag: str) -> bool:
         return hashtag in self.thesaurus
 
+    def count_known(self, hashtags: Sequence[str]) -> int:
+        """How many of ``hashtags`` the thesaurus holds (on a neighbour table: one lookup in
+        its index each, without a Python call per hashtag)."""
+        if self._search is not None:
+            return sum(map(self._search.has, hashtags))
+        return sum(1 for h in hashtags if h in self.thesaurus)
+
 
 class RowSearch:
     """Synonym ranks read straight from a neighbour table's rows, for every hashtag at once.
@@ -144,6 +151,8 @@ class RowSearch:
         self._rows = (ids + 1).astype("<u4").tobytes().decode("utf-32-le", "surrogatepass")
         self._width = ids.shape[1]
         self._ids = {name: i for i, name in enumerate(table.hashtags)}
+        #: Whether the table holds a hashtag (a dict's own lookup: no Python frame per call).
+        self.has = self._ids.__contains__
         self._array: npt.NDArray[np.int32] | None = None  # the same rows as ids, for a batch
 
     def _table(self) -> npt.NDArray[np.int32]:

@@ -446,7 +446,7 @@ def score_batch(
     n_recommended = np.zeros(n, dtype=np.int64)
     unknown = np.zeros(n, dtype=np.int64)
     groups: dict[tuple[int, int], list[tuple[int, list[str], list[str]]]] = {}
-    known = cache.known
+    count_known = cache.count_known
     for b, (event, truth) in enumerate(events):
         recommended = list(dict.fromkeys(event.recommended))
         distinct = list(dict.fromkeys(truth))
@@ -456,7 +456,7 @@ def score_batch(
         elif not distinct:
             unscorable[b] = "empty_ground_truth"
         else:
-            unknown[b] = sum(1 for h in recommended if not known(h))
+            unknown[b] = len(recommended) - count_known(recommended)
             group = (_shape_group(len(recommended)), _shape_group(len(distinct)))
             groups.setdefault(group, []).append((b, recommended, distinct))
     for members in groups.values():
