@@ -156,14 +156,12 @@ def _formatted(cells: CellRows) -> list[bytes]:
     if not len(cells.rows) or not cells.rows.shape[1]:
         return [encode_json({label: {} for label in cells.rs})] * len(cells.rows)
     width = len(cells.keys)
-    template = (
-        b"{"
-        + b",".join(
-            encode_json(label) + b":{" + b",".join(encode_json(k) + b":%b" for k in cells.keys) + b"}"
-            for label in cells.rs
-        )
-        + b"}"
-    )
+
+    def key(name: str) -> bytes:  # a "%" in a key is not a placeholder
+        return encode_json(name).replace(b"%", b"%%")
+
+    inner = [key(label) + b":{" + b",".join(key(k) + b":%b" for k in cells.keys) + b"}" for label in cells.rs]
+    template = b"{" + b",".join(inner) + b"}"
     # One list of lists: "[[a,b,...],[c,...]]" -- numbers never hold "[", "]" or ",".
     text = encode_json(cells.rows.tolist())[2:-2]
     assert width * len(cells.rs) == cells.rows.shape[1]
