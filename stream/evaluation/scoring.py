@@ -131,14 +131,7 @@ class ScoredBatch:
         """Each event's scores record (the scores topic's JSON, keys in the order of
         :data:`stream.evaluation.signals.RECORD_KEYS`): ``{r: {k: value}}`` per signal.  Events with
         the same cell of a signal share one dict (never modified)."""
-        columns = [
-            c.shared().per_event()
-            if isinstance(c, CellRows)
-            else c.per_event()
-            if isinstance(c, Shared)
-            else c
-            for c in self.columns().values()
-        ]
+        columns = [c.per_event() if isinstance(c, CellRows | Shared) else c for c in self.columns().values()]
         return [dict(zip(RECORD_KEYS, row, strict=True)) for row in zip(*columns, strict=True)]
 
     def columns(self) -> dict[str, Sequence[Any] | CellRows | Shared]:
@@ -282,17 +275,8 @@ def _shared_rows(flat: Floats, make: Callable[[list[float]], Any], scorable: Fla
     """``make(row)`` for each row of ``flat``, made once per distinct row (bytes: -0.0 and NaN
     are rows of their own) and shared by the rows equal to it; ``{}`` for the rows that are
     not ``scorable``."""
-    n = len(flat)
-    values: list[Any] = []
-    index = np.zeros(n, dtype=np.int64)
-    if n and flat.shape[1] == 0:
-        values = [make([])]
-    elif n:
-        flat = np.ascontiguousarray(flat)
-        rows = flat.view(np.dtype((np.void, flat.dtype.itemsize * flat.shape[1]))).ravel()
-        _, first, inverse = np.unique(rows, return_index=True, return_inverse=True)
-        values = [make(row) for row in flat[first].tolist()]
-        index = inverse.ravel().astype(np.int64)
+    rows, index = _distinct_rows(flat)
+    values: list[Any] = [make(row) for row in rows.tolist()]
     if not scorable.all():  # no score: every cell empty
         values.append({})
         index = np.where(scorable, index, len(values) - 1)
@@ -305,14 +289,20 @@ def _shared_cells(
     """The distinct event rows of a |B| x |r| x len(keys) array (bytes: -0.0 and NaN are rows
     of their own), and which each event has (-1: not ``scorable``)."""
     n, n_r = cells.shape[:2]
-    flat = np.ascontiguousarray(cells.reshape(n, n_r * len(keys)))
-    if n == 0 or flat.shape[1] == 0:
-        rows, index = flat[:1], np.zeros(n, dtype=np.int64)
-    else:
-        void = flat.view(np.dtype((np.void, flat.dtype.itemsize * flat.shape[1]))).ravel()
-        _, first, inverse = np.unique(void, return_index=True, return_inverse=True)
-        rows, index = flat[first], inverse.ravel().astype(np.int64)
+    rows, index = _distinct_rows(cells.reshape(n, n_r * len(keys)))
     return CellRows(rows, np.where(scorable, index, -1), tuple(rs), tuple(keys), nan_is_none)
+
+
+def _distinct_rows(flat: Floats) -> tuple[Floats, Ints]:
+    """The distinct rows of ``flat`` (compared as bytes: -0.0 and NaN are rows of their own)
+    and each row's index among them; rows without columns are one row, no rows none."""
+    n = len(flat)
+    if n == 0 or flat.shape[1] == 0:
+        return flat[:1], np.zeros(n, dtype=np.int64)
+    flat = np.ascontiguousarray(flat)
+    void = flat.view(np.dtype((np.void, flat.dtype.itemsize * flat.shape[1]))).ravel()
+    _, first, inverse = np.unique(void, return_index=True, return_inverse=True)
+    return flat[first], inverse.ravel().astype(np.int64)
 
 
 class EventScore:
