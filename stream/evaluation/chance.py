@@ -284,19 +284,28 @@ class ChanceModel:
         """P(R ∩ A_g(k) ≠ ∅) for each g of ``rows`` (one list each) and k: some of the m draws
         lands among the hashtags with g among their k nearest."""
         if m > _TABLED_DRAWS:
-            untouched = self._untouched(self._mass(list(rows), ks), m)
-        else:
-            table = self._hit_tables.get(ks)
-            if table is None:
-                if len(self._hit_tables) >= _TABLED_GRIDS:
-                    self._hit_tables.popitem(last=False)
-                table = self._hit_tables[ks] = _Hits(self._mass_by_rank[:, self._columns_of(ks)])
-            every = table.at(m, self._schedule(m))
-            # Row by row: a fancy index of a few rows costs more than the rest of an event's
-            # expectation.
-            return [every[g].tolist() for g in rows]
-        hits: list[list[float]] = (1.0 - untouched).tolist()
-        return hits
+            hits: list[list[float]] = self._hit_rows(np.asarray(rows, dtype=np.int64), m, ks).tolist()
+            return hits
+        every = self._hit_table(m, ks)
+        # Row by row: a fancy index of a few rows costs more than the rest of an event's
+        # expectation.
+        return [every[g].tolist() for g in rows]
+
+    def _hit_rows(self, rows: npt.NDArray[np.int64], m: int, ks: tuple[int, ...]) -> npt.NDArray[np.float64]:
+        """:meth:`_hits` as one array (a row per g of ``rows``): the same values."""
+        if m > _TABLED_DRAWS:
+            untouched = self._untouched(self._mass_by_rank[rows][:, self._columns_of(ks)], m)
+            return 1.0 - untouched
+        return self._hit_table(m, ks)[rows]
+
+    def _hit_table(self, m: int, ks: tuple[int, ...]) -> npt.NDArray[np.float64]:
+        """Every hashtag's P(R ∩ A_g(k) ≠ ∅) for m <= :data:`_TABLED_DRAWS` draws (n x len(ks))."""
+        table = self._hit_tables.get(ks)
+        if table is None:
+            if len(self._hit_tables) >= _TABLED_GRIDS:
+                self._hit_tables.popitem(last=False)
+            table = self._hit_tables[ks] = _Hits(self._mass_by_rank[:, self._columns_of(ks)])
+        return table.at(m, self._schedule(m))
 
     def _mass(self, g: int | list[int], ks: tuple[int, ...]) -> npt.NDArray[np.float64]:
         """w(A_g(k)) for each k (one row per g when ``g`` is several): the weight of the
@@ -399,9 +408,15 @@ class ChanceModel:
     ) -> list[list[float]]:
         """For each (m, rows, |G|) with m > |G|, what :meth:`expected` computes: the mean over
         G of P(R ∩ A_g(k) ≠ ∅) -- the per-g terms added in the same order, for all at once."""
-        hits = np.zeros((len(items), max(len(rows) for _, rows, _ in items), len(ks)))
-        for i, (m, rows, _) in enumerate(items):
-            hits[i, : len(rows)] = self._hits(rows, m, ks)
+        lengths = np.fromiter((len(rows) for _, rows, _ in items), np.int64, len(items))
+        flat = np.fromiter((g for _, rows, _ in items for g in rows), np.int64, int(lengths.sum()))
+        item = np.repeat(np.arange(len(items)), lengths)
+        place = np.arange(len(flat)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        ms = np.fromiter((m for m, _, _ in items), np.int64, len(items))[item]
+        hits = np.zeros((len(items), int(lengths.max()), len(ks)))
+        for m in np.unique(ms).tolist():  # one gather per number of draws
+            chosen = ms == m
+            hits[item[chosen], place[chosen]] = self._hit_rows(flat[chosen], m, ks)
         total = np.zeros((len(items), len(ks)))
         for j in range(hits.shape[1]):  # 0 + the first + the second ..., zeros after the last
             total += hits[:, j]

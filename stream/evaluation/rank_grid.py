@@ -27,6 +27,7 @@ compare.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
@@ -152,19 +153,34 @@ class RankGrid:
         ranked: Floats = total / ideal_total[np.minimum(m, self.n_truth)][:, None]
         return ranked
 
-    def slice_reval(self, m: Ints, cols: Flags, whole: Floats) -> Floats:
-        """:func:`stream.evaluation.slices.slice_scores` of one slice whose ground truths are the columns
-        ``cols`` (|B| x max|G| flags): Eq. 4 on those columns (|B| x K; rows of events without
-        a ground truth in the slice are not used); ``whole`` is Eq. 4 on all of G."""
-        last = m - 1
-        n_s = cols.sum(axis=1)
-        columns = np.where(cols, self.col_min[self.batch, last], FAR)
-        by_columns = (columns[:, :, None] <= self.caps).sum(axis=1)
+    def slice(self, cols: Flags) -> SliceUnits:
+        """What :meth:`slice_reval` reads of one slice whose ground truths are the columns
+        ``cols`` (|B| x max|G| flags), for every cut-off r at once."""
         row_min = np.where(cols[:, None, :], self.matrix, FAR).min(axis=2)
-        by_rows = np.cumsum(row_min[:, :, None] <= self.caps, axis=1)[self.batch, last]
+        return SliceUnits(cols, cols.sum(axis=1), np.cumsum(row_min[:, :, None] <= self.caps, axis=1))
+
+    def slice_reval(self, m: Ints, units: SliceUnits, whole: Floats) -> Floats:
+        """:func:`stream.evaluation.slices.slice_scores` of one slice (:meth:`slice`): Eq. 4 on
+        its columns (|B| x K; rows of events without a ground truth in the slice are not
+        used); ``whole`` is Eq. 4 on all of G."""
+        last = m - 1
+        n_s = units.n_truth
+        columns = np.where(units.cols, self.col_min[self.batch, last], FAR)
+        by_columns = (columns[:, :, None] <= self.caps).sum(axis=1)
+        by_rows = units.row_hits[self.batch, last]
         rows_are_units = m <= n_s
         count = np.where(rows_are_units[:, None], by_rows, by_columns)
         with np.errstate(divide="ignore", invalid="ignore"):
             values = count / np.where(rows_are_units, m, n_s)[:, None]
         out: Floats = np.where((n_s == self.n_truth)[:, None], whole, values)
         return out
+
+
+@dataclass(frozen=True)
+class SliceUnits:
+    """One slice's ground-truth columns of a :class:`RankGrid` (|B| x max|G| flags), how many
+    each event has, and how many of rows 0..i reach them within each k (B x R x K)."""
+
+    cols: Flags
+    n_truth: Ints
+    row_hits: Ints

@@ -460,7 +460,11 @@ def score_batch(
             ks,
             weights,
         )
-        columns = _slice_columns(grid, truths, bands) if bands is not None else []
+        columns = (
+            [(name, grid.slice(cols)) for name, cols in _slice_columns(grid, truths, bands)]
+            if bands is not None
+            else []
+        )
         by_rows: dict[bytes, tuple[Ints, dict[str, Floats]]] = {}  # one set per distinct row count
         for j, r in enumerate(rs):
             m = grid.rows(r)
@@ -470,12 +474,12 @@ def score_batch(
             for signal_key, cells in found[1].items():
                 values[signal_key][at, j] = cells
             exact[at, j] = grid.exact(m)
-            for name, cols in columns:
+            for name, units in columns:
                 if name not in slices:
                     slices[name] = (np.zeros(n, bool), np.zeros(shape))
                 present, sliced = slices[name]
-                present[at] = cols.any(axis=1)
-                sliced[at, j] = grid.slice_reval(m, cols, found[1]["reval_hit_ratio"])
+                present[at] = units.n_truth > 0
+                sliced[at, j] = grid.slice_reval(m, units, found[1]["reval_hit_ratio"])
         if chance is not None and expected is not None:
             distinct_m = [m for m, _ in by_rows.values()]
             requests = [(int(m[i]), truth) for m in distinct_m for i, truth in enumerate(truths)]
