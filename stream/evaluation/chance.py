@@ -370,12 +370,18 @@ class ChanceModel:
         waiting: dict[Key, list[int]] = {}
         unions: list[tuple[Key, int, tuple[int, ...]]] = []  # |R| <= |G|
         sums: list[tuple[Key, int, tuple[int, ...], int]] = []  # |R| > |G|
+        cache = self._cache
         for i, (m, truth) in enumerate(requests):
             key = (m, tuple(truth), k_tuple)
+            found = cache.get(key)
+            if found is not None:
+                cache.move_to_end(key)
+                out[i] = found
+                continue
             if key in waiting:
                 waiting[key].append(i)
                 continue
-            if key not in self._cache and m >= 1 and truth:
+            if m >= 1 and truth:
                 rows = tuple(self._ids[g] for g in truth if g in self._ids)
                 if rows and m > len(truth):
                     waiting[key] = [i]
@@ -385,7 +391,7 @@ class ChanceModel:
                     waiting[key] = [i]
                     unions.append((key, m, rows))
                     continue
-            out[i] = self.expected(m, truth, k_tuple)  # cached, or cheap, or invalid (raises)
+            out[i] = self.expected(m, truth, k_tuple)  # cheap, or invalid (raises)
         results: dict[Key, list[float]] = {}
         chunk = 256  # unions per dense layout (bounds its memory)
         for lo in range(0, len(unions), chunk):
