@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from stream.intake.hashtags import extract_hashtags, normalise_all, normalise_hashtag
+from stream.intake.hashtags import _normalise_any, extract_hashtags, normalise_all, normalise_hashtag
 
 
 @pytest.mark.parametrize(
@@ -48,3 +48,10 @@ def test_normalised_hashtags_are_stable(text: str) -> None:
     for tag in extract_hashtags(text):
         assert tag and tag == tag.lower() and "#" not in tag
         assert normalise_hashtag(tag) == tag
+
+
+@given(st.text(alphabet="aZ09_#＃ .…:!\u00e9e\u0301東\t", max_size=12) | st.text(max_size=12))
+def test_the_ascii_shortcut_is_the_definition(raw: str) -> None:
+    """normalise_hashtag's shortcut for ASCII word characters gives what the general path
+    (NFC, the body's regex, the truncation check) gives, on any string."""
+    assert normalise_hashtag(raw) == _normalise_any(raw)
