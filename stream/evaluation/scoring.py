@@ -15,7 +15,7 @@ last bit.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -131,21 +131,21 @@ class ScoredBatch:
         """Each event's scores record (the scores topic's JSON, keys in the order of
         :data:`stream.evaluation.signals.RECORD_KEYS`): ``{r: {k: value}}`` per signal.  Events with
         the same cell of a signal share one dict (never modified)."""
-        columns = [c.per_event() if isinstance(c, CellRows | Shared) else c for c in self.columns().values()]
+        columns = [c.per_event() if isinstance(c, CellRows) else c for c in self.columns().values()]
         return [dict(zip(RECORD_KEYS, row, strict=True)) for row in zip(*columns, strict=True)]
 
-    def columns(self) -> dict[str, Sequence[Any] | CellRows | Shared]:
+    def columns(self) -> dict[str, Sequence[Any] | CellRows]:
         """The records as columns, by key in the order of :data:`stream.evaluation.signals.RECORD_KEYS`:
-        the per-event fields as lists, each signal's cells as :class:`CellRows` (the slices as
-        a :class:`Shared` column; an unscorable event's cells are all ``{}``).  What
+        the per-event fields as lists, each signal's cells as :class:`CellRows` (an
+        unscorable event's cells are all ``{}``).  What
         :meth:`records` assembles, and what a writer of the records' bytes encodes -- each
         distinct cell once."""
         keys = [str(k) for k in self.ks]
         rs = self.rs
         n = len(self)
         scorable = self.scorable
-        empty = Shared([{}], np.zeros(n, dtype=np.int64))
-        cells: dict[str, CellRows | Shared] = {}
+        empty = CellRows(np.zeros((1, 0)), np.zeros(n, dtype=np.int64), (), ())  # {} for every event
+        cells: dict[str, CellRows] = {}
         for signal in SIGNALS:
             cells[signal.key] = _shared_cells(self.values[signal.key], rs, keys, scorable)
         cells["exact"] = _shared_cells(self.exact, rs, list(ExactScores.NAMES), scorable)
@@ -169,29 +169,16 @@ class ScoredBatch:
         }
         return {key: fields[key] if key in fields else cells[key] for key in RECORD_KEYS}
 
-    def _slice_cells(self, keys: list[str], scorable: Flags) -> Shared:
+    def _slice_cells(self, keys: list[str], scorable: Flags) -> CellRows:
         """Each event's ``{r: {slice: {k: value}}}`` over the slices its ground truth falls in."""
-        names = [name for name in SLICES if name in self.slices]
-        n, width = len(self), len(self.rs) * len(self.ks)
-        # One row per event: per slice, whether the event has it, then its values (0 if not).
-        flat = np.zeros((n, len(names) * (width + 1)))
-        for s, name in enumerate(names):
-            present, values = self.slices[name]
-            at = s * (width + 1)
-            flat[:, at] = present
-            flat[:, at + 1 : at + 1 + width] = np.where(present[:, None], values.reshape(n, width), 0.0)
-
-        def cell(row: list[float]) -> dict[str, Any]:
-            out: dict[str, Any] = {label: {} for label in self.rs}
-            for s, name in enumerate(names):
-                at = s * (width + 1)
-                if row[at]:
-                    for j, label in enumerate(self.rs):
-                        lo = at + 1 + j * len(keys)
-                        out[label][name] = dict(zip(keys, row[lo : lo + len(keys)], strict=True))
-            return out
-
-        return _shared_rows(flat, cell, scorable)
+        names = tuple(name for name in SLICES if name in self.slices)
+        n = len(self)
+        present = np.stack([self.slices[name][0] for name in names], axis=1)
+        # |B| x |r| x slices x |k|, zeros where the event has no ground truth in the slice.
+        values = np.stack([self.slices[name][1] for name in names], axis=2)
+        values = np.where(present[:, None, :, None], values, 0.0).reshape(n, -1)
+        rows, index = _distinct_rows(np.concatenate([present.astype(np.float64), values], axis=1))
+        return CellRows(rows, np.where(scorable, index, -1), self.rs, tuple(keys), groups=names)
 
     def take(self, rows: Sequence[int]) -> ScoredBatch:
         """The batch of these events only, in this order."""
@@ -219,12 +206,20 @@ class CellRows:
     """A signal's cells as their distinct rows of floats: event ``i``'s cell is
     ``{r: {key: value}}`` of ``rows[index[i]]`` (r-major), or ``{}`` where ``index[i]`` is -1
     (an unscorable event).  ``nan_is_none``: a NaN is written None (the corrected score
-    where the expectation leaves no room).  A writer of the records' bytes formats the rows
-    without building the dicts; :meth:`shared` builds them, once per distinct row.
+    where the expectation leaves no room).  With ``groups`` (the popularity slices) the cell
+    has a middle level, ``{r: {group: {key: value}}}``, over the groups a row has: its first
+    ``len(groups)`` columns flag them (1.0 or 0.0), the rest are r-major, then group, then
+    key (every group's values there, read only where flagged).  A writer of the records'
+    bytes formats the rows without building the dicts; :meth:`shared` builds them, once per
+    distinct row.
 
     >>> cells = CellRows(np.array([[0.5, 1.0]]), np.array([0, -1]), ("all",), ("0", "5"))
     >>> cells.shared().per_event()
     [{'all': {'0': 0.5, '5': 1.0}}, {}]
+    >>> row = np.array([[0.0, 1.0, 0.0, 0.5]])  # flags head, tail; then all: head, tail
+    >>> sliced = CellRows(row, np.array([0]), ("all",), ("0",), groups=("head", "tail"))
+    >>> sliced.shared().per_event()
+    [{'all': {'tail': {'0': 0.5}}}]
     """
 
     rows: Floats
@@ -232,18 +227,34 @@ class CellRows:
     rs: tuple[str, ...]
     keys: tuple[str, ...]
     nan_is_none: bool = False
+    groups: tuple[str, ...] = ()
+
+    def layout(self, flags: Sequence[float]) -> list[tuple[str, list[tuple[str | None, int]]]]:
+        """Where a row's values go, for a row with these group ``flags``: for each r label,
+        ``(group or None, column of the group's first key)`` in the cell's order."""
+        width, n_groups = len(self.keys), len(self.groups)
+        if not n_groups:
+            return [(label, [(None, j * width)]) for j, label in enumerate(self.rs)]
+        present = [g for g in range(n_groups) if flags[g]]
+        return [
+            (label, [(self.groups[g], n_groups + (j * n_groups + g) * width) for g in present])
+            for j, label in enumerate(self.rs)
+        ]
 
     def shared(self) -> Shared:
-        width = len(self.keys)
+        keys, n_groups = self.keys, len(self.groups)
 
         def cell(values: list[float]) -> dict[str, Any]:
             row: list[float | None] = (
                 [None if v != v else v for v in values] if self.nan_is_none else [*values]
             )
-            return {
-                label: dict(zip(self.keys, row[j * width : (j + 1) * width], strict=True))
-                for j, label in enumerate(self.rs)
-            }
+            out: dict[str, Any] = {}
+            for label, places in self.layout(values[:n_groups]):
+                found = [
+                    (group, dict(zip(keys, row[at : at + len(keys)], strict=True))) for group, at in places
+                ]
+                out[label] = found[0][1] if not n_groups else dict(found)
+            return out
 
         values = [cell(row) for row in self.rows.tolist()]
         if (self.index < 0).any():
@@ -269,18 +280,6 @@ class Shared:
     def per_event(self) -> list[Any]:
         values = self.values
         return [values[j] for j in self.index.tolist()]
-
-
-def _shared_rows(flat: Floats, make: Callable[[list[float]], Any], scorable: Flags) -> Shared:
-    """``make(row)`` for each row of ``flat``, made once per distinct row (bytes: -0.0 and NaN
-    are rows of their own) and shared by the rows equal to it; ``{}`` for the rows that are
-    not ``scorable``."""
-    rows, index = _distinct_rows(flat)
-    values: list[Any] = [make(row) for row in rows.tolist()]
-    if not scorable.all():  # no score: every cell empty
-        values.append({})
-        index = np.where(scorable, index, len(values) - 1)
-    return Shared(values, index)
 
 
 def _shared_cells(

@@ -27,6 +27,7 @@ from __future__ import annotations
 import gc
 import hashlib
 import logging
+import operator
 import queue
 import threading
 import time
@@ -40,7 +41,7 @@ import faust
 import numpy as np
 
 from stream.evaluation.neighbours import NeighbourCache
-from stream.evaluation.scoring import CellRows, ScoredBatch, Shared, score_batch
+from stream.evaluation.scoring import CellRows, ScoredBatch, score_batch
 from stream.intake.records import Coordinates, Recommendation, Tweet, parse_recommendation, parse_tweet
 from stream.monitoring.cusum import Detector, batch_outcomes, units_of
 from stream.synonyms.thesaurus import JsonThesaurus, ThesaurusSource
@@ -127,9 +128,6 @@ def encode_scores(batch: ScoredBatch, extras: Sequence[dict[str, Any]]) -> list[
         if isinstance(column, CellRows):
             made = [prefix + cell for cell in _formatted(column)] + [prefix + b"{}"]
             index = column.index
-        elif isinstance(column, Shared):  # its distinct values as JSON
-            made = [prefix + encode_json(value) for value in column.values]
-            index = column.index
         else:
             parts.append(_fields(prefix, column))
             continue
@@ -151,21 +149,45 @@ def encode_scores(batch: ScoredBatch, extras: Sequence[dict[str, Any]]) -> list[
 
 
 def _formatted(cells: CellRows) -> list[bytes]:
-    """Each distinct row of ``cells`` as its ``{r: {k: value}}`` JSON: the floats as orjson
-    writes them (NaN as null, as a None), set into a template of the keys."""
-    if not len(cells.rows) or not cells.rows.shape[1]:
+    """Each distinct row of ``cells`` as its cell's JSON (:class:`CellRows`): the floats as
+    orjson writes them (NaN as null, as a None), set into a template of the keys -- one
+    template per set of groups a row has."""
+    if not len(cells.rows) or cells.rows.shape[1] <= len(cells.groups):
         return [encode_json({label: {} for label in cells.rs})] * len(cells.rows)
-    width = len(cells.keys)
 
     def key(name: str) -> bytes:  # a "%" in a key is not a placeholder
         return encode_json(name).replace(b"%", b"%%")
 
-    inner = [key(label) + b":{" + b",".join(key(k) + b":%b" for k in cells.keys) + b"}" for label in cells.rs]
-    template = b"{" + b",".join(inner) + b"}"
+    inner = b"{" + b",".join(key(k) + b":%b" for k in cells.keys) + b"}"
+
+    def fill(places: list[tuple[str | None, int]]) -> bytes:
+        if places and places[0][0] is None:  # no groups: {key: value}
+            return inner
+        return b"{" + b",".join(key(str(group)) + b":" + inner for group, _ in places) + b"}"
+
+    n_groups, width = len(cells.groups), len(cells.keys)
     # One list of lists: "[[a,b,...],[c,...]]" -- numbers never hold "[", "]" or ",".
     text = encode_json(cells.rows.tolist())[2:-2]
-    assert width * len(cells.rs) == cells.rows.shape[1]
-    return [template % tuple(row.split(b",")) for row in text.split(b"],[")]
+    patterns = cells.rows[:, :n_groups].tolist() if n_groups else [[]] * len(cells.rows)
+    made: dict[tuple[float, ...], tuple[bytes, Callable[[list[bytes]], tuple[bytes, ...]]]] = {}
+    out = []
+    for row, flags in zip(text.split(b"],["), patterns, strict=True):
+        found = made.get(tuple(flags))
+        if found is None:
+            layout = cells.layout(flags)
+            template = b"{" + b",".join(key(label) + b":" + fill(places) for label, places in layout) + b"}"
+            columns = [at + i for _, places in layout for _, at in places for i in range(width)]
+            found = made[tuple(flags)] = (template, _picker(columns))
+        template, pick = found
+        out.append(template % pick(row.split(b",")))
+    return out
+
+
+def _picker(columns: list[int]) -> Callable[[list[bytes]], tuple[bytes, ...]]:
+    """A function that takes these columns of a list, as a tuple (even of one or none)."""
+    if len(columns) > 1:
+        return operator.itemgetter(*columns)
+    return lambda values: tuple(values[at] for at in columns)
 
 
 def _fields(prefix: bytes, values: Sequence[Any]) -> list[bytes | None]:
