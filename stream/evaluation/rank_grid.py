@@ -66,6 +66,7 @@ class RankGrid:
         #: Exact matches in rows 0..i.
         self.zeros = np.cumsum((matrix == 0).sum(axis=2), axis=1)
         self._credit: Floats | None = None
+        self._units: tuple[Floats, Floats] | None = None
 
     def rows(self, r: int | None) -> Ints:
         """How many rows each event's top r has: ``len(matrix[:r])`` (None: every row)."""
@@ -127,6 +128,16 @@ class RankGrid:
             self._credit = np.where(matrix[..., None] <= self.caps, credit[..., None], 0.0)
         return self._credit
 
+    def _ranked_units(self) -> tuple[Floats, Floats]:
+        """For every m at once: the running sum over rows of each row's best link (B x R x K,
+        added row after row as ``ranked_by_k`` adds them: 0 + the first + ...), and each
+        column's best link over rows 0..i (B x R x G x K; credits are >= 0, so rows past m
+        would add nothing)."""
+        if self._units is None:
+            credit = self._credits()
+            self._units = (np.cumsum(credit.max(axis=2), axis=1), np.maximum.accumulate(credit, axis=1))
+        return self._units
+
     def ranked(self, m: Ints) -> Floats:
         """:func:`stream.evaluation.rank.ranked_by_k` at each k on the first ``m`` rows."""
         n_b, n_r, n_g = self.matrix.shape
@@ -135,16 +146,13 @@ class RankGrid:
         ideal = self.weights.rec_table(n_rec_table)
         # sum(w_rec(1..n)) for each n, added as ranked_by_k adds them.
         ideal_total = np.array([sum(ideal[:n]) if n else 1.0 for n in range(n_rec_table + 1)])
-        inside = (np.arange(n_r)[None, :] < m[:, None])[:, :, None, None]
-        credit = np.where(inside, self._credits(), 0.0)
-        # Units are rows (|R| <= |G|): each row's best link; their sum, row after row.
-        best = credit.max(axis=2)
-        by_rows = np.zeros((n_b, len(self.caps)))
-        for i in range(n_r):
-            by_rows += best[:, i]
-        # Units are columns: each column's best link, best first, capped by the ideal list's
-        # credit at that place; summed place after place (past |G|: zeros, adding nothing).
-        best = -np.sort(-credit.max(axis=1), axis=1)
+        row_sums, column_best = self._ranked_units()
+        # Units are rows (|R| <= |G|): the sum of the first m rows' best links.
+        by_rows = row_sums[self.batch, m - 1]
+        # Units are columns: each column's best link in the first m rows, best first, capped by
+        # the ideal list's credit at that place; summed place after place (past |G|: zeros,
+        # adding nothing).
+        best = -np.sort(-column_best[self.batch, m - 1], axis=1)
         np.minimum(best, rec[None, :n_g, None], out=best)
         by_columns = np.zeros((n_b, len(self.caps)))
         for t in range(n_g):
