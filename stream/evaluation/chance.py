@@ -352,8 +352,10 @@ class ChanceModel:
     ) -> list[list[float]]:
         """:meth:`expected` for each ``(m, truth)`` of a batch, the same values: the unions of
         several ground-truth hashtags that are not cached yet (the costly case, |R| <= |G|)
-        are computed together, a few sorts for the whole batch instead of a few per event;
-        the results go to the cache, so scoring the batch's events afterwards finds them.
+        are computed together, a few sorts for the whole batch instead of a few per event,
+        and cached; the sums of hit probabilities (|R| > |G|) and the single masses are read
+        from the tables for the whole batch at once, uncached (a lookup costs less than a
+        cache's bookkeeping).
 
         >>> import numpy as np
         >>> from stream.synonyms.neighbour_table import build_neighbour_table
@@ -368,45 +370,56 @@ class ChanceModel:
         out: list[list[float] | None] = [None] * len(requests)
         Key = tuple[int, tuple[str, ...], tuple[int, ...]]
         waiting: dict[Key, list[int]] = {}
-        unions: list[tuple[Key, int, tuple[int, ...]]] = []  # |R| <= |G|
-        sums: list[tuple[Key, int, tuple[int, ...], int]] = []  # |R| > |G|
-        cache = self._cache
+        unions: list[tuple[Key, int, tuple[int, ...]]] = []  # |R| <= |G|, several hashtags
+        sums: list[tuple[int, int, tuple[int, ...], int]] = []  # |R| > |G|
+        singles: list[tuple[int, int]] = []  # one draw, one known hashtag: its mass
+        ids, cache = self._ids, self._cache
+        rows_of: dict[tuple[str, ...], tuple[int, ...]] = {}  # each ground truth's rows, once
         for i, (m, truth) in enumerate(requests):
-            key = (m, tuple(truth), k_tuple)
-            found = cache.get(key)
-            if found is not None:
-                cache.move_to_end(key)
-                out[i] = found
+            if m < 1 or not truth:
+                out[i] = self.expected(m, truth, k_tuple)  # raises
                 continue
-            if key in waiting:
-                waiting[key].append(i)
-                continue
-            if m >= 1 and truth:
-                rows = tuple(self._ids[g] for g in truth if g in self._ids)
-                if rows and m > len(truth):
-                    waiting[key] = [i]
-                    sums.append((key, m, rows, len(truth)))
-                    continue
-                if (len(rows) > 1 or (rows and m > 1)) and rows not in self._unions:
+            distinct = tuple(truth)
+            rows = rows_of.get(distinct)
+            if rows is None:
+                rows = rows_of[distinct] = tuple(ids[g] for g in distinct if g in ids)
+            if not rows:
+                out[i] = [0.0] * len(k_tuple)
+            elif m > len(distinct):  # a few lookups in the hit table: cheaper than any cache
+                sums.append((i, m, rows, len(distinct)))
+            elif len(rows) == 1 and m == 1:
+                singles.append((i, rows[0]))
+            else:
+                key = (m, distinct, k_tuple)
+                found = cache.get(key)
+                if found is not None:
+                    cache.move_to_end(key)
+                    out[i] = found
+                elif key in waiting:
+                    waiting[key].append(i)
+                else:
                     waiting[key] = [i]
                     unions.append((key, m, rows))
-                    continue
-            out[i] = self.expected(m, truth, k_tuple)  # cheap, or invalid (raises)
         results: dict[Key, list[float]] = {}
         chunk = 256  # unions per dense layout (bounds its memory)
         for lo in range(0, len(unions), chunk):
             part = unions[lo : lo + chunk]
             values = self._union_expectations([(m, rows) for _, m, rows in part], k_tuple)
             results.update(zip([key for key, _, _ in part], values, strict=True))
-        if sums:
-            values = self._sum_expectations([(m, rows, n) for _, m, rows, n in sums], k_tuple)
-            results.update(zip([key for key, _, _, _ in sums], values, strict=True))
         for key, result in results.items():
-            self._cache[key] = result
+            cache[key] = result
             for i in waiting[key]:
                 out[i] = result
-        while len(self._cache) > self._cache_size:
-            self._cache.popitem(last=False)
+        while len(cache) > self._cache_size:
+            cache.popitem(last=False)
+        if sums:
+            values = self._sum_expectations([(m, rows, n) for _, m, rows, n in sums], k_tuple)
+            for (i, _, _, _), value in zip(sums, values, strict=True):
+                out[i] = value
+        if singles:  # P(h in R) = w_h for one draw
+            masses = self._mass([g for _, g in singles], k_tuple).tolist()
+            for (i, _), value in zip(singles, masses, strict=True):
+                out[i] = value
         return out  # type: ignore[return-value]
 
     def _sum_expectations(
