@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import gc
 import hashlib
+import itertools
 import logging
-import operator
 import queue
 import threading
 import time
@@ -165,29 +165,29 @@ def _formatted(cells: CellRows) -> list[bytes]:
             return inner
         return b"{" + b",".join(key(str(group)) + b":" + inner for group, _ in places) + b"}"
 
-    n_groups, width = len(cells.groups), len(cells.keys)
-    # One list of lists: "[[a,b,...],[c,...]]" -- numbers never hold "[", "]" or ",".
-    text = encode_json(cells.rows.tolist())[2:-2]
-    patterns = cells.rows[:, :n_groups].tolist() if n_groups else [[]] * len(cells.rows)
-    made: dict[tuple[float, ...], tuple[bytes, Callable[[list[bytes]], tuple[bytes, ...]]]] = {}
-    out = []
-    for row, flags in zip(text.split(b"],["), patterns, strict=True):
-        found = made.get(tuple(flags))
-        if found is None:
-            layout = cells.layout(flags)
-            template = b"{" + b",".join(key(label) + b":" + fill(places) for label, places in layout) + b"}"
-            columns = [at + i for _, places in layout for _, at in places for i in range(width)]
-            found = made[tuple(flags)] = (template, _picker(columns))
-        template, pick = found
-        out.append(template % pick(row.split(b",")))
-    return out
-
-
-def _picker(columns: list[int]) -> Callable[[list[bytes]], tuple[bytes, ...]]:
-    """A function that takes these columns of a list, as a tuple (even of one or none)."""
-    if len(columns) > 1:
-        return operator.itemgetter(*columns)
-    return lambda values: tuple(values[at] for at in columns)
+    rows, n_groups = cells.rows, len(cells.groups)
+    # One list of lists, "[[a,b,...],[c,...]]", as one list of every row's numbers in turn --
+    # numbers never hold "[", "]" or ",".
+    numbers = encode_json(rows.tolist())[2:-2].replace(b"],[", b",").split(b",")
+    if n_groups:
+        flags = rows[:, :n_groups] != 0
+        # Only the values of the groups a row flags go into its template, in its order.
+        shape = (len(rows), len(cells.rs), n_groups, len(cells.keys))
+        values = np.broadcast_to(flags[:, None, :, None], shape).reshape(len(rows), -1)
+        keep = np.concatenate([np.zeros_like(flags), values], axis=1)
+        numbers = list(itertools.compress(numbers, keep.ravel().tolist()))
+        patterns = [tuple(row) for row in flags.tolist()]
+    else:
+        patterns = [()] * len(rows)
+    templates: dict[tuple[bool, ...], bytes] = {}
+    for pattern in dict.fromkeys(patterns):
+        layout = cells.layout(pattern)
+        templates[pattern] = (
+            b"{" + b",".join(key(label) + b":" + fill(places) for label, places in layout) + b"}"
+        )
+    # Every row's template in one, each ended by a NUL (never in JSON text: orjson escapes
+    # it), filled by one "%" and cut apart again.
+    return (b"\0".join([templates[p] for p in patterns]) % tuple(numbers)).split(b"\0")
 
 
 def _fields(prefix: bytes, values: Sequence[Any]) -> list[bytes | None]:
