@@ -153,9 +153,13 @@ class ScoredBatch:
         if corrected is None or self.expected is None:
             cells["reval_hit_ratio_expected"] = cells["reval_hit_ratio_corrected"] = empty
         else:
-            cells["reval_hit_ratio_expected"] = _shared_cells(self.expected, rs, keys, scorable)
+            # The null model's expectations vary with the ground truth: events rarely share a
+            # row, so none is looked for.
+            cells["reval_hit_ratio_expected"] = _shared_cells(
+                self.expected, rs, keys, scorable, distinct=False
+            )
             cells["reval_hit_ratio_corrected"] = _shared_cells(
-                corrected, rs, keys, scorable, nan_is_none=True
+                corrected, rs, keys, scorable, nan_is_none=True, distinct=False
             )
         cells["reval_hit_ratio_slices"] = self._slice_cells(keys, scorable) if self.slices else empty
         fields: dict[str, Sequence[Any]] = {
@@ -283,12 +287,19 @@ class Shared:
 
 
 def _shared_cells(
-    cells: Floats, rs: Sequence[str], keys: Sequence[str], scorable: Flags, nan_is_none: bool = False
+    cells: Floats,
+    rs: Sequence[str],
+    keys: Sequence[str],
+    scorable: Flags,
+    nan_is_none: bool = False,
+    distinct: bool = True,
 ) -> CellRows:
     """The distinct event rows of a |B| x |r| x len(keys) array (bytes: -0.0 and NaN are rows
-    of their own), and which each event has (-1: not ``scorable``)."""
+    of their own; every event's own row when not ``distinct``), and which each event has (-1:
+    not ``scorable``)."""
     n, n_r = cells.shape[:2]
-    rows, index = _distinct_rows(cells.reshape(n, n_r * len(keys)))
+    flat = cells.reshape(n, n_r * len(keys))
+    rows, index = _distinct_rows(flat) if distinct else (flat, np.arange(n, dtype=np.int64))
     return CellRows(rows, np.where(scorable, index, -1), tuple(rs), tuple(keys), nan_is_none)
 
 

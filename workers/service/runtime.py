@@ -39,6 +39,8 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Generic, NoReturn, Protocol, TypeVar
 
 import faust
+import numpy as np
+import numpy.typing as npt
 import orjson
 from aiokafka.errors import KafkaError, MessageSizeTooLargeError, RecordTooLargeError
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
@@ -136,6 +138,28 @@ def encode_json(value: Any) -> bytes:
         # Dict keys that are not strings (as json.dumps, written as strings): a slower
         # option, so only on a second try.
         return orjson.dumps(value, default=_plain_float, option=orjson.OPT_NON_STR_KEYS)
+
+
+def encode_floats(values: npt.NDArray[np.float64], *, repeated: bool) -> list[bytes]:
+    """Every number of a float array, in row-major order, as :func:`encode_json` writes a
+    Python float (NaN and infinities as ``null``).  ``repeated``: the array holds few distinct
+    values (ratios of small counts), so each distinct bit pattern is formatted once -- a
+    third of the time there, more than the plain way on values that rarely repeat.
+
+    >>> encode_floats(np.array([[0.5, float("nan")], [-0.0, 0.5]]), repeated=True)
+    [b'0.5', b'null', b'-0.0', b'0.5']
+    """
+    if not values.size:
+        return []
+    if not repeated:
+        text = orjson.dumps(values.reshape(len(values), -1), option=orjson.OPT_SERIALIZE_NUMPY)
+        return text[2:-2].replace(b"],[", b",").split(b",")  # numbers hold no "[", "]" or ","
+    # By bit pattern, not value: -0.0 and 0.0 are written apart.
+    bits = np.ascontiguousarray(values, dtype=np.float64).view(np.int64).ravel()
+    distinct, index = np.unique(bits, return_inverse=True)
+    each = orjson.dumps(distinct.view(np.float64), option=orjson.OPT_SERIALIZE_NUMPY)[1:-1].split(b",")
+    written: list[bytes] = np.array(each, dtype=object)[index.ravel()].tolist()
+    return written
 
 
 def value_bytes(value: dict[str, Any] | bytes) -> bytes:
