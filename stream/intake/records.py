@@ -299,11 +299,14 @@ class Recommendation:
     ts: datetime | None = None
 
 
+_ONLY_STR = frozenset([str])  # what JSON decodes a string to: str itself, never a subclass
+
+
 def _hashtag_list(obj: Mapping[str, Any], name: str, max_hashtags: int) -> tuple[str, ...] | None:
     value = obj.get(name)
     if value is None:
         return None
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+    if not isinstance(value, list) or not _ONLY_STR.issuperset(map(type, value)):
         raise RecordError("bad_type", f"field {name!r} must be a list of strings")
     if len(value) > max_hashtags:
         raise RecordError("too_many_hashtags", f"{name!r} has {len(value):,} items (limit {max_hashtags})")
