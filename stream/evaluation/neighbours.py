@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
+from itertools import chain, repeat
 
 import numpy as np
 import numpy.typing as npt
@@ -167,20 +168,19 @@ class RowSearch:
         """:meth:`matrix` of each ``(recommended[b], truths[b])`` as one |B| x max|R| x max|G|
         array (:data:`~stream.evaluation.metrics.FAR` pads), from one gather of the recommended hashtags'
         rows: the same entries."""
-        index = self._ids.get
-        n_rec = max(map(len, recommended))
-        n_truth = max(map(len, truths))
-        rec_ids = np.full((len(recommended), n_rec), -1, dtype=np.int64)
-        truth_ids = np.full((len(recommended), n_truth), -2, dtype=np.int64)  # never an entry of a row
+        rec_ids = self._ids_of(recommended)
+        truth_ids = self._ids_of(truths)
+        truth_known = truth_ids >= 0
+        truth_ids[~truth_known] = -2  # never an entry of a row, nor a recommended hashtag's id
         strangers: list[tuple[int, int, int]] = []  # (b, i, j): an unknown hashtag on both sides, equal
-        for b, (rec, truth) in enumerate(zip(recommended, truths, strict=True)):
-            hs = [index(h, -1) for h in rec]
-            gs = [index(g, -2) for g in truth]
-            rec_ids[b, : len(hs)] = hs
-            truth_ids[b, : len(gs)] = gs
-            if -1 in hs and -2 in gs:
-                at = {g: j for j, g in enumerate(truth)}
-                strangers += [(b, i, at[h]) for i, h in enumerate(rec) if hs[i] < 0 and h in at]
+        n_rec = np.fromiter(map(len, recommended), np.int64, len(recommended))
+        n_truth = np.fromiter(map(len, truths), np.int64, len(truths))
+        unknown_rec = (rec_ids < 0) & (np.arange(rec_ids.shape[1]) < n_rec[:, None])
+        unknown_truth = ~truth_known & (np.arange(truth_ids.shape[1]) < n_truth[:, None])
+        for b in np.flatnonzero(unknown_rec.any(axis=1) & unknown_truth.any(axis=1)).tolist():
+            rec, truth = recommended[b], truths[b]
+            at = {g: j for j, g in enumerate(truth)}
+            strangers += [(b, i, at[h]) for i, h in enumerate(rec) if unknown_rec[b, i] and h in at]
         rows = self._table()[np.maximum(rec_ids, 0)]  # B x R x width: the one gather
         hit = rows[:, :, None, :] == truth_ids[:, None, :, None]  # B x R x G x width
         # str.find's answer: the first position holding g, + 1 (its rank); none: FAR.
@@ -191,6 +191,17 @@ class RowSearch:
         for b, i, j in strangers:  # Syn(h) = {h} for a hashtag the table lacks
             matrix[b, i, j] = 0
         return matrix
+
+    def _ids_of(self, lists: Sequence[Sequence[str]]) -> npt.NDArray[np.int64]:
+        """Each list's hashtags' ids as one |lists| x longest array (-1 for a hashtag the table
+        lacks and for the padding): the look-ups in one C loop."""
+        lengths = np.fromiter(map(len, lists), np.int64, len(lists))
+        flat = list(chain.from_iterable(lists))
+        found = np.fromiter(map(self._ids.get, flat, repeat(-1, len(flat))), np.int64, len(flat))
+        ids = np.full((len(lists), int(lengths.max(initial=0))), -1, dtype=np.int64)
+        row = np.repeat(np.arange(len(lists)), lengths)
+        ids[row, np.arange(len(flat)) - np.repeat(np.cumsum(lengths) - lengths, lengths)] = found
+        return ids
 
     def matrix(self, recommended: Sequence[str], truth: Sequence[str]) -> list[list[int]]:
         """:func:`stream.evaluation.metrics.rank_matrix` of ``recommended`` x ``truth`` on this table."""

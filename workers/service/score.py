@@ -223,6 +223,7 @@ class Scorer:
     ) -> None:
         self.settings = settings
         self.x = exporter
+        self._key_fields = settings.event_key_fields  # parsed once, read per event
         self.ks = settings.k_values
         self.rs = settings.r_values
         self.incarnations = incarnations
@@ -431,7 +432,7 @@ class Scorer:
 
     def _event_key(self, event: Recommendation) -> str:
         fields = {"tweet_id": event.tweet_id, "recommender": event.recommender}
-        parts = [fields.get(name, "") for name in self.settings.event_key_fields]
+        parts = [fields.get(name, "") for name in self._key_fields]
         return hashlib.blake2b("\0".join(parts).encode(), digest_size=12).hexdigest()
 
     # -- recommendation events --------------------------------------------------------------
