@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 from aiokafka.errors import KafkaTimeoutError, MessageSizeTooLargeError, RecordTooLargeError
 from faust.exceptions import ProducerSendError
 
-from workers.service.runtime import record_size
+from workers.service.runtime import Produced, record_size
 
 
 class Halted(BaseException):
@@ -49,9 +50,9 @@ class Broker:
 
 @dataclass
 class FakeProducer:
-    """Faust's producer over aiokafka, as the runtime meets it: ``send`` refuses a record the
-    producer counts over ``max_request_size`` (aiokafka's own count, wrapped in Faust's
-    ProducerSendError); the future fails with the broker's RecordTooLargeError over a topic's
+    """A producer as the runtime meets it (:class:`~workers.service.runtime.Producer`), record by
+    record: ``send`` refuses a record the producer counts over ``max_request_size`` (aiokafka's
+    own count, wrapped as Faust wraps it); the future fails with the broker's RecordTooLargeError over a topic's
     limit, or once with a timeout for every ``flaky``-th record (retried), or always with a
     timeout while ``down`` (a broker that takes nothing); ``crash_at``: the sends at which the
     process is killed (what was not acknowledged is lost)."""
@@ -65,10 +66,16 @@ class FakeProducer:
     refused_by_producer: int = 0
     _failed_once: set[bytes] = field(default_factory=set)
 
-    async def send(
-        self, topic: str, key: bytes | None, value: bytes | None, partition: Any, timestamp: Any, headers: Any
-    ) -> asyncio.Future[None]:
-        assert value is not None
+    async def send_many(self, records: Sequence[Produced]) -> list[Awaitable[Any] | BaseException]:
+        acks: list[Awaitable[Any] | BaseException] = []
+        for topic, key, value in records:  # one by one: the limits are per record here
+            try:
+                acks.append(self.send(topic, key, value))
+            except Exception as exc:
+                acks.append(exc)
+        return acks
+
+    def send(self, topic: str, key: bytes | None, value: bytes) -> asyncio.Future[None]:
         self.sends += 1
         if self.sends in self.crash_at:
             raise Crash(f"send {self.sends}")

@@ -38,7 +38,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from functools import partial
 from typing import Any
 
@@ -50,7 +50,7 @@ from mode import Service
 
 from workers.adapters.kafka.kafka_client import group_offsets
 from workers.service.kafka_records import Record
-from workers.service.runtime import Deliver, Output, Runtime, Step
+from workers.service.runtime import Deliver, Output, Produced, Runtime, Step, send_batched
 from workers.service.transactions import Transactions
 from workers.settings import KafkaSettings
 
@@ -432,15 +432,12 @@ class _Listener(ConsumerRebalanceListener):
 
 
 class _Sender:
-    """An aiokafka producer as :class:`~workers.service.runtime.Producer` (Faust's argument order)."""
+    """An aiokafka producer as :class:`~workers.service.runtime.Producer`."""
 
     def __init__(self, producer: AIOKafkaProducer | None) -> None:
         if producer is None:
             raise RuntimeError("the batch consumer's producer is not started yet")
         self.producer = producer
 
-    async def send(
-        self, topic: str, key: bytes | None, value: bytes | None, partition: Any, timestamp: Any, headers: Any
-    ) -> asyncio.Future[Any]:
-        future: asyncio.Future[Any] = await self.producer.send(topic, value=value, key=key)
-        return future
+    async def send_many(self, records: Sequence[Produced]) -> list[Awaitable[Any] | BaseException]:
+        return await send_batched(self.producer, records)

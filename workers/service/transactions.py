@@ -35,7 +35,7 @@ from typing import Any
 from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
 
-from workers.service.runtime import Output, Runtime, too_large
+from workers.service.runtime import Output, Runtime, send_batched, too_large
 from workers.settings import KafkaSettings
 
 log = logging.getLogger("reval.workers")
@@ -163,18 +163,13 @@ class Transactions:
         self, producer: AIOKafkaProducer, pending: list[tuple[Output, bytes]]
     ) -> dict[int, BaseException]:
         """Send ``pending`` in the open transaction; the errors by position (none: all acknowledged)."""
-        futures: list[Any] = []
-        for output, data in pending:
-            try:
-                futures.append(await producer.send(self.rt.names[output.topic], value=data, key=output.key))
-            except Exception as exc:  # refused before sending
-                futures.append(exc)
+        acks = await send_batched(producer, [(self.rt.names[o.topic], o.key, data) for o, data in pending])
         failed: dict[int, BaseException] = {}
-        for i, future in enumerate(futures):
+        for i, ack in enumerate(acks):
             try:
-                if isinstance(future, BaseException):
-                    raise future
-                await future
+                if isinstance(ack, BaseException):
+                    raise ack
+                await ack
             except Exception as exc:
                 failed[i] = exc
         for i, error in failed.items():
