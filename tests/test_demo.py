@@ -179,7 +179,8 @@ def wait_for_tree(term: Terminal, size: int, seconds: float) -> list[psutil.Proc
 def test_the_demo_table_is_live_at_80_columns_and_everything_is_cleaned_up(
     tiny_bertweet: Path, tmp_path: Path
 ) -> None:
-    term = Terminal(["--duration", "40", "--model", str(tiny_bertweet)], tmp_path)
+    # 20 s of demo after its first scored event: the reads below take ~10 s
+    term = Terminal(["--duration", "20", "--model", str(tiny_bertweet)], tmp_path)
     children: list[Any] = []
     try:
         term.wait_for(r"starting the workers", 60)
@@ -201,7 +202,7 @@ def test_the_demo_table_is_live_at_80_columns_and_everything_is_cleaned_up(
             assert len(cells) == 7 and re.fullmatch(r"[\d,]+", cells[0]), text
             assert all(re.fullmatch(r"-?\d\.\d{3}|-", cell) for cell in cells[1:]), text
         assert "…" not in text
-        term.child.expect(pexpect.EOF, timeout=120)  # --duration 40 after the first scored event
+        term.child.expect(pexpect.EOF, timeout=120)  # --duration 20 after the first scored event
         term.child.close()
         assert term.child.exitstatus == 0
     finally:
