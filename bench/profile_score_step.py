@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 import redis
 
-from bench.bench_score_worker import REDIS_URL, FixedIncarnations
+from bench.bench_score_worker import REDIS_URL, FixedIncarnations, detectors_caught_up
 from bench.bench_scoring import as_records, clustered_vectors, make_events, workload_parser
 from bench.results import bench_command, cpu_model, publish
 from workers.adapters.files.annoy_thesaurus import AnnoyThesaurus
@@ -138,6 +138,7 @@ def main() -> None:
             return time.process_time() - t0
 
         step(rounds[0])  # warm: thesaurus loaded, neighbour cache filled
+        detectors_caught_up(client, [settings.redis_prefix], len(rounds[0]))  # calibrated once
         plain = [step(r) / len(r) * 1e6 for r in rounds[1 : 1 + args.rounds]]
         if args.plain_only:
             clear_prefix(args.redis_url, settings.redis_prefix)
