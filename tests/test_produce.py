@@ -5,6 +5,7 @@ fuller than the producer's batch size split, never a record lost or doubled."""
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 
 import pytest
@@ -41,7 +42,8 @@ async def produce_both_ways(
         await consumer.start()
         try:
             records: list[tuple] = []
-            while len(records) < len(values):
+            deadline = time.monotonic() + 60  # a record lost must fail here, not at pytest's timeout
+            while len(records) < len(values) and time.monotonic() < deadline:
                 for batch in (await consumer.getmany(timeout_ms=2000)).values():
                     records += [(r.partition, r.offset, r.key, r.value) for r in batch]
         finally:
