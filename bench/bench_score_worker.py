@@ -134,7 +134,8 @@ def time_scoring(stack: Stack, workers: list[Worker], events: list[Any]) -> floa
 
 def detectors_caught_up(client: redis.Redis, prefixes: list[str], events: int, timeout: float = 600) -> float:
     """Wait until the change detector of the bench's recommender (its state in Redis under
-    each of ``prefixes``) is calibrated and has taken ``events`` events; seconds waited.  No
+    each of ``prefixes``) has taken ``events`` events and calibrated (if they complete its
+    reference); seconds waited.  No
     state (a tree without the detector): nothing to wait for.
 
     Why: a recommender's detector calibrates once in its lifetime, when its first reference
@@ -150,8 +151,9 @@ def detectors_caught_up(client: redis.Redis, prefixes: list[str], events: int, t
         raw = client.hget(key, "s")
         if raw is None:
             return not client.exists(key)
-        state = json.loads(raw)
-        return state["p0"] is not None and state["events"] >= events
+        state = json.loads(raw)  # calibrated, unless too few events came to need it yet
+        calibrated = state["p0"] is not None or state["events"] < state["reference"]
+        return calibrated and state["events"] >= events
 
     def done() -> bool:
         return all(caught_up(key) for key in keys)
