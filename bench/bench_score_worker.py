@@ -135,8 +135,7 @@ def time_scoring(stack: Stack, workers: list[Worker], events: list[Any]) -> floa
 def detectors_caught_up(client: redis.Redis, prefixes: list[str], events: int, timeout: float = 600) -> float:
     """Wait until the change detector of the bench's recommender (its state in Redis under
     each of ``prefixes``) has taken ``events`` events and calibrated (if they complete its
-    reference); seconds waited.  No
-    state (a tree without the detector): nothing to wait for.
+    reference); seconds waited.  No state (a tree without the detector): nothing to wait for.
 
     Why: a recommender's detector calibrates once in its lifetime, when its first reference
     events are in -- a simulation of seconds of CPU in the worker's detector thread (its state
