@@ -29,14 +29,16 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Awaitable, Iterable, Mapping, Sequence
+from typing import Any, TypeVar
 
 from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
 
 from workers.service.runtime import Output, Runtime, send_batched, too_large
 from workers.settings import KafkaSettings
+
+T = TypeVar("T")
 
 log = logging.getLogger("reval.workers")
 
@@ -120,24 +122,37 @@ class Transactions:
         producer = self.producers.get(tp)
         if producer is None:
             self.rt.fail_stop(f"{tp.topic}:{tp.partition} has no transactional producer (not held)")
-        deadline = time.monotonic() + self.rt.settings.produce_timeout_s
+        timeout = self.rt.settings.produce_timeout_s
+        deadline = time.monotonic() + timeout
+
+        async def bounded(step: Awaitable[T]) -> T:
+            # aiokafka's transactional calls wait on its sender without a timeout of their own:
+            # a step that never returns would leave the worker consuming nothing, silently.
+            try:
+                return await asyncio.wait_for(step, max(deadline - time.monotonic(), 0.0))
+            except TimeoutError:
+                self.rt.fail_stop(
+                    f"{tp.topic}:{tp.partition}: the batch's transaction not finished within "
+                    f"{timeout:g}s (the producer stalled); not acknowledging the batch"
+                )
+
         delay = 0.2
         while True:
             try:
-                await producer.begin_transaction()
+                await bounded(producer.begin_transaction())
             except Exception as exc:  # fenced, or a fatal producer state: never commit this batch
                 self.rt.fail_stop(f"{tp.topic}:{tp.partition}: cannot begin a transaction: {exc!r}")
-            failed = await self._produce(producer, pending)
+            failed = await bounded(self._produce(producer, pending))
             if not failed:
                 try:
-                    await producer.send_offsets_to_transaction({tp: position}, self.group)
-                    await producer.commit_transaction()
+                    await bounded(producer.send_offsets_to_transaction({tp: position}, self.group))
+                    await bounded(producer.commit_transaction())
                     return
                 except KafkaError as exc:
                     log.warning("%s:%d: transaction failed (%r); aborting it", tp.topic, tp.partition, exc)
                     failed = {}
             try:
-                await producer.abort_transaction()
+                await bounded(producer.abort_transaction())
             except Exception as exc:  # fenced (another process holds the partition) or fatal
                 self.rt.fail_stop(f"{tp.topic}:{tp.partition}: transaction not aborted: {exc!r}")
             retry: list[tuple[Output, bytes]] = []
