@@ -24,17 +24,13 @@ lint: setup
 	$(BIN)/ruff format --check stream workers tests bench deploy
 	$(BIN)/mypy stream workers tests bench
 
-# Two passes: the tests that need no service are CPU-bound and independent, so they share out
-# over the cores (pytest-xdist); the integration tests run one at a time, as the fault tests
-# time real processes on a machine they must not share with each other.
 test: setup services lint
-	$(BIN)/python -m pytest -n auto -m "not integration and not slow"
-	$(BIN)/python -m pytest -m "integration or slow"
+	$(BIN)/python -m pytest
 
 # For contributors: lint, types and every test that needs no service (no broker, no Redis)
 # and is not marked slow -- a broken Scorer or Runtime shows here in minutes.
 check: lint
-	$(BIN)/python -m pytest -q -n auto -m "not integration and not slow"
+	$(BIN)/python -m pytest -q -m "not integration and not slow"
 
 # Not in `make test`: the three workers on Apache Kafka for 30 minutes (MINUTES=...), memory
 # sampled all along; figures in BENCHMARKS.md ("Soak").
