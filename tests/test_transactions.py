@@ -1,6 +1,6 @@
-"""The exactly-once delivery's bound: a transaction whose producer stalls fail-stops the worker
-within ``REVAL_PRODUCE_TIMEOUT_S`` instead of leaving it consuming nothing (seen once in the
-kill -9 fault test: an incarnation's transaction never finished, and nothing was logged)."""
+"""The exactly-once delivery's bound: a transaction whose producer stalls (aiokafka's
+transactional calls have no timeout of their own) fail-stops the worker within
+``REVAL_PRODUCE_TIMEOUT_S`` instead of leaving it consuming nothing, silently."""
 
 from __future__ import annotations
 
