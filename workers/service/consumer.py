@@ -59,6 +59,9 @@ log = logging.getLogger("reval.workers")
 #: Longest a batch may take before the group considers this member gone (a batch held on a
 #: Redis outage included; Faust's own default).
 MAX_POLL_INTERVAL_S = 1000.0
+#: How long a consumer may take no record while its partitions have records it has not taken
+#: before it says why, in one warning line (then once per such period while it lasts).
+STALL_WARN_S = 60.0
 
 
 Batch = Mapping[TopicPartition, list[ConsumerRecord[bytes, bytes]]]
@@ -130,6 +133,7 @@ class BatchConsumer(Service):
         self._positions: dict[TopicPartition, int] = {}  # next offset to settle, per partition
         self._legacy: dict[TopicPartition, int] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._progress_at = 0.0  # when a batch last had records, or the partitions changed
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -218,6 +222,8 @@ class BatchConsumer(Service):
         # The batch fetched last, its admission under way (lookahead), settled after the next
         # poll: while the role's thread applies it, the next one is admitted elsewhere.
         ahead: tuple[int, Batch, dict[str, Any]] | None = None
+        loop = asyncio.get_running_loop()
+        self._progress_at = loop.time()
         try:
             while not self._closing:
                 await self._hold()
@@ -243,11 +249,42 @@ class BatchConsumer(Service):
                     elif batch:
                         await self._settle(batch)
                     self._report_lag()
+                    if batch:
+                        self._progress_at = loop.time()
+                    elif loop.time() - self._progress_at >= STALL_WARN_S:
+                        self._progress_at = loop.time()  # the next line one period later
+                        self._warn_stalled()
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a bug in the loop itself: never sit in a worker consuming nothing
             log.exception("consumer %s: unexpected error", self.group)
             self.rt.fail_stop(f"consumer {self.group}: unexpected {exc!r}")
+
+    def _warn_stalled(self) -> None:
+        """One line saying why no record was taken for :data:`STALL_WARN_S` while some are
+        waiting: per partition behind its end, where it is, its end, the stable end a
+        ``read_committed`` consumer may read up to (an open transaction of another producer
+        holds it back) and whether the step holds it (paused)."""
+        assert self.consumer is not None
+        paused = self.consumer.paused()
+        behind = []
+        for tp in sorted(self.consumer.assignment()):
+            end, at = self.consumer.highwater(tp), self._positions.get(tp)
+            if end is None or (at is not None and at >= end):
+                continue  # no fetch answered yet, or nothing waiting
+            state = [f"at {'unknown' if at is None else at}", f"end {end}"]
+            if self.transactions is not None:
+                state.append(f"stable end {self.consumer.last_stable_offset(tp)}")
+            if tp in paused:
+                state.append("paused: its step holds")
+            behind.append(f"{tp.topic}-{tp.partition} ({', '.join(state)})")
+        if behind:
+            log.warning(
+                "consumer %s: no record taken for %.0f s while records wait: %s",
+                self.group,
+                STALL_WARN_S,
+                "; ".join(behind),
+            )
 
     def _rewind(self, batch: Batch) -> None:
         """Drop a batch: its partitions still held go back to their settled positions (the
@@ -344,6 +381,8 @@ class BatchConsumer(Service):
         assert self.consumer is not None
         self._generation += 1
         self._paused.clear()
+        if self._loop is not None:
+            self._progress_at = self._loop.time()
         if self.transactions is not None:
             await self.transactions.own(partitions)
         for tp in sorted(partitions):
