@@ -10,6 +10,13 @@ CrisisLexT26 sample), so many tweets *before* a cut and as many *after* it:
 
 at several sizes (``--sizes``: 20, 60, 200 tweets a side), beside every real hashtag of the
 feed with at least ``--min-support`` tweets on both sides of the cut (the median event time).
+What a "crisis" (a sense) is comes from the feed (``--senses``): ``crises``, the
+CrisisLexT26 crises by their signature hashtags (:data:`CRISES`); ``hashtags``, any feed's own
+most used hashtags, each a sense of the tweets that carry it and none of the others, a
+hijack going only to a hashtag hardly ever used in the same tweet (two names of one sense,
+#qldfloods and #bigwet, are not a change of meaning); ``auto`` (the
+default) takes the crises when at least 3 of them have enough tweets, else the hashtags -- so the
+benchmark runs on feeds that hold none of those crises.
 A probe's copy keeps its tweet's text and gets the probe tag appended; it counts for the
 probe only (the real hashtags keep their own tweets).  Everything is embedded with the
 encoder (``--model``, default the packaged MiniLM, offline), unit-length as the embed worker
@@ -41,7 +48,8 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -102,19 +110,106 @@ def crisis_of(prepared: Prepared) -> str | None:
     return None
 
 
+def crisis_senses(kept: Sequence[Prepared]) -> dict[str, list[int]]:
+    """The tweets of each CrisisLexT26 crisis (:data:`CRISES`), by index in ``kept``."""
+    by_crisis: dict[str, list[int]] = {}
+    for i, prepared in enumerate(kept):
+        crisis = crisis_of(prepared)
+        if crisis is not None:
+            by_crisis.setdefault(crisis, []).append(i)
+    return by_crisis
+
+
+#: How many of a feed's own hashtags become senses (``--senses hashtags``): as many as the
+#: sample feed has crises.
+HASHTAG_SENSES = 10
+
+
+def hashtag_senses(kept: Sequence[Prepared], least: int, most: int = HASHTAG_SENSES) -> dict[str, list[int]]:
+    """Senses from any feed: its hashtags used by at least ``least`` tweets, each with the tweets
+    that carry it and none of the others (a tweet of two is no one sense's); the ``most`` with
+    the most such tweets, at least ``least``.
+
+    >>> def tweet(*tags): return Prepared(None, "t", tags, ())
+    >>> kept = [tweet("a")] * 3 + [tweet("b")] * 2 + [tweet("a", "b"), tweet("c")]
+    >>> hashtag_senses(kept, least=2)
+    {'a': [0, 1, 2], 'b': [3, 4]}
+    """
+    used = Counter(h for p in kept for h in set(p.hashtags))
+    candidates = {h for h, n in used.items() if n >= least}
+    alone: dict[str, list[int]] = {}
+    for i, prepared in enumerate(kept):
+        own = candidates.intersection(prepared.hashtags)
+        if len(own) == 1:
+            alone.setdefault(own.pop(), []).append(i)
+    ranked = sorted((h for h, rows in alone.items() if len(rows) >= least), key=lambda h: (-len(alone[h]), h))
+    return {h: alone[h] for h in ranked[:most]}
+
+
+Partners = Callable[[str, Sequence[str]], list[str]]
+"""Given a sense and the senses usable at a size, those it may be hijacked to."""
+
+
+#: Two hashtags used together in more than this share of the tweets of the rarer one are one
+#: sense under two names (#qldfloods and #bigwet): no hijack from one to the other.
+SHARED_USE = 0.01
+
+
+def apart_partners(kept: Sequence[Prepared], senses: Sequence[str]) -> Partners:
+    """Where a hashtag sense may be hijacked to: the senses hardly ever used in the same tweet
+    as it (at most :data:`SHARED_USE` of the rarer one's tweets) -- no embedding decides, so
+    a hijack between two close meanings (a flood for a flood) stays in the benchmark.
+
+    >>> def tweet(*tags): return Prepared(None, "t", tags, ())
+    >>> kept = [tweet("qldfloods", "bigwet")] * 5 + [tweet("qldfloods")] * 5 + [tweet("rescueph")] * 5
+    >>> apart_partners(kept, ["qldfloods", "bigwet", "rescueph"])("qldfloods", ["bigwet", "rescueph"])
+    ['rescueph']
+    """
+    wanted = set(senses)
+    used: Counter[str] = Counter()
+    together: Counter[tuple[str, str]] = Counter()
+    for prepared in kept:
+        own = sorted(wanted.intersection(prepared.hashtags))
+        used.update(own)
+        together.update((a, b) for i, a in enumerate(own) for b in own[i + 1 :])
+
+    def partners(first: str, usable: Sequence[str]) -> list[str]:
+        def shared(other: str) -> float:
+            pair = (first, other) if first < other else (other, first)
+            return together[pair] / max(1, min(used[first], used[other]))
+
+        return [c for c in usable if c != first and shared(c) <= SHARED_USE]
+
+    return partners
+
+
+def any_other(first: str, usable: Sequence[str]) -> list[str]:
+    """The crises' partners: every other crisis (each crisis is its own meaning)."""
+    return [c for c in usable if c != first]
+
+
 def probes(
-    by_crisis: dict[str, list[int]], sizes: Sequence[int], per_kind: int, rng: np.random.Generator
+    by_crisis: dict[str, list[int]],
+    sizes: Sequence[int],
+    per_kind: int,
+    rng: np.random.Generator,
+    partners: Partners = any_other,
 ) -> list[tuple[str, str, int, list[int], list[int]]]:
-    """(name, kind, size, tweet indices before, after) of every probe."""
+    """(name, kind, size, tweet indices before, after) of every probe; sizes no sense has
+    the tweets for (twice the size for a stable probe, two senses for a hijack) are skipped."""
     out = []
     for size in sizes:
         big = [c for c, rows in by_crisis.items() if len(rows) >= 2 * size]
         usable = [c for c, rows in by_crisis.items() if len(rows) >= size]
         for kind in KINDS:
             for i in range(per_kind):
+                if not (big if kind == "stable" else usable):
+                    break
                 first = big[i % len(big)] if kind == "stable" else usable[i % len(usable)]
-                other = [c for c in usable if c != first]
-                second = other[(i * 3 + 1) % len(other)]
+                other = partners(first, usable)
+                if not other and kind != "stable":
+                    continue
+                second = other[(i * 3 + 1) % len(other)] if other else first
                 rows = rng.permutation(by_crisis[first]).tolist()
                 before = rows[:size]
                 if kind == "stable":
@@ -236,6 +331,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--per-kind", type=int, default=5, help="probes of each kind per size")
     parser.add_argument("--seeds", default="1")
     parser.add_argument("--min-support", type=int, default=DEFAULT_MIN_SUPPORT)
+    parser.add_argument(
+        "--senses",
+        choices=("auto", "crises", "hashtags"),
+        default="auto",
+        help="what a sense is: CrisisLexT26's crises, the feed's own hashtags, or the crises where "
+        "at least 3 have enough tweets (default)",
+    )
     parser.add_argument("--out", type=Path, help="write the markdown section here too")
     parser.add_argument("--json", type=Path, help="write the figures as JSON")
     args = parser.parse_args(argv)
@@ -249,11 +351,20 @@ def main(argv: list[str] | None = None) -> int:
     vectors = np.asarray(encoder.encode([p.text for p in kept]), dtype=np.float64)
     vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
     cut = float(np.median(times))
-    by_crisis: dict[str, list[int]] = {}
-    for i, prepared in enumerate(kept):
-        crisis = crisis_of(prepared)
-        if crisis is not None:
-            by_crisis.setdefault(crisis, []).append(i)
+    by_crisis = crisis_senses(kept)
+    senses = args.senses
+    if senses == "auto":
+        enough = sum(len(rows) >= 2 * min(sizes) for rows in by_crisis.values())
+        senses = "crises" if enough >= 3 else "hashtags"
+    partners: Partners = any_other
+    if senses == "hashtags":
+        by_crisis = hashtag_senses(kept, least=min(sizes))
+        partners = apart_partners(kept, list(by_crisis))
+    if len(by_crisis) < 2:
+        parser.error(
+            f"the feed has {len(by_crisis)} {senses[:-1] if senses == 'crises' else 'hashtag'} sense(s) "
+            f"with >= {min(sizes)} tweets; probes need 2 (try smaller --sizes)"
+        )
     tags = sorted({h for p in kept for h in p.hashtags})
     index = {h: j for j, h in enumerate(tags)}
     dim = vectors.shape[1]
@@ -271,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
     per_hashtag_dims = []
     for seed in [int(s) for s in args.seeds.split(",")]:
         rng = np.random.default_rng(seed)
-        made = probes(by_crisis, sizes, args.per_kind, rng)
+        made = probes(by_crisis, sizes, args.per_kind, rng, partners)
         # the copy's tag says nothing of the probe (its kind or crises would leak into the embedding)
         texts = [
             f"{kept[j].text} #probe{p}"
@@ -308,6 +419,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": command,
         "model": args.model,
         "tweets": len(kept),
+        "senses": senses,
         "crises": {c: len(rows) for c, rows in sorted(by_crisis.items())},
         "stable_probe_effective_dims": [round(d, 1) for d in dims],
         "seconds": round(seconds, 1),
@@ -326,7 +438,8 @@ def markdown(result: dict[str, object], sizes: Sequence[int]) -> list[str]:
         "## Hijacked hashtags as movers (bench/bench_hijack.py, issue 40)",
         "",
         f"Command: `{result['command']}`. Model {result['model']}, {result['tweets']} kept tweets; "
-        f"{len(result['crises'])} crises used for probes ({result['seconds']} s in all). "  # type: ignore[arg-type]
+        f"{len(result['crises'])} {'crises' if result['senses'] == 'crises' else 'hashtags'} used as the "  # type: ignore[arg-type]
+        f"probes' senses ({result['seconds']} s in all). "
         f"Effective dimension of stable probes' tweet covariance: {result['stable_probe_effective_dims']}.",
         "",
         "| seed | ranking | compared (real + 1) | size | hijacked ranks | gradual ranks | stable ranks "
@@ -337,6 +450,8 @@ def markdown(result: dict[str, object], sizes: Sequence[int]) -> list[str]:
         for ranking in RANKINGS:
             found = run["report"][ranking]
             for size in sizes:
+                if str(size) not in found["sizes"]:
+                    continue  # no sense has the tweets for it
                 cell = found["sizes"][str(size)]
                 lines.append(
                     f"| {run['seed']} | {ranking} | {found['compared']} | {size} | "

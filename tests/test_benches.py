@@ -150,3 +150,52 @@ def test_bench_hijack_ranks_each_probe_among_the_real_hashtags() -> None:
     by_kind = {kind: (before, after) for _, kind, _, before, after in made}
     assert set(by_kind["stable"][0]).isdisjoint(by_kind["stable"][1])
     assert all(j < 50 for j in by_kind["hijacked"][0]) and all(j >= 50 for j in by_kind["hijacked"][1])
+
+
+def test_hashtag_senses_and_their_partners_need_no_crisis_of_the_sample_feed() -> None:
+    """On a feed without CrisisLexT26's crises the senses are its own hashtags (each with the
+    tweets that carry it alone); a hijack never goes to a hashtag used in the same tweets (one
+    sense, two names); sizes no sense has the tweets for are skipped, not a crash."""
+    import numpy as np
+
+    from bench.bench_hijack import apart_partners, hashtag_senses, probes
+    from stream.intake.cleaning import Prepared
+
+    def tweet(*tags: str) -> Prepared:
+        return Prepared(None, "t", tags, ())  # type: ignore[arg-type]  # the senses read the hashtags only
+
+    kept = [tweet("floods", "rain")] * 30 + [tweet("floods")] * 50 + [tweet("rain")] * 45
+    kept += [tweet("quake")] * 60 + [tweet("rare")] * 5
+    senses = hashtag_senses(kept, least=20)
+    assert {h: len(rows) for h, rows in senses.items()} == {"quake": 60, "floods": 50, "rain": 45}
+    partners = apart_partners(kept, list(senses))
+    assert partners("floods", list(senses)) == ["quake"] and partners("quake", list(senses)) == [
+        "floods",
+        "rain",
+    ]
+    made = probes(senses, [20, 100], 3, np.random.default_rng(0), partners)
+    assert {size for _, _, size, _, _ in made} == {20}  # no sense has 100 tweets
+    for name, kind, _, before, after in made:
+        first, second = name.split("__")[1:]
+        assert all(kept[j].hashtags == (first,) for j in before), name
+        if kind == "hijacked":
+            assert {first, second} in ({"floods", "quake"}, {"rain", "quake"}), name
+            assert all(kept[j].hashtags == (second,) for j in after), name
+
+
+@pytest.mark.slow
+def test_bench_hijack_runs_on_a_feed_without_the_crises(tmp_path: Path) -> None:
+    feed = tmp_path / "feed.jsonl.gz"
+    subprocess.run(
+        [sys.executable, "-m", "workers.dev.synthetic", str(feed), "--tweets", "2000", "--days", "10"]
+        + ["--topics", "8", "--seed", "1"],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    text = run_bench(
+        "bench_hijack", "--feed", str(feed), "--sizes", "20", "--per-kind", "2", out=tmp_path / "h.md"
+    )
+    assert "hashtags used as the probes' senses" in text
+    assert "| 1 | recent, test |" in text
