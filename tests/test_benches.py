@@ -186,9 +186,9 @@ def test_hashtag_senses_and_their_partners_need_no_crisis_of_the_sample_feed() -
 @pytest.mark.slow
 def test_bench_hijack_runs_on_a_feed_without_the_crises(tmp_path: Path) -> None:
     feed = tmp_path / "feed.jsonl.gz"
+    shape = ["--tweets", "2000", "--days", "10", "--topics", "8", "--seed", "1"]
     subprocess.run(
-        [sys.executable, "-m", "workers.dev.synthetic", str(feed), "--tweets", "2000", "--days", "10"]
-        + ["--topics", "8", "--seed", "1"],
+        [sys.executable, "-m", "workers.dev.synthetic", str(feed), *shape],
         cwd=REPO,
         check=True,
         capture_output=True,

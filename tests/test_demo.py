@@ -32,6 +32,7 @@ from workers.adapters.files.annoy_thesaurus import neighbour_cache
 from workers.adapters.prometheus.exporter import Exporter, LabelGuard
 from workers.adapters.prometheus.quality_metrics import QualityMetrics
 from workers.commands.demo_view import Output, Scrape, snapshot
+from workers.dev.processes import at_a_terminal
 from workers.dev.stack import REVAL
 
 COLUMNS, LINES = 80, 40
@@ -240,7 +241,11 @@ def test_piped_json_shows_numbers_that_mean_something(tmp_path: Path) -> None:
     env = {**os.environ, "TMPDIR": str(tmp_path), "HF_HUB_OFFLINE": "1"}
     with open(tmp_path.parent / f"{tmp_path.name}.stderr", "wb") as stderr:
         proc = subprocess.Popen(
-            [REVAL, "demo", "--json", "--duration", "1200"], stdout=subprocess.PIPE, stderr=stderr, env=env
+            [REVAL, "demo", "--json", "--duration", "1200"],
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            env=env,
+            preexec_fn=at_a_terminal,  # it is stopped with Ctrl-C below
         )
     objects: list[dict[str, Any]] = []
     try:

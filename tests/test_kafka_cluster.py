@@ -26,6 +26,7 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from workers.adapters.kafka.kafka_client import create_topics, topic_partitions
 from workers.dev.kafka_cluster import KafkaCluster, kafka_jars, pinned_version
 from workers.dev.ports import free_run
+from workers.dev.processes import at_a_terminal
 from workers.dev.stack import REVAL, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -55,6 +56,7 @@ class BrokerCommand:
             text=True,
             env=env or dict(os.environ),
             start_new_session=True,
+            preexec_fn=at_a_terminal,  # some tests stop it with Ctrl-C
         )
 
     def bootstrap(self, timeout: float = 240.0) -> str:

@@ -45,6 +45,13 @@ def spawn(
     )
 
 
+def at_a_terminal() -> None:
+    """A child's ``preexec_fn``: Ctrl-C (SIGINT) stops it as it would at a terminal, even where
+    the tests themselves run in the background (``nohup``, ``cmd &``), whose children inherit
+    SIGINT ignored -- and a Python started with SIGINT ignored never raises KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def terminate(proc: subprocess.Popen[bytes], timeout: float = 15.0) -> None:
     """SIGTERM, then SIGKILL if the process has not exited within ``timeout`` seconds."""
     if proc.poll() is None:
