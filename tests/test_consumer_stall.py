@@ -1,9 +1,11 @@
 """A consumer that takes no record while records wait says why, in one line: which partitions
-are behind, where they are, their end, the stable end a ``read_committed`` consumer may read up
-to, and whether the step holds them -- so a worker that sits still is diagnosed from its log."""
+are behind, its position in each, their end, the stable end a ``read_committed`` consumer may
+read up to, and whether the step holds them -- so a worker that sits still is diagnosed from
+its log."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any, cast
 
@@ -14,15 +16,19 @@ from workers.service.consumer import STALL_WARN_S, BatchConsumer
 
 
 class StillConsumer:
-    """aiokafka's consumer as :meth:`BatchConsumer._warn_stalled` reads it (assignment, ends)."""
+    """aiokafka's consumer as :meth:`BatchConsumer._warn_stalled` reads it: the assignment,
+    each partition's end, stable end and position (none: a position being reset, which never
+    answers), the paused partitions."""
 
     def __init__(
         self,
         ends: dict[TopicPartition, int | None],
-        stable: dict[TopicPartition, int],
-        paused: set[TopicPartition],
+        at: dict[TopicPartition, int],
+        *,
+        stable: dict[TopicPartition, int] | None = None,
+        paused: frozenset[TopicPartition] = frozenset(),
     ) -> None:
-        self.ends, self.stable, self._paused = ends, stable, paused
+        self.ends, self.at, self.stable, self._paused = ends, at, stable or {}, paused
 
     def assignment(self) -> set[TopicPartition]:
         return set(self.ends)
@@ -33,19 +39,23 @@ class StillConsumer:
     def last_stable_offset(self, tp: TopicPartition) -> int:
         return self.stable[tp]
 
-    def paused(self) -> set[TopicPartition]:
+    def paused(self) -> frozenset[TopicPartition]:
         return self._paused
 
+    async def position(self, tp: TopicPartition) -> int:
+        if tp not in self.at:
+            await asyncio.Event().wait()
+        return self.at[tp]
 
-def consumer_with(
-    still: StillConsumer, positions: dict[TopicPartition, int], *, exactly_once: bool
-) -> BatchConsumer:
+
+def stall_line(still: StillConsumer, *, exactly_once: bool, caplog: pytest.LogCaptureFixture) -> list[str]:
     runtime: Any = None  # the warning reads no runtime
     transactions: Any = object() if exactly_once else None  # only whether there are any
     consumer = BatchConsumer(runtime, {}, group="g", size=10, within=0.1, transactions=transactions)
     consumer.consumer = cast(Any, still)
-    consumer._positions.update(positions)
-    return consumer
+    with caplog.at_level(logging.WARNING, "reval.workers"):
+        asyncio.run(consumer._warn_stalled())
+    return caplog.messages
 
 
 def test_the_stall_line_names_each_partition_behind_and_why(caplog: pytest.LogCaptureFixture) -> None:
@@ -57,13 +67,11 @@ def test_the_stall_line_names_each_partition_behind_and_why(caplog: pytest.LogCa
     )
     still = StillConsumer(
         ends={recs0: 120, recs1: 40, tweets0: 75, fresh: None},
+        at={recs0: 100, recs1: 40, tweets0: 70},
         stable={recs0: 100, recs1: 40, tweets0: 75, fresh: 0},
-        paused={tweets0},
+        paused=frozenset({tweets0}),
     )
-    consumer = consumer_with(still, {recs0: 100, recs1: 40, tweets0: 70}, exactly_once=True)
-    with caplog.at_level(logging.WARNING, "reval.workers"):
-        consumer._warn_stalled()
-    (line,) = caplog.messages
+    (line,) = stall_line(still, exactly_once=True, caplog=caplog)
     assert line == (
         f"consumer g: no record taken for {STALL_WARN_S:.0f} s while records wait: "
         "recs-0 (at 100, end 120, stable end 100); "
@@ -71,17 +79,15 @@ def test_the_stall_line_names_each_partition_behind_and_why(caplog: pytest.LogCa
     )
 
 
-def test_no_line_when_nothing_waits(caplog: pytest.LogCaptureFixture) -> None:
+def test_no_line_when_the_position_is_at_the_end(caplog: pytest.LogCaptureFixture) -> None:
+    """At the end -- past a transaction's commit marker too, which no record follows."""
     tp = TopicPartition("recs", 0)
-    consumer = consumer_with(StillConsumer({tp: 40}, {tp: 40}, set()), {tp: 40}, exactly_once=False)
-    with caplog.at_level(logging.WARNING, "reval.workers"):
-        consumer._warn_stalled()
-    assert caplog.messages == []
+    assert stall_line(StillConsumer({tp: 41}, {tp: 41}), exactly_once=False, caplog=caplog) == []
 
 
-def test_at_least_once_states_no_stable_end(caplog: pytest.LogCaptureFixture) -> None:
+def test_a_position_being_reset_is_unknown_and_at_least_once_has_no_stable_end(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     tp = TopicPartition("recs", 3)
-    consumer: Any = consumer_with(StillConsumer({tp: 9}, {tp: 0}, set()), {}, exactly_once=False)
-    with caplog.at_level(logging.WARNING, "reval.workers"):
-        consumer._warn_stalled()
-    assert caplog.messages[0].endswith("recs-3 (at unknown, end 9)")
+    (line,) = stall_line(StillConsumer({tp: 9}, {}), exactly_once=False, caplog=caplog)
+    assert line.endswith("recs-3 (at unknown, end 9)")

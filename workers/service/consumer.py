@@ -253,25 +253,32 @@ class BatchConsumer(Service):
                         self._progress_at = loop.time()
                     elif loop.time() - self._progress_at >= STALL_WARN_S:
                         self._progress_at = loop.time()  # the next line one period later
-                        self._warn_stalled()
+                        await self._warn_stalled()
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a bug in the loop itself: never sit in a worker consuming nothing
             log.exception("consumer %s: unexpected error", self.group)
             self.rt.fail_stop(f"consumer {self.group}: unexpected {exc!r}")
 
-    def _warn_stalled(self) -> None:
+    async def _warn_stalled(self) -> None:
         """One line saying why no record was taken for :data:`STALL_WARN_S` while some are
-        waiting: per partition behind its end, where it is, its end, the stable end a
-        ``read_committed`` consumer may read up to (an open transaction of another producer
-        holds it back) and whether the step holds it (paused)."""
+        waiting: per partition behind its end, the consumer's position (past any transaction
+        marker, which no record follows), its end, the stable end a ``read_committed`` consumer
+        may read up to (another producer's open transaction holds it back) and whether the step
+        holds it (paused)."""
         assert self.consumer is not None
         paused = self.consumer.paused()
         behind = []
         for tp in sorted(self.consumer.assignment()):
-            end, at = self.consumer.highwater(tp), self._positions.get(tp)
-            if end is None or (at is not None and at >= end):
-                continue  # no fetch answered yet, or nothing waiting
+            end = self.consumer.highwater(tp)
+            if end is None:
+                continue  # no fetch answered yet
+            try:  # waits while the position is being reset: a second at most
+                at: int | None = await asyncio.wait_for(self.consumer.position(tp), 1.0)
+            except (TimeoutError, KafkaError, IllegalStateError):
+                at = None
+            if at is not None and at >= end:
+                continue  # nothing waiting
             state = [f"at {'unknown' if at is None else at}", f"end {end}"]
             if self.transactions is not None:
                 state.append(f"stable end {self.consumer.last_stable_offset(tp)}")
