@@ -17,27 +17,29 @@ from workers.service.consumer import STALL_WARN_S, BatchConsumer
 
 class StillConsumer:
     """aiokafka's consumer as :meth:`BatchConsumer._warn_stalled` reads it: the assignment,
-    each partition's end, stable end and position (none: a position being reset, which never
-    answers), the paused partitions."""
+    each partition's end as its last fetch saw it (none: never fetched), the end it may read
+    to (``end_offsets``: the stable end under read_committed), its position (none: a position
+    being reset, which never answers), the paused partitions."""
 
     def __init__(
         self,
-        ends: dict[TopicPartition, int | None],
+        fetched: dict[TopicPartition, int | None],
         at: dict[TopicPartition, int],
         *,
-        stable: dict[TopicPartition, int] | None = None,
+        readable: dict[TopicPartition, int] | None = None,
         paused: frozenset[TopicPartition] = frozenset(),
     ) -> None:
-        self.ends, self.at, self.stable, self._paused = ends, at, stable or {}, paused
+        self.fetched, self.at, self._paused = fetched, at, paused
+        self.readable = readable if readable is not None else {tp: n or 0 for tp, n in fetched.items()}
 
     def assignment(self) -> set[TopicPartition]:
-        return set(self.ends)
+        return set(self.fetched)
 
     def highwater(self, tp: TopicPartition) -> int | None:
-        return self.ends[tp]
+        return self.fetched[tp]
 
-    def last_stable_offset(self, tp: TopicPartition) -> int:
-        return self.stable[tp]
+    async def end_offsets(self, partitions: list[TopicPartition]) -> dict[TopicPartition, int]:
+        return {tp: self.readable[tp] for tp in partitions}
 
     def paused(self) -> frozenset[TopicPartition]:
         return self._paused
@@ -59,23 +61,26 @@ def stall_line(still: StillConsumer, *, exactly_once: bool, caplog: pytest.LogCa
 
 
 def test_the_stall_line_names_each_partition_behind_and_why(caplog: pytest.LogCaptureFixture) -> None:
-    recs0, recs1, tweets0, fresh = (
+    """recs-0: an open transaction holds the stable end at the position; tweets-0: paused by
+    its step before it ever fetched, so only the asked-for end shows what waits; tweets-1: a
+    partition with nothing in it."""
+    recs0, recs1, tweets0, empty = (
         TopicPartition("recs", 0),
         TopicPartition("recs", 1),
         TopicPartition("tweets", 0),
         TopicPartition("tweets", 1),
     )
     still = StillConsumer(
-        ends={recs0: 120, recs1: 40, tweets0: 75, fresh: None},
-        at={recs0: 100, recs1: 40, tweets0: 70},
-        stable={recs0: 100, recs1: 40, tweets0: 75, fresh: 0},
+        fetched={recs0: 120, recs1: 40, tweets0: None, empty: None},
+        at={recs0: 100, recs1: 40, tweets0: 0, empty: 0},
+        readable={recs0: 100, recs1: 40, tweets0: 75, empty: 0},
         paused=frozenset({tweets0}),
     )
     (line,) = stall_line(still, exactly_once=True, caplog=caplog)
     assert line == (
         f"consumer g: no record taken for {STALL_WARN_S:.0f} s while records wait: "
         "recs-0 (at 100, end 120, stable end 100); "
-        "tweets-0 (at 70, end 75, stable end 75, paused: its step holds)"
+        "tweets-0 (at 0, end 75, stable end 75, paused: its step holds)"
     )
 
 

@@ -263,25 +263,31 @@ class BatchConsumer(Service):
     async def _warn_stalled(self) -> None:
         """One line saying why no record was taken for :data:`STALL_WARN_S` while some are
         waiting: per partition behind its end, the consumer's position (past any transaction
-        marker, which no record follows), its end, the stable end a ``read_committed`` consumer
-        may read up to (another producer's open transaction holds it back) and whether the step
-        holds it (paused)."""
+        marker, which no record follows), its end, the end a ``read_committed`` consumer may
+        read up to (another producer's open transaction holds it back: the stable end) and
+        whether the step holds it (paused: a paused partition is not fetched, so its end is
+        asked for here)."""
         assert self.consumer is not None
+        held = sorted(self.consumer.assignment())
+        try:  # the end this consumer may read to (the stable end under read_committed)
+            readable: dict[TopicPartition, int] = await asyncio.wait_for(
+                self.consumer.end_offsets(held), 10.0
+            )
+        except (TimeoutError, KafkaError):
+            readable = {}
         paused = self.consumer.paused()
         behind = []
-        for tp in sorted(self.consumer.assignment()):
-            end = self.consumer.highwater(tp)
-            if end is None:
-                continue  # no fetch answered yet
+        for tp in held:
+            end = max(self.consumer.highwater(tp) or 0, readable.get(tp, 0))
             try:  # waits while the position is being reset: a second at most
                 at: int | None = await asyncio.wait_for(self.consumer.position(tp), 1.0)
             except (TimeoutError, KafkaError, IllegalStateError):
                 at = None
-            if at is not None and at >= end:
+            if (at >= end) if at is not None else end == 0:
                 continue  # nothing waiting
             state = [f"at {'unknown' if at is None else at}", f"end {end}"]
-            if self.transactions is not None:
-                state.append(f"stable end {self.consumer.last_stable_offset(tp)}")
+            if self.transactions is not None and tp in readable:
+                state.append(f"stable end {readable[tp]}")
             if tp in paused:
                 state.append("paused: its step holds")
             behind.append(f"{tp.topic}-{tp.partition} ({', '.join(state)})")
