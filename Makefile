@@ -24,13 +24,17 @@ lint: setup
 	$(BIN)/ruff format --check stream workers tests bench deploy
 	$(BIN)/mypy stream workers tests bench
 
+# Two test files at a time (pytest-xdist, a file's tests on one worker so its module fixtures
+# start once): most of the suite waits on brokers, Redis and timeouts, not on a core.
+# TEST_WORKERS=0 runs everything in this process.
+TEST_WORKERS ?= 2
 test: setup services lint
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # For contributors: lint, types and every test that needs no service (no broker, no Redis)
 # and is not marked slow -- a broken Scorer or Runtime shows here in minutes.
 check: lint
-	$(BIN)/python -m pytest -q -m "not integration and not slow"
+	$(BIN)/python -m pytest -q -m "not integration and not slow" -n $(TEST_WORKERS) --dist loadfile
 
 # Not in `make test`: the three workers on Apache Kafka for 30 minutes (MINUTES=...), memory
 # sampled all along; figures in BENCHMARKS.md ("Soak").

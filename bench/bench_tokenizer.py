@@ -22,6 +22,13 @@ and keeps each one's best. Every pass checks that the ids are identical.
     python bench/bench_tokenizer.py                 # prints a markdown table
     python bench/bench_tokenizer.py --json          # one JSON object per setting
     python bench/bench_tokenizer.py --model DIR --limit 5000 --repeat 3
+    python -m bench.bench_tokenizer --command --repeat 3   # as a user runs it: `reval tokenize`
+
+``--command`` times the command, not the tokenizer object: ``reval tokenize --model DIR`` and
+``reval tokenize --model DIR --slow`` over the feed's texts (one per line), each a fresh
+process -- cold as a user meets it: its imports, its tokenizer's load, every cache empty.
+Runs alternate (fast, slow, slow, fast, ...); wall and CPU time of each (the child's own
+rusage), the outputs' digests compared.
 """
 
 from __future__ import annotations
@@ -29,9 +36,12 @@ from __future__ import annotations
 import argparse
 import copy
 import functools
+import hashlib
 import json
 import os
 import platform
+import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -106,6 +116,53 @@ def measure(model: str | None, limit: int | None, max_length: int, repeat: int =
     }
 
 
+def _timed(cmd: list[str], stdin: Path, env: dict[str, str]) -> tuple[float, float, str]:
+    """Run ``cmd`` with ``stdin``: its wall seconds, its CPU seconds (user + system, from the
+    child's rusage) and the SHA-256 of its stdout."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    with stdin.open("rb") as src:
+        done = subprocess.run(cmd, stdin=src, capture_output=True, env=env, check=True)
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall, cpu, hashlib.sha256(done.stdout).hexdigest()
+
+
+def command_mode(limit: int | None, repeat: int) -> dict[str, object]:
+    """``reval tokenize`` fast against ``--slow``, each run a fresh process (module docstring)."""
+    from bench.bench_encoder import load_texts
+    from workers.dev.tiny_models import build_bertweet_like
+
+    texts = load_texts(limit)
+    reval = str(Path(sys.executable).with_name("reval"))
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
+    runs: dict[str, list[tuple[float, float]]] = {"fast": [], "slow": []}
+    digests: dict[str, set[str]] = {"fast": set(), "slow": set()}
+    with tempfile.TemporaryDirectory() as tmp:
+        words = Counter(w for t in load_texts(None) for w in t.split())
+        model = build_bertweet_like(Path(tmp) / "model", words=words, bpe_vocab_size=48_000)
+        lines = Path(tmp) / "texts.txt"
+        lines.write_text("".join(" ".join(t.splitlines()) + "\n" for t in texts), encoding="utf-8")
+        order = ["fast", "slow", "slow", "fast"] * repeat
+        for name in order[: 2 * repeat]:
+            cmd = [reval, "tokenize", "--model", str(model), *(["--slow"] if name == "slow" else [])]
+            wall, cpu, digest = _timed(cmd, lines, env)
+            runs[name].append((wall, cpu))
+            digests[name].add(digest)
+    out: dict[str, object] = {"tweets": len(texts), "runs_each": repeat}
+    for name, values in runs.items():
+        out[f"{name}_wall_s"] = [round(w, 2) for w, _ in values]
+        out[f"{name}_cpu_s"] = [round(c, 2) for _, c in values]
+    for measure, at in (("wall", 0), ("cpu", 1)):
+        fast = [v[at] for v in runs["fast"]]
+        slow = [v[at] for v in runs["slow"]]
+        out[f"{measure}_x_best"] = round(min(slow) / min(fast), 1)
+        out[f"{measure}_x_median"] = round(statistics.median(slow) / statistics.median(fast), 1)
+    out["identical"] = len(digests["fast"] | digests["slow"]) == 1
+    return out
+
+
 SETTINGS = {
     "1 thread": {"RAYON_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"},
     "default": {},
@@ -119,8 +176,13 @@ def main() -> None:
     parser.add_argument("--max-length", type=int, default=128)
     parser.add_argument("--repeat", type=int, default=1, help="run every pass N times, keep each one's best")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a markdown table")
+    parser.add_argument("--command", action="store_true", help="time `reval tokenize` processes, cold")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+
+    if args.command:
+        print(json.dumps(command_mode(args.limit, args.repeat), indent=1))
+        return
 
     if args.child:  # one setting, environment already set by the parent
         print(json.dumps(measure(args.model, args.limit, args.max_length, args.repeat)))
