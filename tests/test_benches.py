@@ -3,6 +3,7 @@ longer existed): each on a tiny workload, checked for its table, not its numbers
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -199,3 +200,20 @@ def test_bench_hijack_runs_on_a_feed_without_the_crises(tmp_path: Path) -> None:
     )
     assert "hashtags used as the probes' senses" in text
     assert "| 1 | recent, test |" in text
+
+
+@pytest.mark.slow
+def test_bench_tokenizer_times_the_command_both_ways() -> None:
+    """`--command`: fresh `reval tokenize` processes, fast and --slow, the same ids from both."""
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.bench_tokenizer", "--command", "--limit", "40", "--repeat", "1"],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    result = json.loads(done.stdout)
+    assert result["tweets"] == 40 and result["identical"] is True, result
+    assert len(result["fast_wall_s"]) == len(result["slow_wall_s"]) == 1, result
+    assert result["cpu_x_median"] > 0 and result["wall_x_best"] > 0, result
