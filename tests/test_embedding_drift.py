@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -53,6 +54,31 @@ def test_windows_follow_event_time(client: redis.Redis, redis_prefix: str) -> No
     assert sorted(set(recent[:, 0].tolist())) == [4.0, 5.0]
     assert sorted(set(reference[:, 0].tolist())) == [2.0, 3.0]
     assert len(reference) == len(recent) == 20
+
+
+class RescanningRedis(redis.Redis):
+    """A client whose SCAN returns every key twice, as Redis may while it rehashes."""
+
+    def scan_iter(self, *args: Any, **kwargs: Any) -> Iterator[Any]:
+        for key in super().scan_iter(*args, **kwargs):
+            yield key
+            yield key
+
+
+def test_a_key_scanned_twice_is_read_once(redis_url: str, redis_prefix: str) -> None:
+    """Seen in CI with another test writing to the same Redis: a bucket SCAN returned twice
+    was read twice, 30 samples in a window of 20."""
+    rescanning = RescanningRedis.from_url(redis_url)
+    try:
+        samples = RedisSamples(rescanning, redis_prefix, rate=1.0, cap=1000, bucket_s=HOUR, window_s=HOUR)
+        samples.add(
+            [(f"t:0:{i}", (200 + i % 2) * HOUR + 1.0, np.full(3, i % 2, dtype=np.float32)) for i in range(20)]
+        )
+        reference, recent = samples.windows()
+        assert len(reference) == len(recent) == 10
+    finally:
+        RedisMeans(rescanning, prefix=redis_prefix).clear()
+        rescanning.close()
 
 
 def test_the_index_job_exports_the_embedding_drift(

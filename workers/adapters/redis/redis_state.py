@@ -225,7 +225,9 @@ class RedisSamples:
         the newest bucket (event time, not the clock: a replay is judged at its own dates),
         and of the ``window_s`` before them."""
         names = (_text(key).rsplit(":", 1)[1] for key in self.client.scan_iter(match=f"{self.prefix}:*"))
-        buckets = sorted(int(name) for name in names if name.lstrip("-").isdigit())
+        # A set: SCAN may return a key twice (when Redis rehashes its table during the scan,
+        # as it does under other writers), and a bucket read twice would count its samples twice.
+        buckets = sorted({int(name) for name in names if name.lstrip("-").isdigit()})
         if not buckets:
             empty = np.zeros((0, 0), dtype=np.float32)
             return empty, empty
