@@ -165,6 +165,21 @@ def test_too_few_events_never_alert(rules: bt.Rules) -> None:
     assert bt.episodes(bt.signals(sparse, at, rules)["reval_drop"]) == 0  # 1.2 events an hour < 50
 
 
+def test_a_baseline_of_a_few_events_is_no_baseline(rules: bt.Rules) -> None:
+    """As deploy/prometheus's unit test of the alert: 5 events at 0.8 a day ago (a lucky mean,
+    a variance of 0), then steady's 0.4 -- with a baseline from those 5 the statistic divides
+    by the variance's floor and pages; below min_events events a window there is no baseline."""
+    full = steady(2.0)
+    keep = (full.t >= DAY) | ((full.t >= 4_800) & (full.t < 4_950))  # 5 events in hour 2
+    young = bt.Series(**{name: getattr(full, name)[keep].copy() for name in bt.Series.__dataclass_fields__})
+    young.precision[young.t < DAY] = 0.8
+    at = np.array([DAY + 8_400.0])  # its window (1h20m, 2h20m] a day ago holds the 5
+    qw, offsets, shift = rules.quality_window, rules.baseline_offsets, rules.skill_loss_fraction
+    assert bt.skill_loss(young.t, young.precision, at, qw, offsets, shift, 1)[0] > 1e6
+    assert np.isnan(bt.skill_loss(young.t, young.precision, at, qw, offsets, shift, rules.min_events)[0])
+    assert not bt.signals(young, at, rules)["reval_drop"].any()
+
+
 def test_drifts_change_lists_as_described() -> None:
     rng = np.random.default_rng(3)
     recs = ["a", "b", "c", "d"]

@@ -175,6 +175,7 @@ def skill_loss(
     window: float,
     offsets: Sequence[float],
     shift: float,
+    min_events: float = 1.0,
 ) -> Floats:
     """The log-likelihood ratio, over the window ``(at - window, at]``, that the recommender
     lost ``shift`` of its baseline precision form of #REval rather than kept it.
@@ -194,8 +195,10 @@ def skill_loss(
     increment summed over the window.  An alarm at ``log(1 / alpha)`` is one a recommender at
     its baseline reaches with probability at most alpha (Wald's bound).
 
-    NaN where there is nothing to test: no events in the window, no baseline, or a baseline
-    of 0 (nothing to lose).
+    NaN where there is nothing to test: no events in the window, a baseline of 0 (nothing
+    to lose), or no baseline of at least ``min_events`` events per window on average: a
+    baseline of a handful of events has a variance near 0, and dividing by it turns any dip
+    into an alarm (a young recommender's first window, a quiet night).
 
     >>> t = np.arange(400.0)
     >>> p = np.where(t < 200, (t % 2 == 0) * 0.4, (t % 10 == 0) * 0.4)  # mean 0.2, then 0.04
@@ -214,7 +217,7 @@ def skill_loss(
         v0 = np.clip(q0 / n0 - m0 * m0, 1e-6, 0.25)
         delta = shift * m0
         llr = delta / v0 * ((m0 - delta / 2.0) * n - total)
-    return np.where((n > 0) & (n0 > 0) & (m0 > 0), llr, np.nan)
+    return np.where((n > 0) & (n0 >= max(min_events, 1.0)) & (m0 > 0), llr, np.nan)
 
 
 def baseline(t: Floats, values: Floats, at: Floats, window: float, offsets: Sequence[float]) -> Floats:
@@ -302,7 +305,7 @@ def statistics(series: Series, at: Floats, rules: Rules) -> Statistics:
         corrected_now=window_kappa(t, series.reval, series.expected, at, qw),
         share_now=share(rules.unknown_window),
         share_base=share(rules.unknown_baseline_window),
-        llr=skill_loss(t, series.precision, at, qw, offsets, rules.skill_loss_fraction),
+        llr=skill_loss(t, series.precision, at, qw, offsets, rules.skill_loss_fraction, rules.min_events),
     )
 
 

@@ -37,11 +37,11 @@ def _by_offsets(metric: str, offsets: tuple[str, ...], by: str) -> str:
     return f"avg by ({by}) (\n  {joined}\n)"
 
 
-def _offsets_ratio(numerator: str, denominator: str, floor: str, p: Params, by: str) -> str:
+def _offsets_ratio(numerator: str, denominator: str, floor: str, p: Params, by: str, op: str = ">") -> str:
     """A baseline of a ratio: the ratio of the mean sums of the quality window at each offset
-    (not the mean of the ratios), null where the denominator is not above ``floor``."""
+    (not the mean of the ratios), null where the denominator is not ``op floor``."""
     mean_sums = (_by_offsets(x, p.baseline_offsets, by) for x in (numerator, denominator))
-    return f"{next(mean_sums)}\n/\n({next(mean_sums)} > {floor})"
+    return f"{next(mean_sums)}\n/\n({next(mean_sums)} {op} {floor})"
 
 
 # --------------------------------------------------------------------------- recording rules
@@ -121,6 +121,7 @@ def _baseline_rules(p: Params) -> list[Rule]:
     """The baselines of the quality window and the #REval alert's statistic."""
     qw = p.quality_window
     by = "recommender, k, r"
+    floor = f"({p.min_events} / {fmt(seconds(qw))})"  # min_events a window, as a rate
     return [
         {
             "record": "reval:hit_ratio:baseline",
@@ -148,16 +149,18 @@ def _baseline_rules(p: Params) -> list[Rule]:
             )
         ),
         {
-            # Its baseline mean and variance: of the mean sums of the window at each offset.
+            # Its baseline mean and variance: of the mean sums of the window at each offset, from
+            # min_events events a window or none (stream.monitoring.backtest.skill_loss: a variance
+            # from a handful of events is near 0, and the statistic divides by it).
             "record": "reval:precision:baseline",
             "expr": _offsets_ratio(
-                f"reval:precision_sum:rate{qw}", f"reval:precision_events:rate{qw}", "0", p, by
+                f"reval:precision_sum:rate{qw}", f"reval:precision_events:rate{qw}", floor, p, by, ">="
             ),
         },
         {
             "record": "reval:precision_variance:baseline",
             "expr": _offsets_ratio(
-                f"reval:precision_squares:rate{qw}", f"reval:precision_events:rate{qw}", "0", p, by
+                f"reval:precision_squares:rate{qw}", f"reval:precision_events:rate{qw}", floor, p, by, ">="
             )
             + "\n- reval:precision:baseline ^ 2",
         },
