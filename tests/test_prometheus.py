@@ -291,7 +291,16 @@ class SteadyWatch:
 
     def __call__(self) -> None:
         states = self.prometheus.alerts(ALERT)
-        assert "steady" not in states, f"{ALERT} for the undisturbed recommender: {states}"
+        if "steady" in states:  # what the alert read, for the failure message
+            read = {
+                name: self.prometheus.value(f'{name}{{recommender="steady", k="{K}", r="{R}"}}')
+                for name in (
+                    "reval:skill_loss:llr",
+                    "reval:precision:baseline",
+                    "reval:precision_variance:baseline",
+                )
+            }
+            raise AssertionError(f"{ALERT} for the undisturbed recommender: {states}; {read}")
         if "flaky" in states:
             self.flaky_states.append(states["flaky"])
         assert self.traffic.error is None, self.traffic.error
