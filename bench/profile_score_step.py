@@ -90,6 +90,7 @@ def main() -> None:
     p.add_argument("--redis-url", default=REDIS_URL, help="the Redis of the dedup claims")
     p.add_argument("--top", type=int, default=0, help="also print the N functions with the most own time")
     p.add_argument("--plain-only", action="store_true", help="the unprofiled passes only (for a sampler)")
+    p.add_argument("--batch", type=int, default=0, help="events per batch (default: the score role's)")
     p.add_argument("--stacks", type=Path, help="split py-spy's raw stacks of a --plain-only run instead")
     args = p.parse_args()
     if args.stacks is not None:
@@ -119,7 +120,7 @@ def main() -> None:
         )
         client = redis.Redis.from_url(args.redis_url)
         scorer = Scorer(settings, Exporter(), client, FixedIncarnations())  # type: ignore[arg-type]
-        size = max(settings.embed_batch_size, SCORE_BATCH)
+        size = args.batch or max(settings.embed_batch_size, SCORE_BATCH)
 
         def step(events: list, profiler: cProfile.Profile | None = None) -> float:
             records = as_records(events)

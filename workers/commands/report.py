@@ -260,7 +260,7 @@ def _matched(d: dict[str, Any]) -> list[tuple[str, str, str, bool | None]]:
     for m in matched.values() if isinstance(matched, dict) else []:
         exact = rv.num(rv.get_in(m, "exact_delay_s"))
         exact_text = (
-            "—"
+            rv.NO_MATCH
             if exact is None
             else f"{duration_text(exact)} ({parameter} {rv.fmt(m.get('exact_threshold'), 'g')})"
         )

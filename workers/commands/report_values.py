@@ -14,7 +14,11 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-__all__ = ["Note", "Table", "count", "day", "fmt", "get_in", "num", "nums", "text", "when"]
+__all__ = ["NO_MATCH", "Note", "Table", "count", "day", "fmt", "get_in", "num", "nums", "text", "when"]
+
+#: Exact match's delay at the #REval alert's false-alarm rate when none of its thresholds that
+#: quiet fires on the drift (the goal at matched false alarms).
+NO_MATCH = "— (no threshold at that rate fires)"
 
 
 @dataclass(frozen=True)

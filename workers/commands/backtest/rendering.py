@@ -18,6 +18,7 @@ from workers.adapters.prometheus.exporter import CORRECTED_COUNTERS
 from workers.commands.backtest.analysis import Backtest
 from workers.commands.backtest.simulation import EMBEDDING_ALPHA, EMBEDDING_SIGNAL, iso
 from workers.commands.evaluate_outputs import check_results_dir
+from workers.commands.report_values import NO_MATCH
 
 #: A run directory's files; the detector benchmark's (``python -m workers.commands.backtest.grid
 #: FEED --out DIR``) may sit beside them, for ``reval report`` to show.
@@ -118,7 +119,7 @@ def _matched_markdown(matched: dict[str, Any], curves: dict[str, Any]) -> list[s
         exact = (
             f"{bt.duration_text(m['exact_delay_s'])} ({parameter} {m['exact_threshold']:g})"
             if m["exact_delay_s"] is not None
-            else "—"
+            else NO_MATCH
         )
         lines.append(
             f"- {m['drift']} (<= {m['false_alarms_per_day']:.3f} a day): #REval alert "
