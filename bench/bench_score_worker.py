@@ -57,6 +57,7 @@ import tempfile
 import time
 import urllib.request
 import uuid
+from collections.abc import Collection
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -75,7 +76,7 @@ from workers.dev.broker import ENGINES, local_broker
 from workers.dev.kafka_cluster import KafkaCluster
 from workers.dev.stack import Stack, Worker, wait_for
 from workers.service.runtime import value_bytes
-from workers.service.score import SCORE_BATCH, Scorer, collect_less_often
+from workers.service.score import Scorer, collect_less_often
 from workers.settings import Settings
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -132,10 +133,21 @@ def time_scoring(stack: Stack, workers: list[Worker], events: list[Any]) -> floa
     return time.perf_counter() - t0
 
 
-def detectors_caught_up(client: redis.Redis, prefixes: list[str], events: int, timeout: float = 600) -> float:
+def detectors_caught_up(
+    client: redis.Redis,
+    prefixes: list[str],
+    events: int,
+    *,
+    required: Collection[str] = (),
+    timeout: float = 600,
+    grace: float = 10.0,
+) -> float:
     """Wait until the change detector of the bench's recommender (its state in Redis under
     each of ``prefixes``) has taken ``events`` events and calibrated (if they complete its
-    reference); seconds waited.  No state (a tree without the detector): nothing to wait for.
+    reference); seconds waited.  Under a prefix in ``required`` (this tree's workers) the state
+    must appear; under another, no state after ``grace`` seconds is a tree without the detector.
+    (No state is also what a detector shows while its first update runs: a first batch that
+    completes the reference calibrates before anything is written.)
 
     Why: a recommender's detector calibrates once in its lifetime, when its first reference
     events are in -- a simulation of seconds of CPU in the worker's detector thread (its state
@@ -143,19 +155,19 @@ def detectors_caught_up(client: redis.Redis, prefixes: list[str], events: int, t
     one-time cost to the events of the moment; the warm-up waits it out, as a running
     deployment has, and what is timed is the steady state (the detector's work per batch
     included)."""
-    keys = [RedisDetectors(client, prefix, Detector).key("bench") for prefix in prefixes]
+    keys = [(RedisDetectors(client, p, Detector).key("bench"), p in required) for p in prefixes]
     t0 = time.perf_counter()
 
-    def caught_up(key: str) -> bool:
+    def caught_up(key: str, needed: bool) -> bool:
         raw = client.hget(key, "s")
         if raw is None:
-            return not client.exists(key)
+            return not needed and time.perf_counter() - t0 > grace
         state = json.loads(raw)  # calibrated, unless too few events came to need it yet
         calibrated = state["p0"] is not None or state["events"] < state["reference"]
         return calibrated and state["events"] >= events
 
     def done() -> bool:
-        return all(caught_up(key) for key in keys)
+        return all(caught_up(key, needed) for key, needed in keys)
 
     wait_for("the change detector calibrated and caught up", done, timeout, 0.5)
     return time.perf_counter() - t0
@@ -261,7 +273,7 @@ def main() -> None:
                 redis_prefix=f"bench-{uuid.uuid4().hex[:8]}",
             )
             scorer = Scorer(settings, Exporter(), client, FixedIncarnations())  # type: ignore[arg-type]
-            size = max(settings.embed_batch_size, SCORE_BATCH)
+            size = max(settings.embed_batch_size, settings.score_batch_size)
 
             def wait_scored(v: Variant, target: float) -> None:
                 wait_for("every event scored", lambda: scored(v.worker.port) >= target, 600, 0.1)
@@ -311,7 +323,8 @@ def main() -> None:
             run_step(next(used))
             # ... and each change detector calibrated (once per recommender)
             prefixes = [settings.redis_prefix, *(v.stack.prefix for v in variants if v.stack)]
-            detectors_caught_up(client, prefixes, args.events)
+            mine = [settings.redis_prefix, *(v.stack.prefix for v in variants if v.stack and v.tree is None)]
+            detectors_caught_up(client, prefixes, args.events, required=mine)
             keys = [(label[id(v)] if v is not None else "after", m) for v, m in modes]
             took: dict[tuple[str, str], list[float]] = {k: [] for k in keys}
             cpu: dict[tuple[str, str], dict[str, float]] = {

@@ -67,7 +67,7 @@ from workers.adapters.prometheus.exporter import Exporter, LabelGuard
 from workers.adapters.prometheus.quality_metrics import QualityMetrics
 from workers.service.kafka_records import Record
 from workers.service.runtime import value_bytes
-from workers.service.score import SCORE_BATCH, Scorer, collect_less_often
+from workers.service.score import Scorer, collect_less_often
 from workers.settings import Settings, window_label
 
 REPO = Path(__file__).resolve().parents[1]
@@ -237,10 +237,11 @@ def main() -> None:
             rs=",".join(r_label(r) for r in RS),
         )
         scorer = Scorer(settings, Exporter(), _NoRedis(), _FixedIncarnations())  # type: ignore[arg-type]
+        size = settings.score_batch_size  # the score role's batches
 
         def scorer_step() -> None:
-            for i in range(0, len(records), SCORE_BATCH):
-                items, _ = scorer.admit_events(records[i : i + SCORE_BATCH])
+            for i in range(0, len(records), size):
+                items, _ = scorer.admit_events(records[i : i + size])
                 outcome = scorer.apply_events(items)
                 for out in outcome.outputs:  # as the runtime encodes an output
                     value_bytes(out.value)
@@ -261,10 +262,10 @@ def main() -> None:
                 score_event(ev, t, warm, KS, RS)
 
         def with_metrics() -> None:  # as the worker feeds them: once per batch
-            for i in range(0, len(events), SCORE_BATCH):
+            for i in range(0, len(events), size):
                 scored = [
                     score_event(ev, t, warm, KS, RS)
-                    for ev, t in zip(events[i : i + SCORE_BATCH], truths[i : i + SCORE_BATCH], strict=True)
+                    for ev, t in zip(events[i : i + size], truths[i : i + size], strict=True)
                 ]
                 metrics.observe_many(scored, [1_700_000_000.0] * len(scored))
 

@@ -48,7 +48,7 @@ from workers.adapters.files.store import ThesaurusStore
 from workers.adapters.prometheus.exporter import Exporter
 from workers.adapters.redis.redis_client import clear_prefix
 from workers.service.runtime import value_bytes
-from workers.service.score import SCORE_BATCH, Scorer, collect_less_often
+from workers.service.score import Scorer, collect_less_often
 from workers.settings import Settings
 
 # The step's parts: (label, the function whose cumulative time is that part).  Together they
@@ -120,7 +120,7 @@ def main() -> None:
         )
         client = redis.Redis.from_url(args.redis_url)
         scorer = Scorer(settings, Exporter(), client, FixedIncarnations())  # type: ignore[arg-type]
-        size = args.batch or max(settings.embed_batch_size, SCORE_BATCH)
+        size = args.batch or max(settings.embed_batch_size, settings.score_batch_size)
 
         def step(events: list, profiler: cProfile.Profile | None = None) -> float:
             records = as_records(events)
@@ -139,7 +139,9 @@ def main() -> None:
             return time.process_time() - t0
 
         step(rounds[0])  # warm: thesaurus loaded, neighbour cache filled
-        detectors_caught_up(client, [settings.redis_prefix], len(rounds[0]))  # calibrated once
+        if scorer.detection is not None:  # calibrated once
+            mine = [settings.redis_prefix]
+            detectors_caught_up(client, mine, len(rounds[0]), required=mine)
         plain = [step(r) / len(r) * 1e6 for r in rounds[1 : 1 + args.rounds]]
         if args.plain_only:
             clear_prefix(args.redis_url, settings.redis_prefix)

@@ -64,8 +64,6 @@ from workers.settings import ScoreSettings, window_label
 
 log = logging.getLogger("reval.workers")
 
-#: Events per batch of the score agent (at least; the embed batch size when larger).
-SCORE_BATCH = 256
 EMPTY = JsonThesaurus({}, source="no index yet", built_at="1970-01-01T00:00:00Z")
 EventItem = tuple[Record, Recommendation]
 TweetItem = tuple[Record, Tweet]
@@ -615,7 +613,7 @@ def register(app: faust.App, topics: Topics, rt: Runtime, generation: int = 0) -
     identity = TopicIdentity(settings.broker.split(",")[0], **settings.kafka_client_options())
     incarnations = Incarnations(identity, rt.client, settings.redis_prefix, rt.exporter)
     scorer = Scorer(settings, rt.exporter, rt.client, incarnations)
-    size = max(settings.embed_batch_size, SCORE_BATCH)
+    size = max(settings.embed_batch_size, settings.score_batch_size)
     events_step = Step(
         "score",
         scorer.admit_events,
