@@ -181,9 +181,9 @@ def diagnose(
     }
 
 
-#: The score worker's batch (the live detector is fed batch by batch; its alarms do not depend
-#: on the batches, only on the order of the events).
-LIVE_BATCH = 256
+#: A score worker's batch (``REVAL_SCORE_BATCH_SIZE``'s default; the live detector is fed batch
+#: by batch; its alarms do not depend on the batches, only on the order of the events).
+LIVE_BATCH = 1024
 
 
 def _live(
