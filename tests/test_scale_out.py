@@ -26,7 +26,18 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 @pytest.fixture
 def stack4(broker: str, redis_url: str, tiny_bertweet: Path, tmp_path: Path) -> Iterator[Stack]:
     s = Stack(
-        broker, redis_url, tiny_bertweet, tmp_path, partitions=4, extra_env={"REVAL_JOIN_WINDOW_S": "120"}
+        broker,
+        redis_url,
+        tiny_bertweet,
+        tmp_path,
+        partitions=4,
+        extra_env={
+            "REVAL_JOIN_WINDOW_S": "120",
+            # Batches of 256: "both score workers took part after the restart" needs the last
+            # third of the events to outlast the rebalance; at the default 1,024 one worker can
+            # drain them all first (CI, 2026-11-29: the restarted worker consumed none).
+            "REVAL_SCORE_BATCH_SIZE": "256",
+        },
     )
     yield s
     s.close()
